@@ -1,0 +1,74 @@
+"""ViT models: ``get_model(name, num_classes, **overrides)`` and helpers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax.core import unfreeze
+
+from vit_jax.models.variants import RESNETS, SIZES, VARIANTS, variant_config
+from vit_jax.models.vit import VisionTransformer
+
+__all__ = ["RESNETS", "SIZES", "VARIANTS", "VisionTransformer", "apply_with_intermediates",
+           "count_params", "get_model", "param_shapes", "variant_config"]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def get_model(name: str, num_classes: int | None, **overrides: Any) -> VisionTransformer:
+    """A VisionTransformer by published name ('ViT-B_16', 'R50+ViT-B_16', 'testing') or
+    short name ('B/16', 'R50+B/16'), with any field overridden (e.g. ``patch_size=8``,
+    ``classifier='gap'``, ``dtype='bfloat16'``, ``scan=True``)."""
+    fields = set(VisionTransformer.__dataclass_fields__) - {"parent", "name"}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"unknown model option(s) {unknown}: the options are {sorted(fields)}")
+    cfg = variant_config(name)
+    cfg.update(overrides)
+    for key in ("dtype", "param_dtype"):
+        if isinstance(cfg.get(key), str):
+            if cfg[key] not in _DTYPES:
+                raise ValueError(f"unknown {key} {cfg[key]!r}: use one of {sorted(_DTYPES)}")
+            cfg[key] = _DTYPES[cfg[key]]
+    if cfg.get("resnet_stages") is not None:
+        cfg["resnet_stages"] = tuple(cfg["resnet_stages"])
+    return VisionTransformer(num_classes=num_classes, **cfg)
+
+
+def param_shapes(model: VisionTransformer, image_size: int | tuple[int, int] = 224) -> dict:
+    """The parameter tree of `model` at `image_size` as ShapeDtypeStructs (nothing allocated)."""
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+    x = jax.ShapeDtypeStruct((1, h, w, model.channels), jnp.float32)
+    shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x)
+    return unfreeze(shapes["params"])
+
+
+def count_params(params: Any) -> int:
+    """Number of scalars in a parameter tree (arrays or ShapeDtypeStructs)."""
+    return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
+
+
+def apply_with_intermediates(model: VisionTransformer, params: Any, images: jax.Array
+                             ) -> tuple[jax.Array, dict[str, Any]]:
+    """Logits plus named intermediates, from the same definition.
+
+    Returns (logits, {'pre_logits': [B, D], 'blocks': [L, B, N, D],
+    'attention': [L, B, H, N, N]}), N counting the class token if there is one.
+    """
+    logits, state = model.apply({"params": params}, images, train=False,
+                                mutable=["intermediates"])
+    inter = state["intermediates"]
+    enc = inter["Transformer"]
+    if model.scan:
+        blocks = enc["encoderblock"]
+        outputs = blocks["output"][0]
+        attention = blocks["MultiHeadDotProductAttention_1"]["attention"][0]
+    else:
+        per = [enc[f"encoderblock_{i}"] for i in range(model.depth)]
+        outputs = jnp.stack([b["output"][0] for b in per])
+        attention = jnp.stack([b["MultiHeadDotProductAttention_1"]["attention"][0] for b in per])
+    return logits, {"pre_logits": inter["representation"][0], "blocks": outputs,
+                    "attention": attention}

@@ -1,0 +1,170 @@
+"""Transformer encoder: attention, MLP, pre-LN block, and the stack of blocks.
+
+Module names are the published checkpoint's (older Flax numbered all submodules of a
+module with one counter: LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2,
+MlpBlock_3), so parameters load without renaming. ``remat`` and ``scan`` change how
+the stack is computed, not what it computes; ``scan`` stacks the blocks' parameters
+under ``encoderblock`` with a leading depth axis, which ``vit_jax.checkpoint``
+converts to and from the published per-block names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.models.posemb import PositionEmbedding
+
+Dtype = Any
+xavier = nn.initializers.xavier_uniform()
+tiny_normal = nn.initializers.normal(stddev=1e-6)
+
+
+class MlpBlock(nn.Module):
+    """Dense -> GELU (tanh approximation) -> Dense, with dropout after each."""
+
+    mlp_dim: int
+    dropout: float = 0.0
+    train: bool = False
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
+        dense = lambda n, name: nn.Dense(
+            n, dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=xavier,
+            bias_init=tiny_normal, name=name)
+        d = x.shape[-1]
+        x = nn.gelu(dense(self.mlp_dim, "Dense_0")(x), approximate=True)  # [B, N, F]
+        x = nn.Dropout(self.dropout)(x, deterministic=not self.train)
+        x = dense(d, "Dense_1")(x)  # [B, N, D]
+        return nn.Dropout(self.dropout)(x, deterministic=not self.train)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with the parameter layout of Flax's
+    MultiHeadDotProductAttention (query/key/value kernels [D, H, D/H], out [H, D/H, D]).
+
+    Written out so that the attention probabilities can be sown as an intermediate
+    (collection 'intermediates', name 'attention', [B, H, N, N]) and the softmax runs
+    in float32 whatever the compute dtype.
+    """
+
+    num_heads: int
+    dropout: float = 0.0
+    train: bool = False
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
+        d = x.shape[-1]
+        if d % self.num_heads:
+            raise ValueError(f"width {d} is not divisible by num_heads={self.num_heads}")
+        hd = d // self.num_heads
+        proj = lambda name: nn.DenseGeneral(
+            (self.num_heads, hd), dtype=self.dtype, param_dtype=self.param_dtype,
+            kernel_init=xavier, name=name)
+        q = proj("query")(x) / jnp.sqrt(hd).astype(self.dtype)  # [B, N, H, hd]
+        k = proj("key")(x)
+        v = proj("value")(x)
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)  # [B, H, N, N]
+        attn = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        self.sow("intermediates", "attention", attn)
+        attn = nn.Dropout(self.dropout)(attn, deterministic=not self.train).astype(self.dtype)
+        y = jnp.einsum("bhqk,bkhd->bqhd", attn, v)  # [B, N, H, hd]
+        return nn.DenseGeneral(
+            d, axis=(-2, -1), dtype=self.dtype, param_dtype=self.param_dtype,
+            kernel_init=xavier, name="out")(y)  # [B, N, D]
+
+
+def drop_path(module: nn.Module, y: jax.Array, rate: jax.Array | float) -> jax.Array:
+    """Stochastic depth: drops a residual branch for whole examples with prob. `rate`."""
+    keep = 1.0 - rate
+    mask = jax.random.bernoulli(module.make_rng("dropout"), keep, (y.shape[0],) + (1,) * (y.ndim - 1))
+    return jnp.where(mask, y / keep, 0).astype(y.dtype)
+
+
+class Encoder1DBlock(nn.Module):
+    """Pre-LN block: x + MSA(LN(x)), then x + MLP(LN(x))."""
+
+    mlp_dim: int
+    num_heads: int
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    stochastic_depth: bool = False  # whether `droppath` rates apply (in training)
+    train: bool = False
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, droppath: jax.Array | float = 0.0) -> jax.Array:  # [B, N, D]
+        ln = lambda name: nn.LayerNorm(
+            epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+        y = ln("LayerNorm_0")(x)
+        y = SelfAttention(
+            self.num_heads, self.attention_dropout, self.train, self.dtype, self.param_dtype,
+            name="MultiHeadDotProductAttention_1")(y)
+        y = nn.Dropout(self.dropout)(y, deterministic=not self.train)
+        drop = self.train and self.stochastic_depth
+        x = x + (drop_path(self, y, droppath) if drop else y)
+        y = ln("LayerNorm_2")(x)
+        y = MlpBlock(self.mlp_dim, self.dropout, self.train, self.dtype, self.param_dtype,
+                     name="MlpBlock_3")(y)
+        x = x + (drop_path(self, y, droppath) if drop else y)
+        self.sow("intermediates", "output", x)
+        return x
+
+
+class _ScanBlock(Encoder1DBlock):
+    """The block as a scan body: (carry, per-layer input) -> (carry, output)."""
+
+    def __call__(self, x, droppath):  # type: ignore[override]
+        return super().__call__(x, droppath), None
+
+
+class Encoder(nn.Module):
+    """Position embeddings, `depth` blocks, final LayerNorm ('encoder_norm')."""
+
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    grid: tuple[int, int]
+    num_prefix: int = 1  # leading tokens without a grid position (the class token)
+    posemb: str = "learned"
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    stochastic_depth: float = 0.0
+    remat: bool = False
+    scan: bool = False
+    train: bool = False
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [B, prefix + gh*gw, D]
+        x = PositionEmbedding(self.posemb, self.grid, self.num_prefix, self.param_dtype,
+                              name="posembed_input")(x).astype(self.dtype)
+        x = nn.Dropout(self.dropout)(x, deterministic=not self.train)
+        # Stochastic depth grows linearly with depth, from 0 at the first block.
+        rates = np.linspace(0.0, self.stochastic_depth, self.depth, dtype=np.float32)
+        kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
+                  attention_dropout=self.attention_dropout, train=self.train,
+                  stochastic_depth=self.stochastic_depth > 0,
+                  dtype=self.dtype, param_dtype=self.param_dtype)
+        if self.scan:
+            body = nn.remat(_ScanBlock) if self.remat else _ScanBlock
+            stack = nn.scan(body, variable_axes={"params": 0, "intermediates": 0},
+                            split_rngs={"params": True, "dropout": True},
+                            length=self.depth)
+            x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates))
+        else:
+            block = nn.remat(Encoder1DBlock) if self.remat else Encoder1DBlock
+            for i in range(self.depth):
+                x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]))
+        return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
+                            name="encoder_norm")(x)

@@ -1,0 +1,136 @@
+"""VisionTransformer: [hybrid stem] -> patches -> (+cls) -> encoder -> pool -> head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax.models import resnet
+from vit_jax.models.layers import Encoder
+from vit_jax.models.posemb import KINDS
+
+CLASSIFIERS = ("token", "gap", "unpooled")
+
+
+class VisionTransformer(nn.Module):
+    """The Vision Transformer of Dosovitskiy et al. (2020) and its ResNet hybrids.
+
+    ``apply({'params': p}, images, train=False)`` maps NHWC images in [-1, 1] to logits
+    [B, K] ([B, N, K] for classifier='unpooled'). Dropout and stochastic depth need a
+    'dropout' rng only with ``train=True``. With ``mutable=['intermediates']`` the model
+    also hands back 'representation' (the pre-logits features), each block's 'output' and 'attention' probabilities
+    (see ``vit_jax.models.apply_with_intermediates``).
+
+    Attributes:
+      num_classes: head width; None or 0 for no head (returns the representation).
+      patch_size: patch side on the input (or on the stem's feature map for hybrids).
+      width, depth, num_heads, mlp_dim: the transformer's size.
+      resnet_stages: None for a plain ViT; stage depths of the hybrid stem (() = root only).
+      classifier: 'token' (class token), 'gap' (mean of tokens, no class token),
+        'unpooled' (no pooling, no class token: per-token outputs).
+      representation_size: width of the tanh 'pre_logits' layer (None: no such layer).
+      posemb: 'learned' | 'none' | 'learned_2d' | 'sincos_2d' (see models/posemb.py).
+      dropout, attention_dropout, stochastic_depth: rates (stochastic depth grows
+        linearly from 0 at the first block to this rate at the last).
+      dtype: compute dtype (e.g. jnp.bfloat16); param_dtype: storage dtype.
+      remat: rematerialise each block in the backward pass (less memory, more compute).
+      scan: run the blocks with nn.scan (stacked parameters, faster compiles).
+      channels: input channels the model is built for.
+      head_bias_init: initial value of the head's bias.
+    """
+
+    num_classes: int | None
+    patch_size: int
+    width: int
+    depth: int
+    num_heads: int
+    mlp_dim: int
+    resnet_stages: tuple[int, ...] | None = None
+    classifier: str = "token"
+    representation_size: int | None = None
+    posemb: str = "learned"
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    stochastic_depth: float = 0.0
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    remat: bool = False
+    scan: bool = False
+    channels: int = 3
+    head_bias_init: float = 0.0
+
+    @property
+    def token_stride(self) -> int:
+        """Input pixels per token side: the patch size times the stem's downsampling."""
+        if self.resnet_stages is None:
+            return self.patch_size
+        return self.patch_size * 4 * 2 ** max(len(self.resnet_stages) - 1, 0)
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.classifier == "token"
+
+    def grid(self, image_size: tuple[int, int]) -> tuple[int, int]:
+        """Patch grid (gh, gw) for an image of (H, W) pixels."""
+        return image_size[0] // self.token_stride, image_size[1] // self.token_stride
+
+    @nn.compact
+    def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+        self._check(images)
+        x = images.astype(self.dtype)  # [B, H, W, C]
+        if self.resnet_stages is not None:
+            x = resnet.stem(x, tuple(self.resnet_stages), dtype=self.dtype,
+                            param_dtype=self.param_dtype)  # [B, H/4.., W/4.., C']
+        p = self.patch_size
+        x = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID", dtype=self.dtype,
+                    param_dtype=self.param_dtype, name="embedding")(x)  # [B, gh, gw, D]
+        b, gh, gw, d = x.shape
+        x = x.reshape(b, gh * gw, d)  # [B, N, D]
+        if self.has_class_token:
+            cls = self.param("cls", nn.initializers.zeros, (1, 1, d), self.param_dtype)
+            x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (b, 1, 1)), x], axis=1)  # [B, 1+N, D]
+        x = Encoder(
+            depth=self.depth, mlp_dim=self.mlp_dim, num_heads=self.num_heads, grid=(gh, gw),
+            num_prefix=int(self.has_class_token), posemb=self.posemb, dropout=self.dropout,
+            attention_dropout=self.attention_dropout, stochastic_depth=self.stochastic_depth,
+            remat=self.remat, scan=self.scan, train=train, dtype=self.dtype,
+            param_dtype=self.param_dtype, name="Transformer")(x)
+        if self.classifier == "token":
+            x = x[:, 0]  # [B, D]
+        elif self.classifier == "gap":
+            x = jnp.mean(x, axis=1)  # [B, D]
+        if self.representation_size:
+            x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
+                                 param_dtype=self.param_dtype, name="pre_logits")(x))
+        self.sow("intermediates", "representation", x)  # the "pre_logits" features
+        if self.num_classes:
+            x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+                         kernel_init=nn.initializers.zeros,
+                         bias_init=nn.initializers.constant(self.head_bias_init), name="head")(x)
+        return x.astype(jnp.float32)
+
+    def _check(self, images: jax.Array) -> None:
+        """Errors that name the bad input, before it fails deep inside a reshape."""
+        if self.classifier not in CLASSIFIERS:
+            raise ValueError(f"unknown classifier {self.classifier!r}: use one of {CLASSIFIERS}")
+        if self.posemb not in KINDS:
+            raise ValueError(f"unknown posemb {self.posemb!r}: use one of {KINDS}")
+        if images.ndim != 4:
+            raise ValueError(f"expected images [batch, height, width, channels], got shape "
+                             f"{images.shape}; add a batch axis for a single image")
+        _, h, w, c = images.shape
+        if c != self.channels:
+            raise ValueError(
+                f"images have {c} channels, the model is built for {self.channels}: convert "
+                f"them (e.g. grayscale to RGB by repeating the channel), or build the model "
+                f"with channels={c} (get_model(..., channels={c}))")
+        s = self.token_stride
+        if h % s or w % s or h < s or w < s:
+            fix = lambda n: max(s, round(n / s) * s)
+            raise ValueError(
+                f"image size {h}x{w} is not a multiple of the patch size {s} px"
+                f"{' (stem downsampling x patch)' if self.resnet_stages is not None else ''}: "
+                f"resize or crop to e.g. {fix(h)}x{fix(w)}")
