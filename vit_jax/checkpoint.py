@@ -1,0 +1,332 @@
+"""The published ViT checkpoints (.npz): read any layout, adapt to a model, write back.
+
+Layouts read by `load_npz` (keys joined with '/'):
+  original   embedding/, cls, Transformer/posembed_input/pos_embedding [1, N+1, D],
+             Transformer/encoderblock_{i}/{LayerNorm_0, MultiHeadDotProductAttention_1,
+             LayerNorm_2, MlpBlock_3}, Transformer/encoder_norm, [pre_logits/], head/;
+             hybrids add conv_root, gn_root, block{s}/unit{u}/{conv,gn}*. Older hybrid
+             files store GroupNorm scale/bias as [1, 1, 1, C].
+  opt/target/...  the same nested under an optimizer's target.
+  big_vision params/ prefix; top-level pos_embedding [1, N, D] without a class row;
+             per-type numbering (LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1,
+             MlpBlock_0); optionally all blocks stacked under Transformer/encoderblock/.
+All are turned into the original layout, which is also the parameter tree of this
+package's models (with scan=False) and what `save_npz` writes. A big_vision file's
+class token had no position embedding, so its class row is zero here: same function.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vit_jax.models import VARIANTS, get_model, param_shapes, variant_config
+from vit_jax.models.posemb import resize_posemb, resize_table
+from vit_jax.models.vit import VisionTransformer
+
+POSEMB = "Transformer/posembed_input/pos_embedding"
+_NEW_TO_OLD = {"LayerNorm_0": "LayerNorm_0", "MultiHeadDotProductAttention_0":
+               "MultiHeadDotProductAttention_1", "LayerNorm_1": "LayerNorm_2",
+               "MlpBlock_0": "MlpBlock_3"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or does not fit the model."""
+
+
+# ---------------------------------------------------------------- trees
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': x}} -> {'a/b': x}."""
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) or hasattr(v, "items"):
+            out.update(flatten(dict(v.items()), key + "/"))
+        else:
+            out[key] = v
+    return out
+
+
+def unflatten(flat: dict[str, Any]) -> dict:
+    """{'a/b': x} -> {'a': {'b': x}}."""
+    tree: dict = {}
+    for key, v in flat.items():
+        *path, leaf = key.split("/")
+        node = tree
+        for p in path:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return tree
+
+
+def unstack_blocks(flat: dict[str, Any]) -> dict[str, Any]:
+    """Scanned blocks (Transformer/encoderblock/..., leading depth axis) -> encoderblock_{i}."""
+    out = {}
+    for k, v in flat.items():
+        if k.startswith("Transformer/encoderblock/"):
+            rest = k[len("Transformer/encoderblock/"):]
+            for i in range(v.shape[0]):
+                out[f"Transformer/encoderblock_{i}/{rest}"] = v[i]
+        else:
+            out[k] = v
+    return out
+
+
+def stack_blocks(flat: dict[str, Any]) -> dict[str, Any]:
+    """encoderblock_{i} -> Transformer/encoderblock/... stacked (for models with scan=True)."""
+    out, per = {}, {}
+    for k, v in flat.items():
+        m = re.match(r"Transformer/encoderblock_(\d+)/(.*)", k)
+        if m:
+            per.setdefault(m[2], {})[int(m[1])] = v
+        else:
+            out[k] = v
+    for rest, layers in per.items():
+        out[f"Transformer/encoderblock/{rest}"] = np.stack([layers[i] for i in sorted(layers)])
+    return out
+
+
+# ---------------------------------------------------------------- reading and writing
+
+
+def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """All arrays of an .npz, never unpickling; errors name the file and the way out."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path}: no such file. Published checkpoints are "
+                                "the .npz files released with the paper; download one first")
+    try:
+        npz = np.load(path, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"checkpoint {path} is a single .npy array, not an .npz "
+                                  "archive of named parameters")
+        with npz:
+            return {k: npz[k] for k in npz.files}
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        if "pickle" in str(e) or "Object arrays" in str(e):
+            raise CheckpointError(
+                f"checkpoint {path} holds pickled Python objects; they are never loaded (that "
+                "would run code from the file). Re-save it with plain arrays (numpy.savez)"
+            ) from e
+        raise CheckpointError(f"checkpoint {path} is not a readable .npz archive: {e}") from e
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: "
+                              f"{e}); download or copy it again") from e
+
+
+def canonical(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Any published layout (flat keys) -> the original layout."""
+    for prefix in ("opt/target/", "params/"):
+        if flat and all(k.startswith(prefix) for k in flat):
+            flat = {k[len(prefix):]: v for k, v in flat.items()}
+    flat = unstack_blocks(flat)
+    if any("/MultiHeadDotProductAttention_0/" in k for k in flat):  # big_vision numbering
+        def rename(k: str) -> str:
+            parts = k.split("/")
+            if len(parts) > 2 and parts[1].startswith("encoderblock_"):
+                parts[2] = _NEW_TO_OLD.get(parts[2], parts[2])
+            return "/".join(parts)
+        flat = {rename(k): v for k, v in flat.items()}
+    if "pos_embedding" in flat:  # big_vision: no class row
+        pe = flat.pop("pos_embedding")
+        if "cls" in flat:
+            pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+        flat[POSEMB] = pe
+    for k, v in flat.items():
+        if re.search(r"(^|/)gn[^/]*/(scale|bias)$", k) and v.ndim == 4:
+            flat[k] = v.reshape(-1)  # older hybrid files: [1, 1, 1, C]
+    return flat
+
+
+def load_npz(path: str | os.PathLike) -> dict:
+    """A published .npz (any layout above) -> a parameter tree for this package's models.
+
+    Raises:
+      FileNotFoundError: no such file.
+      CheckpointError: truncated or corrupt, pickled objects, not an .npz archive.
+    """
+    return unflatten(canonical(_read(path)))
+
+
+def save_npz(path: str | os.PathLike, params: dict) -> None:
+    """Write `params` in the original published layout (per-block names, float32).
+
+    The file is written whole to a temporary name and then renamed, so a crash
+    never leaves a half-written checkpoint at `path`.
+    """
+    if set(params) == {"params"}:
+        params = params["params"]
+    flat = unstack_blocks(flatten(params))
+    arrays = {}
+    for k, v in flat.items():
+        a = np.asarray(v)
+        arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- what a file holds
+
+
+def num_classes(params: dict) -> int:
+    """Width of the stored head."""
+    if "head" not in params:
+        raise CheckpointError("checkpoint has no head")
+    return int(np.shape(params["head"]["bias"])[0])
+
+
+def model_overrides(params: dict) -> dict[str, Any]:
+    """Model options a stored file implies: its representation layer and pooling."""
+    out: dict[str, Any] = {}
+    if "pre_logits" in params:
+        out["representation_size"] = int(np.shape(params["pre_logits"]["bias"])[0])
+    if "cls" not in params:
+        out["classifier"] = "gap"
+    return out
+
+
+def native_image_size(params: dict, model: VisionTransformer) -> tuple[int, int]:
+    """The resolution the stored (square-grid) position embeddings were made for."""
+    pe = params.get("Transformer", {}).get("posembed_input", {})
+    if "pos_embedding" in pe:
+        n = pe["pos_embedding"].shape[1] - int("cls" in params)
+        gh = gw = int(round(np.sqrt(n)))
+    elif "pos_embedding_row" in pe:
+        gh, gw = pe["pos_embedding_row"].shape[1], pe["pos_embedding_col"].shape[1]
+    else:
+        raise CheckpointError("checkpoint has no learned position embeddings to tell its "
+                              "resolution from: pass the image size")
+    return gh * model.token_stride, gw * model.token_stride
+
+
+def guess_variant(flat: dict[str, np.ndarray]) -> str:
+    """The published variant whose shapes a flat checkpoint has, or its sizes in words."""
+    try:
+        p, _, _, d = flat["embedding/kernel"].shape
+        depth = len({k.split("/")[1] for k in flat if k.startswith("Transformer/encoderblock_")})
+        mlp = flat["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[1]
+        heads = flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"].shape[1]
+    except (KeyError, IndexError, ValueError):
+        return "not a ViT checkpoint this package knows"
+    stages = None
+    if "conv_root/kernel" in flat:
+        units = {}
+        for k in flat:
+            m = re.match(r"block(\d+)/unit(\d+)/", k)
+            if m:
+                units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]))
+        stages = tuple(units[s] for s in sorted(units))
+    sizes = dict(width=d, depth=depth, num_heads=heads, mlp_dim=mlp, patch_size=p,
+                 resnet_stages=stages)
+    for name in VARIANTS:
+        cfg = variant_config(name)
+        gap = cfg.get("classifier") == "gap"
+        if all(cfg[k] == v for k, v in sizes.items()) and gap == ("cls" not in flat):
+            return name
+    return (f"width {d}, depth {depth}, {heads} heads, MLP {mlp}, patch {p}"
+            + (f", ResNet stages {stages}" if stages is not None else ""))
+
+
+# ---------------------------------------------------------------- adapting to a model
+
+
+def load_pretrained(path: str | os.PathLike, model: VisionTransformer,
+                    image_size: int | tuple[int, int], reset_head: bool = True) -> dict:
+    """Parameters of the published file at `path` for `model` at `image_size`.
+
+    Position embeddings are resized on their grid as the original code does (bilinear,
+    class row kept; also to non-square sizes such as (384, 512)); `pre_logits` is dropped
+    when the model has no representation layer; with `reset_head` the head is replaced
+    by a zero-initialised one for the model's classes, without it the stored head is
+    kept. The result is in the model's layout (blocks stacked if `model.scan`).
+
+    Raises:
+      FileNotFoundError, CheckpointError: unreadable file, or one that does not fit
+        `model` (each missing, extra or mis-shaped key is named, with a guess of the
+        variant the file holds).
+    """
+    return adapt(load_npz(path), model, image_size, reset_head, source=str(path))
+
+
+def adapt(params: dict, model: VisionTransformer, image_size: int | tuple[int, int],
+          reset_head: bool = True, source: str = "checkpoint") -> dict:
+    """`load_pretrained` for a parameter tree already in memory (original layout)."""
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    flat = canonical(flatten(params))
+    plain = model.clone(scan=False, remat=False)
+    want = flatten(param_shapes(plain, size))  # key -> ShapeDtypeStruct
+    _fit_posemb(flat, want, model, size)
+    _fit_head(flat, want, model, reset_head, source)
+    _check_fits(flat, want, source)
+    flat = {k: np.asarray(v, dtype=want[k].dtype) for k, v in flat.items()}
+    return unflatten(stack_blocks(flat) if model.scan else flat)
+
+
+def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[int, int]) -> None:
+    """Resize stored learned position embeddings to the model's grid at `size`."""
+    gh, gw = model.grid(size)
+    k = POSEMB
+    if k in flat and k in want and flat[k].shape != want[k].shape \
+            and flat[k].shape[-1] == want[k].shape[-1]:
+        flat[k] = resize_posemb(flat[k], (gh, gw), int(model.has_class_token))
+    for k, n in ((POSEMB + "_row", gh), (POSEMB + "_col", gw)):
+        if k in flat and k in want and flat[k].shape[1] != n:
+            flat[k] = resize_table(flat[k], n)
+
+
+def _fit_head(flat: dict, want: dict, model: VisionTransformer, reset_head: bool,
+              source: str) -> None:
+    has_pre_logits = any(k.startswith("pre_logits/") for k in flat)
+    if has_pre_logits and not model.representation_size:
+        if not reset_head:
+            raise CheckpointError(
+                f"{source} has a pre_logits layer (width {flat['pre_logits/bias'].shape[0]}) "
+                "under its head; build the model with that representation_size to use the "
+                "stored head, or reset_head=True for a new one")
+        for k in ("pre_logits/kernel", "pre_logits/bias"):
+            flat.pop(k, None)
+    if not model.num_classes:
+        flat.pop("head/kernel", None)
+        flat.pop("head/bias", None)
+    elif reset_head:
+        flat["head/kernel"] = np.zeros(want["head/kernel"].shape, np.float32)
+        flat["head/bias"] = np.full(want["head/bias"].shape, model.head_bias_init, np.float32)
+    elif "head/bias" in flat and flat["head/bias"].shape != want["head/bias"].shape:
+        raise CheckpointError(
+            f"{source} has a head for {flat['head/bias'].shape[0]} classes, the model has "
+            f"{model.num_classes}: build it with num_classes={flat['head/bias'].shape[0]}, or "
+            "pass reset_head=True for a new zero-initialised head")
+
+
+def _check_fits(flat: dict, want: dict, source: str) -> None:
+    missing = sorted(set(want) - set(flat))
+    extra = sorted(set(flat) - set(want))
+    shaped = sorted(k for k in set(want) & set(flat) if tuple(flat[k].shape) != want[k].shape)
+    if not (missing or extra or shaped):
+        return
+    lines = [f"key {k} has shape {tuple(flat[k].shape)}, model expects {want[k].shape}"
+             for k in shaped]
+    lines += [f"key {k} is missing (model expects {want[k].shape})" for k in missing]
+    lines += [f"key {k} {tuple(flat[k].shape)} is not in the model" for k in extra]
+    shown = lines[:12] + ([f"... and {len(lines) - 12} more"] if len(lines) > 12 else [])
+    raise CheckpointError(f"{source} does not fit the model:\n  " + "\n  ".join(shown)
+                          + f"\nThe file looks like {guess_variant(flat)}: is that the model "
+                          "you meant? (get_model(name, num_classes, **overrides))")
+
+
+def make_model_for(params: dict, name: str, **overrides: Any) -> VisionTransformer:
+    """`get_model(name)` with the head width, pooling and representation layer of `params`."""
+    cfg = dict(model_overrides(params), **overrides)
+    return get_model(name, num_classes=num_classes(params), **cfg)
