@@ -30,9 +30,12 @@ from vit_jax.models.posemb import resize_posemb, resize_table
 from vit_jax.models.vit import VisionTransformer
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
-_NEW_TO_OLD = {"LayerNorm_0": "LayerNorm_0", "MultiHeadDotProductAttention_0":
-               "MultiHeadDotProductAttention_1", "LayerNorm_1": "LayerNorm_2",
-               "MlpBlock_0": "MlpBlock_3"}
+_NEW_TO_OLD = {
+    "LayerNorm_0": "LayerNorm_0",
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
 
 
 class CheckpointError(ValueError):
@@ -71,7 +74,7 @@ def unstack_blocks(flat: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in flat.items():
         if k.startswith("Transformer/encoderblock/"):
-            rest = k[len("Transformer/encoderblock/"):]
+            rest = k[len("Transformer/encoderblock/") :]
             for i in range(v.shape[0]):
                 out[f"Transformer/encoderblock_{i}/{rest}"] = v[i]
         else:
@@ -100,13 +103,16 @@ def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """All arrays of an .npz, never unpickling; errors name the file and the way out."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path}: no such file. Published checkpoints are "
-                                "the .npz files released with the paper; download one first")
+        raise FileNotFoundError(
+            f"checkpoint {path}: no such file. Published checkpoints are "
+            "the .npz files released with the paper; download one first"
+        )
     try:
         npz = np.load(path, allow_pickle=False)
         if not isinstance(npz, np.lib.npyio.NpzFile):
-            raise CheckpointError(f"checkpoint {path} is a single .npy array, not an .npz "
-                                  "archive of named parameters")
+            raise CheckpointError(
+                f"checkpoint {path} is a single .npy array, not an .npz archive of named parameters"
+            )
         with npz:
             return {k: npz[k] for k in npz.files}
     except CheckpointError:
@@ -119,22 +125,26 @@ def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
             ) from e
         raise CheckpointError(f"checkpoint {path} is not a readable .npz archive: {e}") from e
     except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: "
-                              f"{e}); download or copy it again") from e
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: "
+            f"{e}); download or copy it again"
+        ) from e
 
 
 def canonical(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Any published layout (flat keys) -> the original layout."""
     for prefix in ("opt/target/", "params/"):
         if flat and all(k.startswith(prefix) for k in flat):
-            flat = {k[len(prefix):]: v for k, v in flat.items()}
+            flat = {k[len(prefix) :]: v for k, v in flat.items()}
     flat = unstack_blocks(flat)
     if any("/MultiHeadDotProductAttention_0/" in k for k in flat):  # big_vision numbering
+
         def rename(k: str) -> str:
             parts = k.split("/")
             if len(parts) > 2 and parts[1].startswith("encoderblock_"):
                 parts[2] = _NEW_TO_OLD.get(parts[2], parts[2])
             return "/".join(parts)
+
         flat = {rename(k): v for k, v in flat.items()}
     if "pos_embedding" in flat:  # big_vision: no class row
         pe = flat.pop("pos_embedding")
@@ -206,8 +216,10 @@ def native_image_size(params: dict, model: VisionTransformer) -> tuple[int, int]
     elif "pos_embedding_row" in pe:
         gh, gw = pe["pos_embedding_row"].shape[1], pe["pos_embedding_col"].shape[1]
     else:
-        raise CheckpointError("checkpoint has no learned position embeddings to tell its "
-                              "resolution from: pass the image size")
+        raise CheckpointError(
+            "checkpoint has no learned position embeddings to tell its "
+            "resolution from: pass the image size"
+        )
     return gh * model.token_stride, gw * model.token_stride
 
 
@@ -217,7 +229,9 @@ def guess_variant(flat: dict[str, np.ndarray]) -> str:
         p, _, _, d = flat["embedding/kernel"].shape
         depth = len({k.split("/")[1] for k in flat if k.startswith("Transformer/encoderblock_")})
         mlp = flat["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[1]
-        heads = flat["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"].shape[1]
+        heads = flat[
+            "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+        ].shape[1]
     except (KeyError, IndexError, ValueError):
         return "not a ViT checkpoint this package knows"
     stages = None
@@ -228,22 +242,28 @@ def guess_variant(flat: dict[str, np.ndarray]) -> str:
             if m:
                 units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]))
         stages = tuple(units[s] for s in sorted(units))
-    sizes = dict(width=d, depth=depth, num_heads=heads, mlp_dim=mlp, patch_size=p,
-                 resnet_stages=stages)
+    sizes = dict(
+        width=d, depth=depth, num_heads=heads, mlp_dim=mlp, patch_size=p, resnet_stages=stages
+    )
     for name in VARIANTS:
         cfg = variant_config(name)
         gap = cfg.get("classifier") == "gap"
         if all(cfg[k] == v for k, v in sizes.items()) and gap == ("cls" not in flat):
             return name
-    return (f"width {d}, depth {depth}, {heads} heads, MLP {mlp}, patch {p}"
-            + (f", ResNet stages {stages}" if stages is not None else ""))
+    return f"width {d}, depth {depth}, {heads} heads, MLP {mlp}, patch {p}" + (
+        f", ResNet stages {stages}" if stages is not None else ""
+    )
 
 
 # ---------------------------------------------------------------- adapting to a model
 
 
-def load_pretrained(path: str | os.PathLike, model: VisionTransformer,
-                    image_size: int | tuple[int, int], reset_head: bool = True) -> dict:
+def load_pretrained(
+    path: str | os.PathLike,
+    model: VisionTransformer,
+    image_size: int | tuple[int, int],
+    reset_head: bool = True,
+) -> dict:
     """Parameters of the published file at `path` for `model` at `image_size`.
 
     Position embeddings are resized on their grid as the original code does (bilinear,
@@ -260,8 +280,13 @@ def load_pretrained(path: str | os.PathLike, model: VisionTransformer,
     return adapt(load_npz(path), model, image_size, reset_head, source=str(path))
 
 
-def adapt(params: dict, model: VisionTransformer, image_size: int | tuple[int, int],
-          reset_head: bool = True, source: str = "checkpoint") -> dict:
+def adapt(
+    params: dict,
+    model: VisionTransformer,
+    image_size: int | tuple[int, int],
+    reset_head: bool = True,
+    source: str = "checkpoint",
+) -> dict:
     """`load_pretrained` for a parameter tree already in memory (original layout)."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     flat = canonical(flatten(params))
@@ -278,23 +303,29 @@ def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[in
     """Resize stored learned position embeddings to the model's grid at `size`."""
     gh, gw = model.grid(size)
     k = POSEMB
-    if k in flat and k in want and flat[k].shape != want[k].shape \
-            and flat[k].shape[-1] == want[k].shape[-1]:
+    if (
+        k in flat
+        and k in want
+        and flat[k].shape != want[k].shape
+        and flat[k].shape[-1] == want[k].shape[-1]
+    ):
         flat[k] = resize_posemb(flat[k], (gh, gw), int(model.has_class_token))
     for k, n in ((POSEMB + "_row", gh), (POSEMB + "_col", gw)):
         if k in flat and k in want and flat[k].shape[1] != n:
             flat[k] = resize_table(flat[k], n)
 
 
-def _fit_head(flat: dict, want: dict, model: VisionTransformer, reset_head: bool,
-              source: str) -> None:
+def _fit_head(
+    flat: dict, want: dict, model: VisionTransformer, reset_head: bool, source: str
+) -> None:
     has_pre_logits = any(k.startswith("pre_logits/") for k in flat)
     if has_pre_logits and not model.representation_size:
         if not reset_head:
             raise CheckpointError(
                 f"{source} has a pre_logits layer (width {flat['pre_logits/bias'].shape[0]}) "
                 "under its head; build the model with that representation_size to use the "
-                "stored head, or reset_head=True for a new one")
+                "stored head, or reset_head=True for a new one"
+            )
         for k in ("pre_logits/kernel", "pre_logits/bias"):
             flat.pop(k, None)
     if not model.num_classes:
@@ -307,23 +338,48 @@ def _fit_head(flat: dict, want: dict, model: VisionTransformer, reset_head: bool
         raise CheckpointError(
             f"{source} has a head for {flat['head/bias'].shape[0]} classes, the model has "
             f"{model.num_classes}: build it with num_classes={flat['head/bias'].shape[0]}, or "
-            "pass reset_head=True for a new zero-initialised head")
+            "pass reset_head=True for a new zero-initialised head"
+        )
 
 
 def _check_fits(flat: dict, want: dict, source: str) -> None:
-    missing = sorted(set(want) - set(flat))
-    extra = sorted(set(flat) - set(want))
-    shaped = sorted(k for k in set(want) & set(flat) if tuple(flat[k].shape) != want[k].shape)
+    missing = set(want) - set(flat)
+    extra = set(flat) - set(want)
+    shaped = {k for k in set(want) & set(flat) if tuple(flat[k].shape) != want[k].shape}
     if not (missing or extra or shaped):
         return
-    lines = [f"key {k} has shape {tuple(flat[k].shape)}, model expects {want[k].shape}"
-             for k in shaped]
-    lines += [f"key {k} is missing (model expects {want[k].shape})" for k in missing]
-    lines += [f"key {k} {tuple(flat[k].shape)} is not in the model" for k in extra]
+    shape = lambda d, k: tuple(d[k].shape)
+    problems = (
+        (shaped, lambda k: f"has shape {shape(flat, k)}, model expects {shape(want, k)}"),
+        (missing, lambda k: f"is missing (model expects {shape(want, k)})"),
+        (extra, lambda k: f"{shape(flat, k)} is not in the model"),
+    )
+    lines = [
+        f"key {k} {say(k)}{note}" for keys, say in problems for k, note in _grouped(keys).items()
+    ]
     shown = lines[:12] + ([f"... and {len(lines) - 12} more"] if len(lines) > 12 else [])
-    raise CheckpointError(f"{source} does not fit the model:\n  " + "\n  ".join(shown)
-                          + f"\nThe file looks like {guess_variant(flat)}: is that the model "
-                          "you meant? (get_model(name, num_classes, **overrides))")
+    raise CheckpointError(
+        f"{source} does not fit the model:\n  "
+        + "\n  ".join(shown)
+        + f"\nThe file looks like {guess_variant(flat)}: is that the model "
+        "you meant? (get_model(name, num_classes, **overrides))"
+    )
+
+
+def _grouped(keys: set[str]) -> dict[str, str]:
+    """Keys in reading order (top level first), one representative per block pattern,
+    mapped to a note of the other blocks with the same problem."""
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        groups.setdefault(re.sub(r"encoderblock_\d+", "encoderblock_*", k), []).append(k)
+    out = {}
+    for pattern in sorted(groups, key=lambda p: ("encoderblock_" in p, p)):
+        ks = sorted(
+            groups[pattern],
+            key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)],
+        )
+        out[ks[0]] = f" (and in {len(ks) - 1} more blocks)" if len(ks) > 1 else ""
+    return out
 
 
 def make_model_for(params: dict, name: str, **overrides: Any) -> VisionTransformer:

@@ -12,8 +12,17 @@ from flax.core import unfreeze
 from vit_jax.models.variants import RESNETS, SIZES, VARIANTS, variant_config
 from vit_jax.models.vit import VisionTransformer
 
-__all__ = ["RESNETS", "SIZES", "VARIANTS", "VisionTransformer", "apply_with_intermediates",
-           "count_params", "get_model", "param_shapes", "variant_config"]
+__all__ = [
+    "RESNETS",
+    "SIZES",
+    "VARIANTS",
+    "VisionTransformer",
+    "apply_with_intermediates",
+    "count_params",
+    "get_model",
+    "param_shapes",
+    "variant_config",
+]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -51,15 +60,15 @@ def count_params(params: Any) -> int:
     return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
-def apply_with_intermediates(model: VisionTransformer, params: Any, images: jax.Array
-                             ) -> tuple[jax.Array, dict[str, Any]]:
+def apply_with_intermediates(
+    model: VisionTransformer, params: Any, images: jax.Array
+) -> tuple[jax.Array, dict[str, Any]]:
     """Logits plus named intermediates, from the same definition.
 
     Returns (logits, {'pre_logits': [B, D], 'blocks': [L, B, N, D],
     'attention': [L, B, H, N, N]}), N counting the class token if there is one.
     """
-    logits, state = model.apply({"params": params}, images, train=False,
-                                mutable=["intermediates"])
+    logits, state = model.apply({"params": params}, images, train=False, mutable=["intermediates"])
     inter = state["intermediates"]
     enc = inter["Transformer"]
     if model.scan:
@@ -70,5 +79,8 @@ def apply_with_intermediates(model: VisionTransformer, params: Any, images: jax.
         per = [enc[f"encoderblock_{i}"] for i in range(model.depth)]
         outputs = jnp.stack([b["output"][0] for b in per])
         attention = jnp.stack([b["MultiHeadDotProductAttention_1"]["attention"][0] for b in per])
-    return logits, {"pre_logits": inter["representation"][0], "blocks": outputs,
-                    "attention": attention}
+    return logits, {
+        "pre_logits": inter["representation"][0],
+        "blocks": outputs,
+        "attention": attention,
+    }

@@ -36,8 +36,13 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
         dense = lambda n, name: nn.Dense(
-            n, dtype=self.dtype, param_dtype=self.param_dtype, kernel_init=xavier,
-            bias_init=tiny_normal, name=name)
+            n,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=xavier,
+            bias_init=tiny_normal,
+            name=name,
+        )
         d = x.shape[-1]
         x = nn.gelu(dense(self.mlp_dim, "Dense_0")(x), approximate=True)  # [B, N, F]
         x = nn.Dropout(self.dropout)(x, deterministic=not self.train)
@@ -67,8 +72,12 @@ class SelfAttention(nn.Module):
             raise ValueError(f"width {d} is not divisible by num_heads={self.num_heads}")
         hd = d // self.num_heads
         proj = lambda name: nn.DenseGeneral(
-            (self.num_heads, hd), dtype=self.dtype, param_dtype=self.param_dtype,
-            kernel_init=xavier, name=name)
+            (self.num_heads, hd),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=xavier,
+            name=name,
+        )
         q = proj("query")(x) / jnp.sqrt(hd).astype(self.dtype)  # [B, N, H, hd]
         k = proj("key")(x)
         v = proj("value")(x)
@@ -78,14 +87,21 @@ class SelfAttention(nn.Module):
         attn = nn.Dropout(self.dropout)(attn, deterministic=not self.train).astype(self.dtype)
         y = jnp.einsum("bhqk,bkhd->bqhd", attn, v)  # [B, N, H, hd]
         return nn.DenseGeneral(
-            d, axis=(-2, -1), dtype=self.dtype, param_dtype=self.param_dtype,
-            kernel_init=xavier, name="out")(y)  # [B, N, D]
+            d,
+            axis=(-2, -1),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=xavier,
+            name="out",
+        )(y)  # [B, N, D]
 
 
 def drop_path(module: nn.Module, y: jax.Array, rate: jax.Array | float) -> jax.Array:
     """Stochastic depth: drops a residual branch for whole examples with prob. `rate`."""
     keep = 1.0 - rate
-    mask = jax.random.bernoulli(module.make_rng("dropout"), keep, (y.shape[0],) + (1,) * (y.ndim - 1))
+    mask = jax.random.bernoulli(
+        module.make_rng("dropout"), keep, (y.shape[0],) + (1,) * (y.ndim - 1)
+    )
     return jnp.where(mask, y / keep, 0).astype(y.dtype)
 
 
@@ -104,17 +120,24 @@ class Encoder1DBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, droppath: jax.Array | float = 0.0) -> jax.Array:  # [B, N, D]
         ln = lambda name: nn.LayerNorm(
-            epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+            epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+        )
         y = ln("LayerNorm_0")(x)
         y = SelfAttention(
-            self.num_heads, self.attention_dropout, self.train, self.dtype, self.param_dtype,
-            name="MultiHeadDotProductAttention_1")(y)
+            self.num_heads,
+            self.attention_dropout,
+            self.train,
+            self.dtype,
+            self.param_dtype,
+            name="MultiHeadDotProductAttention_1",
+        )(y)
         y = nn.Dropout(self.dropout)(y, deterministic=not self.train)
         drop = self.train and self.stochastic_depth
         x = x + (drop_path(self, y, droppath) if drop else y)
         y = ln("LayerNorm_2")(x)
-        y = MlpBlock(self.mlp_dim, self.dropout, self.train, self.dtype, self.param_dtype,
-                     name="MlpBlock_3")(y)
+        y = MlpBlock(
+            self.mlp_dim, self.dropout, self.train, self.dtype, self.param_dtype, name="MlpBlock_3"
+        )(y)
         x = x + (drop_path(self, y, droppath) if drop else y)
         self.sow("intermediates", "output", x)
         return x
@@ -147,24 +170,35 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, prefix + gh*gw, D]
-        x = PositionEmbedding(self.posemb, self.grid, self.num_prefix, self.param_dtype,
-                              name="posembed_input")(x).astype(self.dtype)
+        x = PositionEmbedding(
+            self.posemb, self.grid, self.num_prefix, self.param_dtype, name="posembed_input"
+        )(x).astype(self.dtype)
         x = nn.Dropout(self.dropout)(x, deterministic=not self.train)
         # Stochastic depth grows linearly with depth, from 0 at the first block.
         rates = np.linspace(0.0, self.stochastic_depth, self.depth, dtype=np.float32)
-        kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
-                  attention_dropout=self.attention_dropout, train=self.train,
-                  stochastic_depth=self.stochastic_depth > 0,
-                  dtype=self.dtype, param_dtype=self.param_dtype)
+        kw = dict(
+            mlp_dim=self.mlp_dim,
+            num_heads=self.num_heads,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            train=self.train,
+            stochastic_depth=self.stochastic_depth > 0,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
         if self.scan:
             body = nn.remat(_ScanBlock) if self.remat else _ScanBlock
-            stack = nn.scan(body, variable_axes={"params": 0, "intermediates": 0},
-                            split_rngs={"params": True, "dropout": True},
-                            length=self.depth)
+            stack = nn.scan(
+                body,
+                variable_axes={"params": 0, "intermediates": 0},
+                split_rngs={"params": True, "dropout": True},
+                length=self.depth,
+            )
             x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates))
         else:
             block = nn.remat(Encoder1DBlock) if self.remat else Encoder1DBlock
             for i in range(self.depth):
                 x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]))
-        return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
-                            name="encoder_norm")(x)
+        return nn.LayerNorm(
+            epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name="encoder_norm"
+        )(x)

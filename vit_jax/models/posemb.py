@@ -51,8 +51,9 @@ class PositionEmbedding(nn.Module):
             return x
         if self.kind == "learned":
             self._check_stored("pos_embedding", (1, n, d))
-            pe = self.param("pos_embedding", nn.initializers.normal(0.02), (1, n, d),
-                            self.param_dtype)  # [1, N, D]
+            pe = self.param(
+                "pos_embedding", nn.initializers.normal(0.02), (1, n, d), self.param_dtype
+            )  # [1, N, D]
             return x + pe.astype(x.dtype)
         if self.kind == "learned_2d":
             if d % 2:
@@ -62,10 +63,13 @@ class PositionEmbedding(nn.Module):
             init = nn.initializers.normal(0.02)
             row = self.param("pos_embedding_row", init, (1, gh, d // 2), self.param_dtype)
             col = self.param("pos_embedding_col", init, (1, gw, d // 2), self.param_dtype)
-            pe = jnp.concatenate([  # [gh, gw, D] -> [gh*gw, D]
-                jnp.broadcast_to(row[0][:, None], (gh, gw, d // 2)),
-                jnp.broadcast_to(col[0][None, :], (gh, gw, d // 2)),
-            ], axis=-1).reshape(gh * gw, d)
+            pe = jnp.concatenate(
+                [  # [gh, gw, D] -> [gh*gw, D]
+                    jnp.broadcast_to(row[0][:, None], (gh, gw, d // 2)),
+                    jnp.broadcast_to(col[0][None, :], (gh, gw, d // 2)),
+                ],
+                axis=-1,
+            ).reshape(gh * gw, d)
         elif self.kind == "sincos_2d":
             pe = jnp.asarray(sincos_2d(self.grid, d))
         else:
@@ -83,7 +87,8 @@ class PositionEmbedding(nn.Module):
                 f"position embeddings {name} have shape {tuple(stored)}, but these images make "
                 f"a {self.grid[0]}x{self.grid[1]} grid of patches, which needs {shape}: resize "
                 "them with vit_jax.checkpoint.load_pretrained(path, model, image_size) or "
-                "resize_posemb(), or feed images of the resolution they were trained at")
+                "resize_posemb(), or feed images of the resolution they were trained at"
+            )
 
 
 def resize_grid(grid: np.ndarray, new_hw: tuple[int, int]) -> np.ndarray:
@@ -105,8 +110,9 @@ def resize_posemb(posemb: np.ndarray, new_grid: tuple[int, int], num_prefix: int
     prefix, rest = posemb[0, :num_prefix], posemb[0, num_prefix:]
     gs = int(round(np.sqrt(len(rest))))
     if gs * gs != len(rest):
-        raise ValueError(f"cannot resize position embeddings of {len(rest)} grid rows: "
-                         "not a square grid")
+        raise ValueError(
+            f"cannot resize position embeddings of {len(rest)} grid rows: not a square grid"
+        )
     grid = resize_grid(rest.reshape(gs, gs, -1), new_grid)
     rows = grid.reshape(new_grid[0] * new_grid[1], -1)
     return np.concatenate([prefix, rows], axis=0)[None].astype(posemb.dtype)

@@ -37,14 +37,24 @@ class StdConv(nn.Module):
         w = self.param("kernel", nn.initializers.lecun_normal(), shape, self.param_dtype)
         w = standardize(w.astype(jnp.float32)).astype(self.dtype)
         return jax.lax.conv_general_dilated(
-            x.astype(self.dtype), w, (self.stride, self.stride), "SAME",
-            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            x.astype(self.dtype),
+            w,
+            (self.stride, self.stride),
+            "SAME",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )
 
 
 def group_norm(name: str, dtype: Dtype, param_dtype: Dtype, zero: bool = False) -> nn.GroupNorm:
     init = nn.initializers.zeros if zero else nn.initializers.ones
-    return nn.GroupNorm(num_groups=32, epsilon=1e-6, dtype=dtype, param_dtype=param_dtype,
-                        scale_init=init, name=name)
+    return nn.GroupNorm(
+        num_groups=32,
+        epsilon=1e-6,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        scale_init=init,
+        name=name,
+    )
 
 
 class ResidualUnit(nn.Module):
@@ -81,13 +91,23 @@ class ResNetStage(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for u in range(self.units):
-            x = ResidualUnit(self.features, self.stride if u == 0 else 1, self.dtype,
-                             self.param_dtype, name=f"unit{u + 1}")(x)
+            x = ResidualUnit(
+                self.features,
+                self.stride if u == 0 else 1,
+                self.dtype,
+                self.param_dtype,
+                name=f"unit{u + 1}",
+            )(x)
         return x
 
 
-def stem(x: jax.Array, stages: tuple[int, ...], width: int = 64, dtype: Dtype = jnp.float32,
-         param_dtype: Dtype = jnp.float32) -> jax.Array:
+def stem(
+    x: jax.Array,
+    stages: tuple[int, ...],
+    width: int = 64,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+) -> jax.Array:
     """Root (conv 7x7/2, GN, ReLU, max-pool 3x3/2) and bottleneck stages.
 
     Called inside the ViT's compact method, so its modules sit at the top level of
@@ -98,6 +118,7 @@ def stem(x: jax.Array, stages: tuple[int, ...], width: int = 64, dtype: Dtype = 
     x = nn.relu(group_norm("gn_root", dtype, param_dtype)(x))
     x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
     for s, units in enumerate(stages):
-        x = ResNetStage(units, width * 2**s, 1 if s == 0 else 2, dtype, param_dtype,
-                        name=f"block{s + 1}")(x)
+        x = ResNetStage(
+            units, width * 2**s, 1 if s == 0 else 2, dtype, param_dtype, name=f"block{s + 1}"
+        )(x)
     return x

@@ -21,8 +21,8 @@ class VisionTransformer(nn.Module):
     ``apply({'params': p}, images, train=False)`` maps NHWC images in [-1, 1] to logits
     [B, K] ([B, N, K] for classifier='unpooled'). Dropout and stochastic depth need a
     'dropout' rng only with ``train=True``. With ``mutable=['intermediates']`` the model
-    also hands back 'representation' (the pre-logits features), each block's 'output' and 'attention' probabilities
-    (see ``vit_jax.models.apply_with_intermediates``).
+    also hands back 'representation' (the pre-logits features), each block's 'output'
+    and 'attention' probabilities (see ``vit_jax.models.apply_with_intermediates``).
 
     Attributes:
       num_classes: head width; None or 0 for no head (returns the representation).
@@ -82,34 +82,66 @@ class VisionTransformer(nn.Module):
         self._check(images)
         x = images.astype(self.dtype)  # [B, H, W, C]
         if self.resnet_stages is not None:
-            x = resnet.stem(x, tuple(self.resnet_stages), dtype=self.dtype,
-                            param_dtype=self.param_dtype)  # [B, H/4.., W/4.., C']
+            x = resnet.stem(
+                x, tuple(self.resnet_stages), dtype=self.dtype, param_dtype=self.param_dtype
+            )  # [B, H/4.., W/4.., C']
         p = self.patch_size
-        x = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID", dtype=self.dtype,
-                    param_dtype=self.param_dtype, name="embedding")(x)  # [B, gh, gw, D]
+        x = nn.Conv(
+            self.width,
+            (p, p),
+            strides=(p, p),
+            padding="VALID",
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="embedding",
+        )(x)  # [B, gh, gw, D]
         b, gh, gw, d = x.shape
         x = x.reshape(b, gh * gw, d)  # [B, N, D]
         if self.has_class_token:
             cls = self.param("cls", nn.initializers.zeros, (1, 1, d), self.param_dtype)
-            x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (b, 1, 1)), x], axis=1)  # [B, 1+N, D]
+            x = jnp.concatenate(
+                [jnp.tile(cls.astype(x.dtype), (b, 1, 1)), x], axis=1
+            )  # [B, 1+N, D]
         x = Encoder(
-            depth=self.depth, mlp_dim=self.mlp_dim, num_heads=self.num_heads, grid=(gh, gw),
-            num_prefix=int(self.has_class_token), posemb=self.posemb, dropout=self.dropout,
-            attention_dropout=self.attention_dropout, stochastic_depth=self.stochastic_depth,
-            remat=self.remat, scan=self.scan, train=train, dtype=self.dtype,
-            param_dtype=self.param_dtype, name="Transformer")(x)
+            depth=self.depth,
+            mlp_dim=self.mlp_dim,
+            num_heads=self.num_heads,
+            grid=(gh, gw),
+            num_prefix=int(self.has_class_token),
+            posemb=self.posemb,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            stochastic_depth=self.stochastic_depth,
+            remat=self.remat,
+            scan=self.scan,
+            train=train,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="Transformer",
+        )(x)
         if self.classifier == "token":
             x = x[:, 0]  # [B, D]
         elif self.classifier == "gap":
             x = jnp.mean(x, axis=1)  # [B, D]
         if self.representation_size:
-            x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
-                                 param_dtype=self.param_dtype, name="pre_logits")(x))
+            x = nn.tanh(
+                nn.Dense(
+                    self.representation_size,
+                    dtype=self.dtype,
+                    param_dtype=self.param_dtype,
+                    name="pre_logits",
+                )(x)
+            )
         self.sow("intermediates", "representation", x)  # the "pre_logits" features
         if self.num_classes:
-            x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
-                         kernel_init=nn.initializers.zeros,
-                         bias_init=nn.initializers.constant(self.head_bias_init), name="head")(x)
+            x = nn.Dense(
+                self.num_classes,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                kernel_init=nn.initializers.zeros,
+                bias_init=nn.initializers.constant(self.head_bias_init),
+                name="head",
+            )(x)
         return x.astype(jnp.float32)
 
     def _check(self, images: jax.Array) -> None:
@@ -119,18 +151,22 @@ class VisionTransformer(nn.Module):
         if self.posemb not in KINDS:
             raise ValueError(f"unknown posemb {self.posemb!r}: use one of {KINDS}")
         if images.ndim != 4:
-            raise ValueError(f"expected images [batch, height, width, channels], got shape "
-                             f"{images.shape}; add a batch axis for a single image")
+            raise ValueError(
+                f"expected images [batch, height, width, channels], got shape "
+                f"{images.shape}; add a batch axis for a single image"
+            )
         _, h, w, c = images.shape
         if c != self.channels:
             raise ValueError(
                 f"images have {c} channels, the model is built for {self.channels}: convert "
                 f"them (e.g. grayscale to RGB by repeating the channel), or build the model "
-                f"with channels={c} (get_model(..., channels={c}))")
+                f"with channels={c} (get_model(..., channels={c}))"
+            )
         s = self.token_stride
         if h % s or w % s or h < s or w < s:
             fix = lambda n: max(s, round(n / s) * s)
             raise ValueError(
                 f"image size {h}x{w} is not a multiple of the patch size {s} px"
                 f"{' (stem downsampling x patch)' if self.resnet_stages is not None else ''}: "
-                f"resize or crop to e.g. {fix(h)}x{fix(w)}")
+                f"resize or crop to e.g. {fix(h)}x{fix(w)}"
+            )

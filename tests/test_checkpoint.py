@@ -1,0 +1,293 @@
+"""Published .npz checkpoints: every layout, exact logits against NumPy, resizing, errors."""
+
+import jax
+import numpy as np
+import pytest
+from numpy_reference import resize_posemb as ref_resize_posemb
+from numpy_reference import vit_logits
+
+from vit_jax import checkpoint
+from vit_jax.checkpoint import CheckpointError, flatten
+from vit_jax.models import get_model, param_shapes
+
+POSEMB = "Transformer/posembed_input/pos_embedding"
+
+
+def random_params(model, size, seed=0):
+    """Every parameter random (a zero head or class token would hide mistakes)."""
+    rng = np.random.default_rng(seed)
+    flat = {}
+    for k, s in flatten(param_shapes(model, size)).items():
+        v = rng.normal(0.0, 0.3, s.shape)
+        if k.endswith("/scale"):
+            v = 1.0 + 0.2 * v
+        flat[k] = v.astype(np.float32)
+    return checkpoint.unflatten(flat)
+
+
+def images(size, n=2, seed=1):
+    h, w = (size, size) if isinstance(size, int) else size
+    return np.random.default_rng(seed).uniform(-1, 1, (n, h, w, 3)).astype(np.float32)
+
+
+def logits(model, params, x):
+    return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x))(params, x))
+
+
+# ------------------------------------------------------------------ exact numerics
+
+
+PLAIN = dict(name="testing", overrides=dict(patch_size=8, num_heads=4), native=32)
+HYBRID = dict(
+    name="R50+B/16",
+    overrides=dict(width=64, depth=1, num_heads=2, mlp_dim=32, resnet_stages=(1, 1)),
+    native=32,
+)
+GAP = dict(
+    name="testing",
+    overrides=dict(patch_size=8, classifier="gap", representation_size=24),
+    native=32,
+)
+
+
+@pytest.mark.parametrize("case", [PLAIN, HYBRID, GAP], ids=["plain", "hybrid", "gap_prelogits"])
+def test_logits_match_numpy_reference(case, tmp_path):
+    model = get_model(case["name"], 5, **case["overrides"])
+    native = case["native"]
+    path = tmp_path / "ckpt.npz"
+    checkpoint.save_npz(path, random_params(model, native))
+    flat = dict(np.load(path))
+    ref_kw = dict(
+        num_heads=model.num_heads,
+        patch_size=model.patch_size,
+        classifier=model.classifier,
+        resnet_stages=model.resnet_stages,
+    )
+    for size in (native, 48, (32, 48)):  # native, higher, non-square
+        x = images(size)
+        params = checkpoint.load_pretrained(path, model, size, reset_head=False)
+        ref = dict(flat)
+        if size != native:
+            grid = model.grid((size, size) if isinstance(size, int) else size)
+            ref[POSEMB] = ref_resize_posemb(flat[POSEMB], grid, model.has_class_token)
+        want = vit_logits(ref, x, **ref_kw)
+        got = logits(model, params, x)
+        assert np.abs(want).max() > 0.5  # the comparison is not between near-zeros
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_scanned_model_loads_the_same_file(tmp_path):
+    model = get_model("testing", 5)
+    path = tmp_path / "ckpt.npz"
+    checkpoint.save_npz(path, random_params(model, 32))
+    scanned = get_model("testing", 5, scan=True)
+    p = checkpoint.load_pretrained(path, scanned, 32, reset_head=False)
+    assert p["Transformer"]["encoderblock"]["LayerNorm_0"]["scale"].shape == (2, 32)
+    x = images(32)
+    np.testing.assert_allclose(
+        logits(scanned, p, x),
+        vit_logits(dict(np.load(path)), x, num_heads=2, patch_size=16),
+        atol=1e-4,
+    )
+    # Saving the scanned tree writes the published per-block names again.
+    checkpoint.save_npz(tmp_path / "again.npz", p)
+    again = np.load(tmp_path / "again.npz")
+    original = np.load(path)
+    assert sorted(again.files) == sorted(original.files)
+    for k in original.files:
+        np.testing.assert_array_equal(again[k], original[k])
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def _renumber(key):
+    for old, new in (
+        ("MultiHeadDotProductAttention_1", "MultiHeadDotProductAttention_0"),
+        ("LayerNorm_2", "LayerNorm_1"),
+        ("MlpBlock_3", "MlpBlock_0"),
+    ):
+        key = key.replace(f"/{old}/", f"/{new}/")
+    return key
+
+
+def big_vision(flat, scanned=False):
+    out = {_renumber(k): v for k, v in flat.items() if k != POSEMB}
+    out["pos_embedding"] = flat[POSEMB][:, 1:]
+    if scanned:
+        out = checkpoint.stack_blocks(out)
+    return {"params/" + k: v for k, v in out.items()}
+
+
+LAYOUTS = {
+    "original": lambda f: f,
+    "opt_target": lambda f: {"opt/target/" + k: v for k, v in f.items()},
+    "big_vision": big_vision,
+    "big_vision_scanned": lambda f: big_vision(f, scanned=True),
+    "old_hybrid_groupnorm": lambda f: {
+        k: v.reshape(1, 1, 1, -1) if ("/" + k).split("/")[-2].startswith("gn") else v
+        for k, v in f.items()
+    },
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_layout_round_trips_bit_exactly(layout, tmp_path):
+    model = get_model(
+        "R50+B/16",
+        3,
+        width=64,
+        depth=2,
+        num_heads=2,
+        mlp_dim=32,
+        resnet_stages=(1,),
+        representation_size=16,
+    )
+    flat = flatten(random_params(model, 32))
+    flat[POSEMB][:, 0] = 0.0  # big_vision files have no class row: it reads back as zeros
+    stored = LAYOUTS[layout](dict(flat))
+    differs = stored.keys() != flat.keys() or any(
+        stored[k].shape != v.shape for k, v in flat.items()
+    )
+    assert differs == (layout != "original")
+    np.savez(tmp_path / "in.npz", **stored)
+    loaded = flatten(checkpoint.load_npz(tmp_path / "in.npz"))
+    assert loaded.keys() == flat.keys()
+    for k, v in flat.items():
+        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
+        np.testing.assert_array_equal(loaded[k], v)
+    checkpoint.save_npz(tmp_path / "out.npz", checkpoint.unflatten(loaded))
+    out = np.load(tmp_path / "out.npz")
+    assert sorted(out.files) == sorted(flat)
+    for k in out.files:
+        np.testing.assert_array_equal(out[k], flat[k])
+
+
+# ------------------------------------------------------------------ load_pretrained
+
+
+def test_posemb_resize_is_the_original_bilinear_zoom(tmp_path):
+    model = get_model("testing", 5)
+    params = random_params(model, 32)
+    path = tmp_path / "c.npz"
+    checkpoint.save_npz(path, params)
+    stored = np.load(path)[POSEMB]
+    got = checkpoint.load_pretrained(path, model, (64, 96))["Transformer"]["posembed_input"]
+    got = got["pos_embedding"]
+    assert got.shape == (1, 1 + 4 * 6, 32)
+    np.testing.assert_array_equal(got[0, 0], stored[0, 0])  # class row kept
+    np.testing.assert_allclose(got, ref_resize_posemb(stored, (4, 6)), atol=1e-6)
+    # Corners of a bilinear zoom are the stored corners.
+    np.testing.assert_allclose(got[0, 1], stored[0, 1], atol=1e-6)
+    np.testing.assert_allclose(got[0, -1], stored[0, -1], atol=1e-6)
+
+
+def test_head_reset_kept_and_checked(tmp_path):
+    model = get_model("testing", 5, representation_size=32)
+    path = tmp_path / "c.npz"
+    checkpoint.save_npz(path, random_params(model, 32))
+    stored = np.load(path)
+    kept = checkpoint.load_pretrained(path, model, 32, reset_head=False)
+    np.testing.assert_array_equal(kept["head"]["kernel"], stored["head/kernel"])
+    np.testing.assert_array_equal(kept["pre_logits"]["kernel"], stored["pre_logits/kernel"])
+    # Fine-tuning: no representation layer, a zero head of the new width.
+    finetune = get_model("testing", 10)
+    new = checkpoint.load_pretrained(path, finetune, 48)
+    assert "pre_logits" not in new
+    assert new["head"]["kernel"].shape == (32, 10) and not new["head"]["kernel"].any()
+    assert not new["head"]["bias"].any()
+    np.testing.assert_array_equal(new["cls"], stored["cls"])
+    with pytest.raises(CheckpointError, match="head for 5 classes, the model has 10"):
+        checkpoint.load_pretrained(
+            path, get_model("testing", 10, representation_size=32), 32, reset_head=False
+        )
+    with pytest.raises(CheckpointError, match="pre_logits layer .width 32"):
+        checkpoint.load_pretrained(path, get_model("testing", 5), 32, reset_head=False)
+    assert checkpoint.model_overrides(checkpoint.load_npz(path)) == {"representation_size": 32}
+
+
+# ------------------------------------------------------------------ bad input
+
+
+@pytest.fixture
+def good_file(tmp_path):
+    path = tmp_path / "good.npz"
+    checkpoint.save_npz(path, random_params(get_model("testing", 5), 32))
+    return path
+
+
+def _bad(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def test_unreadable_files_give_clear_errors(tmp_path, good_file):
+    data = good_file.read_bytes()
+    with pytest.raises(FileNotFoundError, match="missing.npz: no such file"):
+        checkpoint.load_npz(tmp_path / "missing.npz")
+    truncated = _bad(tmp_path, "truncated.npz", data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated.npz is truncated or corrupt"):
+        checkpoint.load_npz(truncated)
+    flipped = bytearray(data)
+    flipped[len(data) // 3 : len(data) // 3 + 64] = bytes(64)
+    corrupt = _bad(tmp_path, "corrupt.npz", bytes(flipped))
+    with pytest.raises(CheckpointError, match="corrupt.npz"):
+        checkpoint.load_npz(corrupt)
+    np.savez(tmp_path / "objects.npz", a=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(CheckpointError, match="pickled Python objects; they are never loaded"):
+        checkpoint.load_npz(tmp_path / "objects.npz")
+    import pickle
+
+    pickled = _bad(tmp_path, "pickled.npz", pickle.dumps({"embedding": 1}))
+    with pytest.raises(CheckpointError, match="pickled"):
+        checkpoint.load_npz(pickled)
+    np.save(tmp_path / "single.npy", np.zeros(3))
+    with pytest.raises(CheckpointError, match="single .npy array"):
+        checkpoint.load_npz(tmp_path / "single.npy")
+    assert good_file.read_bytes() == data  # reading touches nothing
+
+
+def test_file_of_another_variant_names_keys_and_guesses(tmp_path):
+    ti = get_model("ViT-Ti_16", 1000)
+    flat = {k: np.zeros(s.shape, np.float32) for k, s in flatten(param_shapes(ti, 224)).items()}
+    path = tmp_path / "ViT-Ti_16.npz"
+    checkpoint.save_npz(path, checkpoint.unflatten(flat))
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load_pretrained(path, get_model("ViT-S_16", 10), 224)
+    msg = str(e.value)
+    assert "key embedding/kernel has shape (16, 16, 3, 192), model expects (16, 16, 3, 384)" in msg
+    assert "looks like ViT-Ti_16" in msg
+    assert (
+        "key Transformer/encoderblock_0/LayerNorm_0/bias has shape (192,), model expects "
+        "(384,) (and in 11 more blocks)"
+    ) in msg
+
+
+def test_missing_and_extra_keys_are_named(tmp_path, good_file):
+    deeper = get_model("testing", 5, depth=3)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load_pretrained(good_file, deeper, 32)
+    assert (
+        "key Transformer/encoderblock_2/LayerNorm_0/bias is missing (model expects (32,))"
+        in str(e.value)
+    )
+    shallower = get_model("testing", 5, depth=1)
+    with pytest.raises(
+        CheckpointError,
+        match=r"encoderblock_1/LayerNorm_0/bias \(32,\) is not "
+        "in the model",
+    ):
+        checkpoint.load_pretrained(good_file, shallower, 32)
+
+
+def test_save_is_atomic(tmp_path, good_file, monkeypatch):
+    before = good_file.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_npz(good_file, {"a": np.zeros(3)})
+    assert good_file.read_bytes() == before  # the old file is untouched
