@@ -1,0 +1,102 @@
+"""The dataset section of a run config: fields, defaults, and their validation."""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+SOURCES = ("idx", "folder", "tfds")
+DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Returns the dataset config with its defaults (Fashion-MNIST from idx files).
+
+    Fields:
+        source: Where examples come from: 'idx' (MNIST-format idx files, read into
+            memory), 'folder' (DIR/<split>/<class>/*.jpg|jpeg|png) or 'tfds' (a prepared
+            TFDS builder).
+        name: TFDS builder name ('cifar10', 'imagenet2012', 'oxford_iiit_pet', ...), any
+            image-classification builder with 'image' and 'label' features. Only for 'tfds'.
+        data_dir: The idx directory, the image-folder root, or the TFDS data_dir. None
+            means the source's default: DEFAULT_IDX_DIR for 'idx' (Debian package
+            dataset-fashion-mnist), TFDS's own default for 'tfds'; 'folder' requires it.
+        train_split: Split used by train_iterator, with TFDS slicing syntax for every
+            source: 'train', 'train[:10%]', 'train[90%:]', 'train[100:-100]'.
+        test_split: Split used for evaluation, same syntax.
+        classes: None (all classes) or class ids to keep, relabelled 0..k-1 in the
+            listed order: (5, 6, 7, 8, 9) -> 0..4.
+        examples_per_class: None, or keep only the first n examples of each class of
+            the train split after a shuffle seeded with subset_seed.
+        subset_seed: Seed of that shuffle (fixed, so the subset does not change with the
+            training seed).
+        shuffle_buffer: Shuffle buffer of the streamed TFDS source (the idx and folder
+            sources permute all indices and do not use it).
+        crop_min_area: Smallest crop area (fraction of the image) of the Inception crop.
+        flip: Random horizontal flips in training.
+        mixup: Beta(alpha, alpha) mixup within the local batch; 0 turns it off.
+        label_smoothing: One-hot targets become (1 - s) * onehot + s / num_classes.
+        skip_corrupt: Skip images that do not decode (folder source; counted and
+            logged) instead of raising an error that names the file.
+        cache: Keep decoded images in memory (folder and tfds sources; idx always is).
+    """
+    return ml_collections.ConfigDict(
+        {
+            "source": "idx",
+            "name": "fashion_mnist",
+            "data_dir": config_dict.placeholder(str),
+            "train_split": "train",
+            "test_split": "test",
+            "classes": config_dict.placeholder(tuple),
+            "examples_per_class": config_dict.placeholder(int),
+            "subset_seed": 0,
+            "shuffle_buffer": 50_000,
+            "crop_min_area": 0.05,
+            "flip": True,
+            "mixup": 0.0,
+            "label_smoothing": 0.0,
+            "skip_corrupt": False,
+            "cache": False,
+        }
+    )
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+    """Raises ValueError naming the first bad field of a dataset config."""
+    if cfg.source not in SOURCES:
+        raise ValueError(
+            f"dataset.source={cfg.source!r}: expected one of {SOURCES} "
+            "(idx files, an image folder, or a TFDS builder)."
+        )
+    if cfg.source == "folder" and not cfg.data_dir:
+        raise ValueError(
+            "dataset.source='folder' needs dataset.data_dir=DIR with DIR/train/<class>/*.jpg "
+            "and DIR/test/<class>/*.jpg."
+        )
+    classes = cfg.get("classes")
+    if classes is not None:
+        classes = list(classes)
+        if not classes or any(not isinstance(c, int) or c < 0 for c in classes):
+            raise ValueError(
+                f"dataset.classes={cfg.classes!r}: expected a non-empty list of class ids >= 0."
+            )
+        if len(set(classes)) != len(classes):
+            raise ValueError(f"dataset.classes={cfg.classes!r} lists a class twice.")
+    epc = cfg.get("examples_per_class")
+    if epc is not None and epc < 1:
+        raise ValueError(f"dataset.examples_per_class={epc}: expected None or an int >= 1.")
+    if not 0.0 < cfg.crop_min_area <= 1.0:
+        raise ValueError(f"dataset.crop_min_area={cfg.crop_min_area}: expected 0 < a <= 1.")
+    if cfg.mixup < 0:
+        raise ValueError(f"dataset.mixup={cfg.mixup}: expected alpha >= 0 (0 turns it off).")
+    if not 0.0 <= cfg.label_smoothing < 1.0:
+        raise ValueError(f"dataset.label_smoothing={cfg.label_smoothing}: expected 0 <= s < 1.")
+    if cfg.shuffle_buffer < 1:
+        raise ValueError(f"dataset.shuffle_buffer={cfg.shuffle_buffer}: expected >= 1.")
+
+
+def data_dir(cfg: ml_collections.ConfigDict) -> str | None:
+    """The directory the source reads, with the per-source default applied."""
+    if cfg.data_dir:
+        return cfg.data_dir
+    return DEFAULT_IDX_DIR if cfg.source == "idx" else None
