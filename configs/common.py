@@ -1,0 +1,76 @@
+"""Fields every run config has, with their defaults. The other config files start here.
+
+Every field can be overridden from the command line (`--config.optimizer.lr=0.01`);
+a field that does not exist is an error.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+from vit_jax import data
+
+
+def base(model: str) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    # '' trains from scratch; a published .npz (or a final.npz of an earlier run) is
+    # loaded with checkpoint.load_pretrained: position embeddings resized to image_size,
+    # pre_logits dropped unless model.representation_size is set, new zero head if
+    # reset_head. An interrupted run resumes from its workdir whatever this says.
+    c.init_from = ""
+    c.reset_head = True
+
+    # model.name is a published name ('ViT-B_16') or SIZE/PATCH ('B/16'); the other
+    # fields are VisionTransformer options. None keeps the variant's own value.
+    c.model = ml_collections.ConfigDict(
+        dict(
+            name=model,
+            representation_size=config_dict.placeholder(int),
+            classifier="token",
+            posemb="learned",
+            dropout=0.0,
+            attention_dropout=0.0,
+            stochastic_depth=0.0,
+            dtype="float32",
+            remat=False,
+            scan=False,
+            width=config_dict.placeholder(int),
+            depth=config_dict.placeholder(int),
+            num_heads=config_dict.placeholder(int),
+            mlp_dim=config_dict.placeholder(int),
+            patch_size=config_dict.placeholder(int),
+        )
+    )
+    c.dataset = data.default_config()
+    c.image_size = 384
+    c.batch_size = 512  # global, over all devices and processes
+    c.eval_batch_size = 512
+    c.accum_steps = 1  # gradient accumulation: micro-batches of batch_size / accum_steps
+    c.total_steps = 10_000
+
+    c.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="sgd",
+            lr=0.03,
+            end_lr=0.0,
+            warmup_steps=500,
+            decay="cosine",
+            momentum=0.9,
+            b1=0.9,
+            b2=0.999,
+            weight_decay=0.0,
+            grad_clip=1.0,
+            mu_dtype="",
+        )
+    )
+
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: all devices left
+    c.log_every = 50
+    c.eval_every = 1000
+    c.checkpoint_every = 1000
+    c.keep_checkpoints = 3
+    c.export_npz = True  # write workdir/final.npz in the published layout at the end
+    c.progress_bars = True
+    return c

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs vit_jax with everything the main job, the tests and the notebooks need, and
+# the embedded default dataset: Fashion-MNIST from Debian's dataset-fashion-mnist.
+set -euo pipefail
+cd "$(dirname "$0")"
+python3 -m pip install -q --disable-pip-version-check -e ".[all]"
+
+FMNIST=/usr/share/datasets/fashion-mnist
+if [ -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then
+  :
+elif command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null
+else
+  cat >&2 <<MSG
+setup.sh: no apt-get here, so the embedded Fashion-MNIST was not installed. Download the
+four idx files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,
+t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) from the Fashion-MNIST project
+(zalandoresearch/fashion-mnist) into a directory DIR and pass
+--config.dataset.data_dir=DIR (or copy them to $FMNIST).
+MSG
+fi

@@ -1,0 +1,221 @@
+"""The training loop: multi-device equivalence, accumulation, learning, resume, configs."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import common, fashion_mnist
+from vit_jax import checkpoint, optim, sharding, train
+from vit_jax.models import param_shapes
+from vit_jax.progress import Cadence, console_line, duration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(**kw):
+    c = fashion_mnist.get_config("tiny")
+    c.update(kw)
+    return c
+
+
+def batch(n, size=28, k=10, seed=0):
+    rng = np.random.default_rng(seed)
+    labels = np.eye(k, dtype=np.float32)[rng.integers(0, k, n)]
+    return {"image": rng.uniform(-1, 1, (n, size, size, 3)).astype(np.float32), "label": labels}
+
+
+def steps_on(mesh, config, batches, accum_steps=1):
+    model = train.build_model(config, 10)
+    tx, lr = optim.make_optimizer(config.optimizer, config.total_steps)
+    state, shardings = train.create_state(config, model, tx, mesh)
+    step, _ = train.compile_steps(model, tx, lr, accum_steps, mesh, shardings)
+    losses = []
+    for b in batches:
+        state, m = step(state, sharding.global_batch(b, mesh))
+        losses.append(float(m["loss"]))
+    return losses, jax.device_get(state.params)
+
+
+def assert_trees_close(a, b, atol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, atol=atol, rtol=0)
+
+
+def test_eight_devices_match_one():
+    assert jax.device_count() == 8
+    config = tiny_config()
+    batches = [batch(64, seed=i) for i in range(3)]
+    one = steps_on(sharding.make_mesh(devices=jax.devices()[:1]), config, batches)
+    eight = steps_on(sharding.make_mesh(), config, batches)
+    np.testing.assert_allclose(one[0], eight[0], rtol=1e-5)
+    assert one[0][2] != one[0][0]  # the steps did change something
+    assert_trees_close(one[1], eight[1], atol=2e-5)
+
+
+def test_accumulation_equals_one_big_batch():
+    config = tiny_config()
+    big = [batch(64, seed=i) for i in range(2)]
+    mesh = sharding.make_mesh()
+    whole = steps_on(mesh, config, big)
+    accumulated = steps_on(mesh, config, big, accum_steps=4)
+    np.testing.assert_allclose(whole[0], accumulated[0], rtol=1e-5)
+    assert_trees_close(whole[1], accumulated[1], atol=2e-5)
+
+
+def test_short_run_learns_and_resumes(tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    config = tiny_config(total_steps=40, checkpoint_every=20, eval_every=40, log_every=1)
+    config.optimizer.lr = 3e-3
+    # Stop after 20 steps (as a kill after the save would), then restart to 40.
+    first = tiny_config(total_steps=20, checkpoint_every=20, eval_every=20, log_every=1)
+    first.optimizer = config.optimizer  # the same schedule shape is not needed to resume
+    s20 = train.run(first, workdir)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20"]
+    capsys.readouterr()
+    s40 = train.run(config, workdir)
+    out = capsys.readouterr().out
+    assert "resuming from step 20" in out and "step 21/40" in out and "step 1/40" not in out
+    assert s40["steps"] == 40
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    assert summary["steps"] == 40 and summary["accuracy"] == s40["accuracy"]
+    losses = [
+        float(line.split("loss ")[1].split(" ")[0])
+        for line in out.splitlines()
+        if line.startswith("step ") and "| loss" in line
+    ]
+    # Learned: the loss fell well below chance (ln 10 = 2.30) and accuracy beat 10%.
+    assert s20["train_loss"] < 2.25 and np.mean(losses[-5:]) < 2.0, losses
+    assert s40["accuracy"] > 0.35
+    assert glob.glob(os.path.join(workdir, "events.out.tfevents.*"))
+    exported = checkpoint.load_npz(os.path.join(workdir, "final.npz"))
+    assert exported["head"]["kernel"].shape == (32, 10)
+
+
+def test_finetune_from_npz_at_higher_resolution(tmp_path):
+    pre = tiny_config(total_steps=10, checkpoint_every=0, eval_every=0)
+    pre.model.representation_size = 32
+    pre.dataset.classes = (0, 1, 2, 3, 4)
+    train.run(pre, str(tmp_path / "pre"))
+    npz = str(tmp_path / "pre" / "final.npz")
+    assert checkpoint.load_npz(npz)["pre_logits"]["kernel"].shape == (32, 32)
+    ft = tiny_config(total_steps=10, checkpoint_every=0, eval_every=0, image_size=42, init_from=npz)
+    ft.dataset.classes = (5, 6, 7)
+    model = train.build_model(ft, 3)
+    assert model.representation_size is None
+    params = train.initial_params(ft, model, 42)
+    pe = params["Transformer"]["posembed_input"]["pos_embedding"]
+    assert pe.shape == (1, 1 + 6 * 6, 32)  # 4x4 grid at 28 px -> 6x6 at 42 px
+    assert not params["head"]["kernel"].any() and params["head"]["kernel"].shape == (32, 3)
+    stored = checkpoint.load_npz(npz)
+    np.testing.assert_array_equal(params["embedding"]["kernel"], stored["embedding"]["kernel"])
+    summary = train.run(ft, str(tmp_path / "ft"))
+    assert summary["steps"] == 10 and 0.0 <= summary["accuracy"] <= 1.0
+    assert summary["train_loss"] < np.log(3) + 0.05  # started at chance: zero head
+
+
+def test_non_finite_loss_stops_before_saving(tmp_path):
+    config = tiny_config(total_steps=10, checkpoint_every=5, eval_every=0, log_every=1)
+    config.optimizer.update(lr=1e30, grad_clip=0.0, warmup_steps=0, decay="constant")
+    with pytest.raises(FloatingPointError, match="non-finite loss .* at step"):
+        train.run(config, str(tmp_path / "nan"))
+    saved = os.listdir(tmp_path / "nan" / "checkpoints")
+    assert "10" not in saved
+
+
+def test_unwritable_workdir_fails_first(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(OSError, match="workdir .* is not writable"):
+        train.run(tiny_config(), str(blocker / "sub"))
+
+
+def test_cadence():
+    c = Cadence(total_steps=100, log_every=10, eval_every=30, save_every=0)
+    assert [s for s in range(1, 101) if c.due("log", s)] == [1] + list(range(10, 101, 10))
+    assert [s for s in range(1, 101) if c.due("eval", s)] == [30, 60, 90, 100]
+    assert [s for s in range(1, 101) if c.due("save", s)] == [100]
+    assert duration(3725) == "1h02m05s" and duration(59) == "59s"
+    line = console_line(
+        5, 10, {"loss": 1.5, "lr": 1e-3, "img_per_sec_per_device": 99.6, "eta_seconds": 61}
+    )
+    assert line == "step 5/10 | loss 1.5000 | lr 1.00e-03 | 100 img/s/device | ETA 1m01s"
+
+
+def test_schedule_and_weight_decay_mask():
+    cfg = ml_collections.ConfigDict(dict(lr=1.0, end_lr=0.0, warmup_steps=10, decay="cosine"))
+    lr = optim.schedule(cfg, 110)
+    assert float(lr(0)) == 0.0 and float(lr(5)) == pytest.approx(0.5)
+    assert float(lr(10)) == pytest.approx(1.0) and float(lr(60)) == pytest.approx(0.5, abs=1e-6)
+    assert float(lr(110)) == pytest.approx(0.0, abs=1e-6)
+    cfg.decay = "linear"
+    assert float(optim.schedule(cfg, 110)(60)) == pytest.approx(0.5)
+    params = {"a": {"kernel": jnp.ones(2), "bias": jnp.ones(2)}, "cls": jnp.ones(2)}
+    assert optim.kernels_only(params) == {"a": {"kernel": True, "bias": False}, "cls": False}
+    # Adam's decay is scaled by the learning rate and skips non-kernels.
+    c = common.base("testing").optimizer
+    c.update(name="adam", lr=0.1, warmup_steps=0, decay="constant", weight_decay=0.5, grad_clip=0.0)
+    tx, _ = optim.make_optimizer(c, 10)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = tx.update(zero, tx.init(params), params)
+    np.testing.assert_allclose(updates["a"]["kernel"], -0.05)
+    np.testing.assert_allclose(updates["a"]["bias"], 0.0)
+
+
+CONFIGS = (
+    [
+        ("configs/vit.py", f"{m},{d}")
+        for m in ("b16", "r50_b16", "l16")
+        for d in ("cifar10", "imagenet2012")
+    ]
+    + [
+        ("configs/pretrain.py", f"{m},{d}")
+        for m in ("b16", "h14")
+        for d in ("imagenet21k", "imagenet2012")
+    ]
+    + [("configs/fashion_mnist.py", a) for a in ("pretrain", "finetune", "scratch", "full", "tiny")]
+)
+
+
+@pytest.mark.parametrize("path,arg", CONFIGS)
+def test_every_config_parses_and_builds_its_model(path, arg):
+    import importlib
+
+    module = importlib.import_module(path[:-3].replace("/", "."))
+    config = module.get_config(arg)
+    model = train.build_model(config, 10)
+    shapes = param_shapes(model, config.image_size)
+    assert shapes["head"]["kernel"].shape[-1] == 10
+    if "pretrain" in path:
+        assert config.optimizer.name == "adam" and "pre_logits" in shapes
+        assert config.batch_size == 4096 and config.optimizer.warmup_steps == 10_000
+    if path == "configs/vit.py":
+        assert config.optimizer.name == "sgd" and config.optimizer.momentum == 0.9
+        assert config.image_size == (512 if arg.startswith("l16") else 384)
+        assert config.total_steps == (10_000 if "cifar" in arg else 20_000)
+
+
+def test_unknown_config_field_is_an_error():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vit_jax.main",
+            "--config=configs/fashion_mnist.py:tiny",
+            "--workdir=/tmp/unused",
+            "--config.optimizer.lrr=1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode != 0
+    assert "lrr" in out.stderr

@@ -1,0 +1,34 @@
+"""Train a ViT: pretraining and fine-tuning differ only in the config.
+
+    python -m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=workdirs/run \
+        [--config.optimizer.lr=0.01 ...]
+
+Restarting with the same --workdir resumes from its latest checkpoint.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (tf.data) is chatty
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from vit_jax import train  # noqa: E402
+
+config_flags.DEFINE_config_file(
+    "config", None, "a config file, e.g. configs/vit.py:b16,cifar10", lock_config=True
+)
+flags.DEFINE_string("workdir", None, "where checkpoints, TensorBoard events and summary.json go")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # libraries' INFO logs drown the progress lines
+    train.run(flags.FLAGS.config, flags.FLAGS.workdir)
+
+
+if __name__ == "__main__":
+    app.run(main)
