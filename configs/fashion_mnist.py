@@ -70,13 +70,14 @@ def get_config(arg: str = "pretrain"):
         c.eval_every = c.checkpoint_every = 200
         c.init_from = "pretrain/final.npz" if arg == "finetune" else ""
     elif arg == "full":
-        c = small_vit(c, width=128, depth=6, heads=4, mlp=256, patch=4)
+        c = small_vit(c, width=64, depth=6, heads=4, mlp=128, patch=4)
+        c.dataset.crop_min_area = 0.7
         c.image_size = 28
-        c.total_steps = 7000  # about 30 epochs
-        c.model.dropout = 0.1
-        c.optimizer.update(
-            name="adam", lr=1e-3, warmup_steps=500, decay="cosine", weight_decay=0.05, grad_clip=1.0
-        )
+        c.batch_size = 128
+        c.total_steps = 7000  # 15 epochs
+        c.optimizer.update(name="adam", lr=1e-3, warmup_steps=500, decay="cosine",
+                           weight_decay=0.05, grad_clip=1.0)
+        c.log_every = 100
         c.eval_every = c.checkpoint_every = 1000
     elif arg == "tiny":
         c = small_vit(c, width=32, depth=2, heads=2, mlp=64, patch=7)

@@ -15,6 +15,33 @@ from vit_jax.models.posemb import KINDS
 CLASSIFIERS = ("token", "gap", "unpooled")
 
 
+class PatchEmbedding(nn.Module):
+    """Linear projection of non-overlapping P x P patches: a conv with kernel = stride = P.
+
+    Computed as one matrix product over flattened patches (the same kernel [P, P, C, D]
+    and the same function as the conv, but faster on CPUs, where XLA's strided conv is
+    several times slower than its matrix product).
+    """
+
+    features: int
+    patch_size: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:  # [B, H, W, C] -> [B, H/P, W/P, D]
+        p = self.patch_size
+        b, h, w, c = x.shape
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (p, p, c, self.features),
+                            self.param_dtype)
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
+        gh, gw = h // p, w // p
+        x = x.reshape(b, gh, p, gw, p, c).transpose(0, 1, 3, 2, 4, 5)  # [B, gh, gw, P, P, C]
+        x = x.reshape(b, gh, gw, p * p * c)
+        k = kernel.reshape(p * p * c, self.features).astype(self.dtype)
+        return jnp.dot(x.astype(self.dtype), k) + bias.astype(self.dtype)  # [B, gh, gw, D]
+
+
 class VisionTransformer(nn.Module):
     """The Vision Transformer of Dosovitskiy et al. (2020) and its ResNet hybrids.
 
@@ -85,16 +112,8 @@ class VisionTransformer(nn.Module):
             x = resnet.stem(
                 x, tuple(self.resnet_stages), dtype=self.dtype, param_dtype=self.param_dtype
             )  # [B, H/4.., W/4.., C']
-        p = self.patch_size
-        x = nn.Conv(
-            self.width,
-            (p, p),
-            strides=(p, p),
-            padding="VALID",
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="embedding",
-        )(x)  # [B, gh, gw, D]
+        x = PatchEmbedding(self.width, self.patch_size, self.dtype, self.param_dtype,
+                           name="embedding")(x)  # [B, gh, gw, D]
         b, gh, gw, d = x.shape
         x = x.reshape(b, gh * gw, d)  # [B, N, D]
         if self.has_class_token:

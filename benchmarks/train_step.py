@@ -1,0 +1,87 @@
+"""Training-step speed against the bound of its own matrix products (forward and backward).
+
+    python benchmarks/train_step.py --model=ViT-B_16 --batch=8 --optimizer=sgd --dtype=float32
+
+Prints images/s of `vit_jax.train.train_step` (jitted, state donated, as the loop runs
+it) and the bound: the summed time of every matrix product in the step's jaxpr (the
+forward products and their transposes in the backward pass), each timed alone.
+`bound/step` near 1 means the step runs as fast as its matrix products allow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bound import machine, product_bound, timeit  # noqa: E402
+
+from vit_jax import optim, sharding, train  # noqa: E402
+from vit_jax.models import get_model  # noqa: E402
+
+
+def optimizer_config(name: str) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(dict(
+        name=name, lr=1e-3, end_lr=0.0, warmup_steps=10, decay="cosine", momentum=0.9,
+        b1=0.9, b2=0.999, weight_decay=0.1 if name == "adam" else 0.0, grad_clip=1.0,
+        mu_dtype=""))
+
+
+def measure(name: str, size: int, batch: int, opt: str, dtype: str, remat: bool) -> dict:
+    model = get_model(name, 1000, dtype=dtype, remat=remat)
+    tx, lr = optim.make_optimizer(optimizer_config(opt), 1000)
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    config = ml_collections.ConfigDict(dict(init_from="", seed=0, image_size=size))
+    state, shardings = train.create_state(config, model, tx, mesh)
+    rng = np.random.default_rng(0)
+    data = {"image": jnp.asarray(rng.uniform(-1, 1, (batch, size, size, 3)), jnp.float32),
+            "label": jax.nn.one_hot(rng.integers(0, 1000, batch), 1000)}
+    step_fn = functools.partial(train.train_step, model=model, tx=tx, lr_fn=lr)
+    step = jax.jit(step_fn, donate_argnums=0)
+    compiled = step.lower(state, data).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops = float(cost.get("flops", 0.0)) / batch
+    holder = [state]
+
+    def run():
+        holder[0], m = compiled(holder[0], data)
+        return m["loss"]
+
+    t = timeit(run)
+    bound, lines = product_bound(step_fn, holder[0], data)
+    return dict(ips=batch / t, ms=1e3 * t, gflops=flops / 1e9, achieved=flops * batch / t / 1e9,
+                bound_ms=1e3 * bound, ratio=bound / t, lines=lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="ViT-B_16")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--image_size", type=int, default=224)
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--remat", action="store_true")
+    ap.add_argument("--products", action="store_true", help="print each product's time")
+    a = ap.parse_args()
+    print(f"# {datetime.date.today()} — {machine()}")
+    r = measure(a.model, a.image_size, a.batch, a.optimizer, a.dtype, a.remat)
+    if a.products:
+        print("\n".join(r["lines"]))
+    print(f"{'model':<12} {'res':>4} {'batch':>5} {'opt':>5} {'dtype':>8} {'img/s':>7} "
+          f"{'GFLOP/img':>9} {'GFLOP/s':>8} {'step ms':>8} {'bound ms':>9} {'bound/step':>10}")
+    print(f"{a.model:<12} {a.image_size:>4} {a.batch:>5} {a.optimizer:>5} {a.dtype:>8} "
+          f"{r['ips']:7.2f} {r['gflops']:9.2f} {r['achieved']:8.1f} {r['ms']:8.1f} "
+          f"{r['bound_ms']:9.1f} {r['ratio']:10.3f}")
+
+
+if __name__ == "__main__":
+    main()
