@@ -32,8 +32,9 @@ class PatchEmbedding(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, H, W, C] -> [B, H/P, W/P, D]
         p = self.patch_size
         b, h, w, c = x.shape
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), (p, p, c, self.features),
-                            self.param_dtype)
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (p, p, c, self.features), self.param_dtype
+        )
         bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
         gh, gw = h // p, w // p
         x = x.reshape(b, gh, p, gw, p, c).transpose(0, 1, 3, 2, 4, 5)  # [B, gh, gw, P, P, C]
@@ -112,8 +113,9 @@ class VisionTransformer(nn.Module):
             x = resnet.stem(
                 x, tuple(self.resnet_stages), dtype=self.dtype, param_dtype=self.param_dtype
             )  # [B, H/4.., W/4.., C']
-        x = PatchEmbedding(self.width, self.patch_size, self.dtype, self.param_dtype,
-                           name="embedding")(x)  # [B, gh, gw, D]
+        x = PatchEmbedding(
+            self.width, self.patch_size, self.dtype, self.param_dtype, name="embedding"
+        )(x)  # [B, gh, gw, D]
         b, gh, gw, d = x.shape
         x = x.reshape(b, gh * gw, d)  # [B, N, D]
         if self.has_class_token:

@@ -1,0 +1,273 @@
+"""Linear few-shot evaluation: the least-squares fit, shot choice, evaluator and command."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from vit_jax.evaluate import linear
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- the least-squares fit
+
+
+def augmented_normal_equations(x, y, l2, standardize):
+    """Independent reference: standardise, append a ones column, and solve
+    ([X 1]^T [X 1] + diag(l2, ..., l2, 0)) [W; b] = [X 1]^T Y (bias not regularised)."""
+    mean, std = x.mean(0), x.std(0)
+    xs = (x - mean) / std if standardize else x - mean
+    a = np.concatenate([xs, np.ones((len(x), 1))], axis=1)
+    penalty = np.diag(np.r_[np.full(x.shape[1], l2), 0.0])
+    wb = np.linalg.solve(a.T @ a + penalty, a.T @ y)
+    return lambda t: (
+        np.concatenate(
+            [((t - mean) / std if standardize else t - mean), np.ones((len(t), 1))], axis=1
+        )
+        @ wb
+    )
+
+
+@pytest.mark.parametrize("n,d", [(40, 6), (12, 30)])  # primal (n >= D) and dual (n < D)
+@pytest.mark.parametrize("standardize", [True, False])
+def test_fit_matches_normal_equations(n, d, standardize):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, d)) * rng.uniform(0.1, 5, d) + rng.normal(size=d)
+    y = linear.targets(rng.integers(0, 4, n), 4)
+    test = rng.normal(size=(7, d))
+    got = linear.fit(x, y, l2=3.0, standardize=standardize)(test)
+    want = augmented_normal_equations(x, y, 3.0, standardize)(test)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_fit_without_l2_is_lstsq_with_a_ones_column():
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(50, 5)), linear.targets(rng.integers(0, 3, 50), 3)
+    wb = np.linalg.lstsq(np.c_[x, np.ones(50)], y, rcond=None)[0]
+    fit = linear.fit(x, y, l2=0.0)
+    np.testing.assert_allclose(fit.w, wb[:5], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(fit.b, wb[5], rtol=1e-10, atol=1e-10)
+
+
+def test_fit_without_l2_interpolates_when_underdetermined():
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(6, 20)), linear.targets(np.arange(6) % 3, 3)
+    np.testing.assert_allclose(linear.fit(x, y, l2=0.0, standardize=False)(x), y, atol=1e-9)
+
+
+def test_targets_are_plus_minus_one():
+    np.testing.assert_array_equal(linear.targets([2, 0], 3), [[-1, -1, 1], [1, -1, -1]])
+    with pytest.raises(ValueError, match="num_classes is 3"):
+        linear.targets([3], 3)
+    with pytest.raises(ValueError, match="l2=-1"):
+        linear.fit(np.ones((2, 2)), np.ones((2, 1)), l2=-1)
+
+
+# ---------------------------------------------------------------- accuracy and shots
+
+
+def clustered(rng, centres, per_class, spread):
+    """Features around the class centres [K, D]: ([K * per_class, D], labels)."""
+    labels = np.repeat(np.arange(len(centres)), per_class)
+    return centres[labels] + spread * rng.normal(size=(len(labels), centres.shape[1])), labels
+
+
+def test_separable_features_give_full_accuracy():
+    rng = np.random.default_rng(3)
+    centres = 10 * rng.normal(size=(5, 16))
+    train_x, train_y = clustered(rng, centres, 30, spread=0.5)
+    perm = rng.permutation(len(train_y))  # a shuffled pool: the choice is per class
+    test_x, test_y = clustered(rng, centres, 20, spread=0.5)
+    acc = linear.fewshot_accuracy(
+        train_x[perm], train_y[perm], test_x, test_y, shots=(1, 5, 25), l2=1.0, seed=0
+    )
+    assert acc == {1: 1.0, 5: 1.0, 25: 1.0}
+
+
+def test_random_features_give_chance():
+    k, rng = 4, np.random.default_rng(4)
+    accs = []
+    for seed in range(40):
+        train_x, test_x = rng.normal(size=(k * 10, 32)), rng.normal(size=(200, 32))
+        train_y, test_y = np.repeat(np.arange(k), 10), rng.integers(0, k, 200)
+        accs.append(linear.fewshot_accuracy(train_x, train_y, test_x, test_y, (5,), seed=seed)[5])
+    # 40 x 200 independent guesses: std of the mean about sqrt(.25 * .75 / 8000) = 0.005.
+    assert abs(np.mean(accs) - 1 / k) < 0.025
+    assert 0.1 < min(accs) and max(accs) < 0.4
+
+
+def test_choose_shots_is_seeded_per_class_and_nested():
+    labels = np.repeat(np.arange(3), 20)[np.random.default_rng(5).permutation(60)]
+    five = linear.choose_shots(labels, 5, seed=7)
+    np.testing.assert_array_equal(five, linear.choose_shots(labels, 5, seed=7))
+    assert np.bincount(labels[five]).tolist() == [5, 5, 5]
+    assert len(set(five.tolist())) == 15
+    assert set(linear.choose_shots(labels, 2, seed=7)) <= set(five)  # 2-shot within 5-shot
+    assert set(linear.choose_shots(labels, 5, seed=8)) != set(five)
+    # Class 1's picks do not depend on the other classes being there.
+    only_1 = np.flatnonzero(labels == 1)
+    picks = linear.choose_shots(labels[only_1], 5, seed=7)
+    np.testing.assert_array_equal(only_1[picks], five[labels[five] == 1])
+    with pytest.raises(ValueError, match="class 0 has 20 training examples, fewer than 25"):
+        linear.choose_shots(labels, 25, seed=0)
+
+
+def test_accuracy_is_deterministic_per_seed():
+    rng = np.random.default_rng(6)
+    centres = rng.normal(size=(3, 8))
+    train_x, train_y = clustered(rng, centres, 20, spread=1.0)  # overlapping classes
+    test_x, test_y = clustered(rng, centres, 50, spread=1.0)
+    args = (train_x, train_y, test_x, test_y, (1, 2))
+    by_seed = [linear.fewshot_accuracy(*args, seed=s) for s in range(6)]
+    assert linear.fewshot_accuracy(*args, seed=0) == by_seed[0]
+    assert len({tuple(a.values()) for a in by_seed}) > 1  # other seeds pick other shots
+
+
+# ---------------------------------------------------------------- evaluator and command
+
+
+def write_idx(path, array):
+    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture(scope="module")
+def idx_dir(tmp_path_factory):
+    """3 classes of 8x8 images: class c is bright in band c, plus noise."""
+    root = tmp_path_factory.mktemp("fewshot_idx")
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 30), ("t10k", 12)):
+        labels = np.arange(n) % 3
+        images = rng.integers(0, 60, (n, 8, 8))
+        for i, c in enumerate(labels):
+            images[i, :, 3 * c : 3 * c + 2] += 180
+        write_idx(str(root / f"{prefix}-images-idx3-ubyte.gz"), images)
+        write_idx(str(root / f"{prefix}-labels-idx1-ubyte.gz"), labels)
+    return str(root)
+
+
+def random_params(model, image_size, seed=0):
+    """Random parameters without compiling model.init: normal(0, 0.2) everywhere, LayerNorm
+    scales around 1 (plain numpy, fast)."""
+    from vit_jax.models import param_shapes
+
+    rng = np.random.default_rng(seed)
+
+    def draw(path, s):
+        scale = jax.tree_util.keystr(path).endswith("['scale']")
+        return (scale + rng.normal(0, 0.2, s.shape)).astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, param_shapes(model, image_size))
+
+
+@pytest.fixture(scope="module")
+def testing_checkpoint(tmp_path_factory):
+    from vit_jax import checkpoint
+    from vit_jax.models import get_model
+
+    model = get_model("testing", num_classes=5)
+    params = random_params(model, 32)
+    path = str(tmp_path_factory.mktemp("ckpt") / "testing.npz")
+    checkpoint.save_npz(path, params)
+    return path, model, params
+
+
+def test_extract_features_drops_padding(idx_dir, testing_checkpoint):
+    pytest.importorskip("tensorflow")
+    from vit_jax import data, sharding
+    from vit_jax.evaluate import extract_features
+    from vit_jax.models import apply_with_intermediates
+
+    _, model, params = testing_checkpoint
+    cfg = data.default_config()
+    cfg.data_dir = idx_dir
+    batches = list(
+        data.eval_iterator(
+            cfg, "test", global_batch=8, image_size=32, process_index=0, process_count=1
+        )
+    )
+    feats, labels = extract_features(model, params, batches)
+    assert feats.shape == (12, 32) and labels.tolist() == (np.arange(12) % 3).tolist()
+    images = np.concatenate([b["image"] for b in batches])[:12]
+    want = apply_with_intermediates(model, params, images)[1]["pre_logits"]
+    np.testing.assert_allclose(feats, want, atol=1e-5)
+    assert len(batches) == 2 and batches[1]["mask"].sum() == 4  # 4 padding examples
+    sharded, labels_8 = extract_features(model, params, batches, mesh=sharding.make_mesh())
+    np.testing.assert_allclose(sharded, feats, atol=1e-5)  # batch split over 8 devices
+    np.testing.assert_array_equal(labels_8, labels)
+
+
+def test_evaluator_end_to_end(idx_dir, testing_checkpoint):
+    pytest.importorskip("tensorflow")
+    from vit_jax import sharding
+    from vit_jax.evaluate import FewShotEvaluator
+
+    _, model, params = testing_checkpoint
+    ev = FewShotEvaluator(
+        [{"source": "idx", "name": "bands", "data_dir": idx_dir}],
+        shots=(1, 5),
+        l2=1.0,
+        seed=0,
+        image_size=32,
+        batch_size=8,
+    )
+    got = ev.run(model, params)
+    assert sorted(got) == ["fewshot/bands_1shot", "fewshot/bands_5shot"]
+    assert all(0.0 <= v <= 1.0 for v in got.values())
+    assert all(v * 12 == round(v * 12) for v in got.values())  # fractions of 12 test images
+    assert ev.run(model, params) == got
+    with pytest.raises(ValueError, match="batch_size=6 does not split over the mesh's 8"):
+        odd = FewShotEvaluator([{"data_dir": idx_dir}], shots=(1,), image_size=32, batch_size=6)
+        odd.run(model, params, mesh=sharding.make_mesh())
+    with pytest.raises(ValueError, match="unknown field"):
+        FewShotEvaluator([{"nmae": "x"}])
+    with pytest.raises(ValueError, match="share a name"):
+        FewShotEvaluator([{"name": "a"}, {"name": "a"}])
+
+
+def test_command_prints_the_table(idx_dir, testing_checkpoint):
+    pytest.importorskip("tensorflow")
+    from vit_jax.evaluate import FewShotEvaluator
+
+    path, model, params = testing_checkpoint
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vit_jax.fewshot",
+            "--model=testing",
+            f"--checkpoint={path}",
+            "--dataset=fashion_mnist",
+            f"--data_dir={idx_dir}",
+            "--shots=1,5",
+            "--l2=1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("linear few-shot accuracy of testing") and "32x32" in lines[0]
+    assert lines[1].split() == ["dataset", "1-shot", "5-shot"]
+    name, *cells = lines[2].split()
+    assert name == "fashion_mnist" and len(cells) == 2
+    assert all(c.endswith("%") and 0 <= float(c[:-1]) <= 100 for c in cells)
+    ev = FewShotEvaluator(
+        [{"source": "idx", "name": "fashion_mnist", "data_dir": idx_dir}],
+        shots=(1, 5),
+        l2=1.0,
+        image_size=32,
+        batch_size=64,
+    )
+    want = ev.run(model, params)  # the head the command drops does not change features
+    assert cells == [f"{100 * want[f'fewshot/fashion_mnist_{k}shot']:.2f}%" for k in (1, 5)]

@@ -1,0 +1,35 @@
+"""Evaluation of frozen models: linear few-shot accuracy (the paper's section 4.1).
+
+  linear.py   closed-form regularised least squares to {-1, 1}^K targets (NumPy)
+  fewshot.py  pre-logits features of a dataset split; FewShotEvaluator for training loops
+
+The command is `python -m vit_jax.fewshot` (vit_jax/fewshot.py).
+"""
+
+from vit_jax.evaluate.fewshot import (
+    DEFAULT_L2,
+    DEFAULT_SHOTS,
+    FewShotEvaluator,
+    extract_features,
+)
+from vit_jax.evaluate.linear import (
+    LinearFit,
+    choose_shots,
+    fewshot_accuracy,
+    fit,
+    fit_predict,
+    targets,
+)
+
+__all__ = [
+    "DEFAULT_L2",
+    "DEFAULT_SHOTS",
+    "FewShotEvaluator",
+    "LinearFit",
+    "choose_shots",
+    "extract_features",
+    "fewshot_accuracy",
+    "fit",
+    "fit_predict",
+    "targets",
+]

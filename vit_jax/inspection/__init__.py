@@ -1,0 +1,46 @@
+"""Looking inside a ViT: the figures of the paper's section 4.5 and their numbers.
+
+  filters.py    PCA of the patch-embedding filters (plain ViTs; hybrids have none on pixels)
+  posemb.py     cosine similarity of position embeddings, one map per patch position
+  attention.py  mean attention distance per head; attention rollout (Abnar & Zuidema 2020)
+  plots.py      the PNGs (matplotlib, optional extra 'plot')
+  report.py     everything for one model and some images: compute(), write()
+
+The command is `python -m vit_jax.inspect` (vit_jax/inspect.py).
+"""
+
+from vit_jax.inspection.attention import (
+    attention_rollout,
+    mean_attention_distance,
+    pairwise_distances,
+    patch_centres,
+    rollout_maps,
+    upsample,
+)
+from vit_jax.inspection.filters import FilterPCA, NotPixelFilters, embedding_kernel, filter_pca
+from vit_jax.inspection.posemb import (
+    NoPositionEmbeddings,
+    cosine_similarity_maps,
+    patch_embeddings,
+)
+from vit_jax.inspection.report import Inspection, analyse_images, compute, write
+
+__all__ = [
+    "FilterPCA",
+    "Inspection",
+    "NoPositionEmbeddings",
+    "NotPixelFilters",
+    "analyse_images",
+    "attention_rollout",
+    "compute",
+    "cosine_similarity_maps",
+    "embedding_kernel",
+    "filter_pca",
+    "mean_attention_distance",
+    "pairwise_distances",
+    "patch_centres",
+    "patch_embeddings",
+    "rollout_maps",
+    "upsample",
+    "write",
+]

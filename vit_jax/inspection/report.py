@@ -1,0 +1,169 @@
+"""All the section 4.5 numbers for one model and a few images, and writing them out.
+
+`compute` returns the arrays; `write` saves them (inspect.npz, inspect.json) and draws
+one PNG per figure. A figure that does not apply (pixel filters of a hybrid, position
+embeddings of a model without them) is skipped with the reason in `skipped`, printed
+by the command and recorded in inspect.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from vit_jax.inspection import attention, filters, plots, posemb
+from vit_jax.models import apply_with_intermediates
+from vit_jax.models.vit import VisionTransformer
+
+PNG = {
+    "filters": "filters_pca.png",
+    "posemb": "posemb_similarity.png",
+    "distance": "attention_distance.png",
+    "rollout": "attention_rollout.png",
+}
+NUMBERS, SUMMARY = "inspect.npz", "inspect.json"
+
+
+@dataclasses.dataclass
+class Inspection:
+    """What `compute` found.
+
+    Attributes:
+      arrays: name -> array, as saved in inspect.npz:
+        filters_pca_components [k, P, P, C], filters_pca_explained_variance [k],
+        filters_pca_variance_ratio [k], posemb_similarity [gh, gw, gh, gw],
+        attention_distance [L, H] (mean over images, pixels),
+        attention_distance_per_image [L, B, H], rollout [B, gh, gw].
+      info: sizes and definitions (saved in inspect.json).
+      skipped: figure -> why it does not apply to this model.
+    """
+
+    arrays: dict[str, np.ndarray]
+    info: dict[str, Any]
+    skipped: dict[str, str]
+
+
+@functools.lru_cache(maxsize=8)
+def _analysis_fn(model: VisionTransformer, grid: tuple[int, int]):
+    """Jitted (params, images [B, H, W, C]) -> (distance [L, B, H], rollout maps [B, gh, gw]);
+    the full attention [L, B, H, N, N] never leaves the device."""
+    prefix = int(model.has_class_token)
+
+    @jax.jit
+    def analyse(params: Any, images: jax.Array) -> tuple[jax.Array, jax.Array]:
+        _, inter = apply_with_intermediates(model, params, images)
+        att = inter["attention"].astype(np.float32)  # [L, B, H, N, N]
+        distance = attention.mean_attention_distance(att, grid, model.token_stride, prefix)
+        maps = attention.rollout_maps(attention.attention_rollout(att), grid, prefix)
+        return distance, maps
+
+    return analyse
+
+
+def analyse_images(
+    model: VisionTransformer, params: Any, images: np.ndarray, batch_size: int = 8
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean attention distance per image and head, and rollout maps, in batches.
+
+    Returns:
+      (distance [L, B, H] in pixels, rollout maps [B, gh, gw]).
+    """
+    images = np.asarray(images, np.float32)
+    n = len(images)
+    if n == 0:
+        raise ValueError("no images to inspect: pass --image=PATH, or leave it out for a sample")
+    grid = model.grid(images.shape[1:3])
+    fn, b = _analysis_fn(model, grid), min(batch_size, n)
+    distances, maps = [], []
+    for start in range(0, n, b):
+        chunk = images[start : start + b]
+        valid = len(chunk)
+        chunk = np.concatenate([chunk, np.zeros((b - valid, *chunk.shape[1:]), np.float32)])
+        d, m = jax.device_get(fn(params, chunk))  # one compiled shape: the tail is padded
+        distances.append(d[:, :valid])
+        maps.append(m[:valid])
+    return np.concatenate(distances, axis=1), np.concatenate(maps)
+
+
+def compute(
+    model: VisionTransformer,
+    params: Any,
+    images: np.ndarray,
+    num_components: int = filters.NUM_COMPONENTS,
+    batch_size: int = 8,
+) -> Inspection:
+    """Filter PCA, position-embedding similarity, attention distance and rollout.
+
+    Args:
+      model: the model; `params` adapted to the images' size (`checkpoint.adapt`).
+      params: its parameters.
+      images: inputs in [-1, 1].  # [B, H, W, C]
+      num_components: principal components of the filters to keep.
+      batch_size: images per forward pass.
+    """
+    images = np.asarray(images, np.float32)
+    grid = model.grid(images.shape[1:3])
+    arrays, skipped = {}, {}
+    try:
+        pca = filters.filter_pca(filters.embedding_kernel(params, model), num_components)
+        arrays["filters_pca_components"] = pca.components
+        arrays["filters_pca_explained_variance"] = pca.explained_variance
+        arrays["filters_pca_variance_ratio"] = pca.variance_ratio
+    except filters.NotPixelFilters as e:
+        skipped["filters"] = f"filters figure skipped: {e}"
+    try:
+        pe = posemb.patch_embeddings(params, model, grid)
+        arrays["posemb_similarity"] = posemb.cosine_similarity_maps(pe, grid)
+    except posemb.NoPositionEmbeddings as e:
+        skipped["posemb"] = f"position-embedding figure skipped: {e}"
+    distance, maps = analyse_images(model, params, images, batch_size)
+    arrays["attention_distance"] = distance.mean(axis=1)  # [L, H]
+    arrays["attention_distance_per_image"] = distance
+    arrays["rollout"] = maps
+    info = {
+        "image_size": list(images.shape[1:3]),
+        "grid": list(grid),
+        "token_stride": model.token_stride,
+        "hybrid": model.resnet_stages is not None,
+        "class_token": model.has_class_token,
+        "num_images": len(images),
+        "attention_distance_pixels": np.round(
+            arrays["attention_distance"].astype(float), 4
+        ).tolist(),
+        "attention_distance": "per head: attention of patch queries over patch keys "
+        "(class token dropped, rows renormalised) x euclidean distance between patch "
+        "centres in input pixels, averaged over queries, then images",
+        "rollout": "mean over heads, + identity, rows renormalised, multiplied over layers; "
+        + ("the class token's row" if model.has_class_token else "the mean of the patch rows")
+        + " over the patches",
+    }
+    return Inspection(arrays, info, skipped)
+
+
+def write(result: Inspection, images: np.ndarray, out_dir: str, title: str) -> list[str]:
+    """Saves inspect.npz, inspect.json and the PNGs to `out_dir`; returns the paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = lambda name: os.path.join(out_dir, name)
+    a, written = result.arrays, []
+    if "filters_pca_components" in a:
+        tiles = filters.to_tiles(a["filters_pca_components"])
+        plots.plot_filters(tiles, a["filters_pca_variance_ratio"], path(PNG["filters"]), title)
+        written.append(path(PNG["filters"]))
+    if "posemb_similarity" in a:
+        plots.plot_posemb_similarity(a["posemb_similarity"], path(PNG["posemb"]), title)
+        written.append(path(PNG["posemb"]))
+    plots.plot_attention_distance(a["attention_distance"], path(PNG["distance"]), title)
+    upsampled = attention.upsample(a["rollout"], tuple(images.shape[1:3]))
+    plots.plot_rollout(images, upsampled, path(PNG["rollout"]), title)
+    written += [path(PNG["distance"]), path(PNG["rollout"])]
+    np.savez(path(NUMBERS), **a)
+    summary = dict(result.info, title=title, skipped=result.skipped, files=written)
+    with open(path(SUMMARY), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    return written + [path(NUMBERS), path(SUMMARY)]
