@@ -120,8 +120,10 @@ def product_bound(fn: Callable, *args) -> tuple[float, list[str]]:
             prim, params = eqn.primitive, dict(eqn.params)
             f = jax.jit(lambda *ops, _p=prim, _kw=params: _p.bind(*ops, **_kw))
             label = f"{eqn.primitive.name} " + " x ".join(str(list(s)) for s in shapes)
-        ops = [jnp.asarray(rng.standard_normal(s).astype(np.float32), dtype=avals[0][1])
-               for s in shapes]
+        ops = [
+            jnp.asarray(rng.standard_normal(s).astype(np.float32), dtype=avals[0][1])
+            for s in shapes
+        ]
         t = timeit(lambda f=f, ops=ops: f(*ops), repeats=3, min_time=0.2)
         total += t * count
         lines.append(f"  {label:<58} x{count:<4} {1e3 * t:8.3f} ms")

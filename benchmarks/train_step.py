@@ -29,10 +29,21 @@ from vit_jax.models import get_model  # noqa: E402
 
 
 def optimizer_config(name: str) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(dict(
-        name=name, lr=1e-3, end_lr=0.0, warmup_steps=10, decay="cosine", momentum=0.9,
-        b1=0.9, b2=0.999, weight_decay=0.1 if name == "adam" else 0.0, grad_clip=1.0,
-        mu_dtype=""))
+    return ml_collections.ConfigDict(
+        dict(
+            name=name,
+            lr=1e-3,
+            end_lr=0.0,
+            warmup_steps=10,
+            decay="cosine",
+            momentum=0.9,
+            b1=0.9,
+            b2=0.999,
+            weight_decay=0.1 if name == "adam" else 0.0,
+            grad_clip=1.0,
+            mu_dtype="",
+        )
+    )
 
 
 def measure(name: str, size: int, batch: int, opt: str, dtype: str, remat: bool) -> dict:
@@ -42,8 +53,10 @@ def measure(name: str, size: int, batch: int, opt: str, dtype: str, remat: bool)
     config = ml_collections.ConfigDict(dict(init_from="", seed=0, image_size=size))
     state, shardings = train.create_state(config, model, tx, mesh)
     rng = np.random.default_rng(0)
-    data = {"image": jnp.asarray(rng.uniform(-1, 1, (batch, size, size, 3)), jnp.float32),
-            "label": jax.nn.one_hot(rng.integers(0, 1000, batch), 1000)}
+    data = {
+        "image": jnp.asarray(rng.uniform(-1, 1, (batch, size, size, 3)), jnp.float32),
+        "label": jax.nn.one_hot(rng.integers(0, 1000, batch), 1000),
+    }
     step_fn = functools.partial(train.train_step, model=model, tx=tx, lr_fn=lr)
     step = jax.jit(step_fn, donate_argnums=0)
     compiled = step.lower(state, data).compile()
@@ -58,8 +71,15 @@ def measure(name: str, size: int, batch: int, opt: str, dtype: str, remat: bool)
 
     t = timeit(run)
     bound, lines = product_bound(step_fn, holder[0], data)
-    return dict(ips=batch / t, ms=1e3 * t, gflops=flops / 1e9, achieved=flops * batch / t / 1e9,
-                bound_ms=1e3 * bound, ratio=bound / t, lines=lines)
+    return dict(
+        ips=batch / t,
+        ms=1e3 * t,
+        gflops=flops / 1e9,
+        achieved=flops * batch / t / 1e9,
+        bound_ms=1e3 * bound,
+        ratio=bound / t,
+        lines=lines,
+    )
 
 
 def main() -> None:
@@ -76,11 +96,15 @@ def main() -> None:
     r = measure(a.model, a.image_size, a.batch, a.optimizer, a.dtype, a.remat)
     if a.products:
         print("\n".join(r["lines"]))
-    print(f"{'model':<12} {'res':>4} {'batch':>5} {'opt':>5} {'dtype':>8} {'img/s':>7} "
-          f"{'GFLOP/img':>9} {'GFLOP/s':>8} {'step ms':>8} {'bound ms':>9} {'bound/step':>10}")
-    print(f"{a.model:<12} {a.image_size:>4} {a.batch:>5} {a.optimizer:>5} {a.dtype:>8} "
-          f"{r['ips']:7.2f} {r['gflops']:9.2f} {r['achieved']:8.1f} {r['ms']:8.1f} "
-          f"{r['bound_ms']:9.1f} {r['ratio']:10.3f}")
+    print(
+        f"{'model':<12} {'res':>4} {'batch':>5} {'opt':>5} {'dtype':>8} {'img/s':>7} "
+        f"{'GFLOP/img':>9} {'GFLOP/s':>8} {'step ms':>8} {'bound ms':>9} {'bound/step':>10}"
+    )
+    print(
+        f"{a.model:<12} {a.image_size:>4} {a.batch:>5} {a.optimizer:>5} {a.dtype:>8} "
+        f"{r['ips']:7.2f} {r['gflops']:9.2f} {r['achieved']:8.1f} {r['ms']:8.1f} "
+        f"{r['bound_ms']:9.1f} {r['ratio']:10.3f}"
+    )
 
 
 if __name__ == "__main__":

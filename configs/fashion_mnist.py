@@ -75,8 +75,9 @@ def get_config(arg: str = "pretrain"):
         c.image_size = 28
         c.batch_size = 128
         c.total_steps = 7000  # 15 epochs
-        c.optimizer.update(name="adam", lr=1e-3, warmup_steps=500, decay="cosine",
-                           weight_decay=0.05, grad_clip=1.0)
+        c.optimizer.update(
+            name="adam", lr=1e-3, warmup_steps=500, decay="cosine", weight_decay=0.05, grad_clip=1.0
+        )
         c.log_every = 100
         c.eval_every = c.checkpoint_every = 1000
     elif arg == "tiny":

@@ -11,8 +11,9 @@ NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 def execute(name, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device, as a user's kernel has
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": NOTEBOOKS}}).execute()
+    NotebookClient(
+        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": NOTEBOOKS}}
+    ).execute()
     return nb
 
 
@@ -38,8 +39,12 @@ def test_inspect(monkeypatch):
     nb = execute("inspect.ipynb", monkeypatch)
     text = text_of(nb)
     assert "similarity of each embedding with itself: True" in text
-    distances = [float(v) for line in text.splitlines() if line.startswith("layer ")
-                 for v in line.split(":")[1].split()[:-1]]
+    distances = [
+        float(v)
+        for line in text.splitlines()
+        if line.startswith("layer ")
+        for v in line.split(":")[1].split()[:-1]
+    ]
     assert len(distances) == 4 * 4 and all(0.0 < d < 28 * 1.5 for d in distances)
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 4
