@@ -66,7 +66,19 @@ def base(model: str) -> ml_collections.ConfigDict:
         )
     )
 
+    # Parameters and optimizer state are replicated, or split over `fsdp` devices
+    # (vit_jax/sharding.py); the batch is split over all data x fsdp devices.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: all devices left
+    # Multi-host: see vit_jax/distributed.py. Nothing set: one process.
+    c.distributed = ml_collections.ConfigDict(
+        dict(
+            coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
+        )
+    )
+    # A step whose loss, gradient or new state is not finite: False stops the run at
+    # the next log or save (nothing non-finite is ever saved); True skips the step
+    # inside the jitted update (state unchanged, counted in metrics 'skipped').
+    c.skip_nonfinite = False
     c.log_every = 50
     c.eval_every = 1000
     c.checkpoint_every = 1000

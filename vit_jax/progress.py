@@ -74,6 +74,8 @@ def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
     ):
         if key in metrics:
             parts.append(fmt.format(metrics[key]))
+    if metrics.get("skipped"):
+        parts.append(f"skipped {metrics['skipped']:.0f} non-finite")
     if "eta_seconds" in metrics:
         parts.append(f"ETA {duration(metrics['eta_seconds'])}")
     return " | ".join(parts)

@@ -5,6 +5,10 @@ sees its own examples). Parameters and optimizer state are replicated, unless
 `fsdp > 1`: then each large array is split along one of its dimensions over the
 'fsdp' axis (the largest dimension that divides evenly), and small ones stay
 replicated. XLA inserts the gathers and reduce-scatters that this layout implies.
+With fsdp = all devices, each holds about 1/fsdp of the parameters and of Adam's
+moments (benchmarks/memory.py: ViT-H/14's 7.1 GiB of state -> 0.89 GiB per device on 8).
+Several processes (vit_jax/distributed.py) share one mesh; each feeds the batch rows
+of its own devices, and arrays may span processes.
 """
 
 from __future__ import annotations
@@ -21,8 +25,14 @@ FSDP_MIN_SIZE = 2**14  # arrays smaller than this stay replicated
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, devices: list | None = None) -> Mesh:
-    """A ('data', 'fsdp') mesh over all devices; -1 for `data` takes what is left."""
+    """A ('data', 'fsdp') mesh over all devices; -1 for `data` takes what is left.
+
+    Devices are ordered process by process, so that each process's devices hold one
+    contiguous block of the batch: the block its input pipeline reads
+    (`global_batch`). The 'fsdp' axis may span processes.
+    """
     devices = jax.devices() if devices is None else devices
+    devices = sorted(devices, key=lambda d: (d.process_index, d.id))
     n = len(devices)
     if data == -1:
         if n % fsdp:
@@ -59,6 +69,30 @@ def tree_shardings(mesh: Mesh, tree: Any) -> Any:
     """NamedShardings for a tree of arrays or ShapeDtypeStructs (state, params)."""
     fsdp = mesh.shape["fsdp"]
     return jax.tree.map(lambda x: NamedSharding(mesh, spec_for(tuple(x.shape), fsdp)), tree)
+
+
+def put(tree: Any, shardings: Any) -> Any:
+    """Host arrays (the same on every process) -> global arrays laid out by `shardings`.
+
+    Each process copies only the slices its own devices hold, so this also works when
+    the arrays span several processes (where `jax.device_put` of a host array does not).
+    """
+
+    def one(x, s):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, s, lambda index: x[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def bytes_per_device(tree: Any, shardings: Any) -> int:
+    """Bytes one device holds of a tree of arrays or ShapeDtypeStructs laid out by
+    `shardings` (the most loaded device; all are equal for even splits)."""
+
+    def one(x, s):
+        return int(np.prod(s.shard_shape(tuple(x.shape)))) * np.dtype(x.dtype).itemsize
+
+    return sum(jax.tree.leaves(jax.tree.map(one, tree, shardings)))
 
 
 def global_batch(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

@@ -7,18 +7,27 @@ resolution and the head.
 
 The jit contract (see `compile_steps`):
   train_step(state, batch) -> (state, metrics)
-    state    TrainState laid out by `sharding.tree_shardings` (replicated, or split
-             over 'fsdp'); DONATED: the old state's buffers are reused.
-    batch    {'image': f32[B, H, W, 3], 'label': f32[B, K]}, B split over all devices.
-    metrics  replicated scalars: loss, grad_norm, lr.
+    state    TrainState laid out by `sharding.tree_shardings`: replicated, or with
+             each large parameter and its optimizer state split over 'fsdp'. Created
+             in that layout (`create_state` jits the initialisation with
+             out_shardings), so no device ever holds a whole unsharded copy. DONATED:
+             the old state's buffers are reused.
+    batch    {'image': f32[B, H, W, 3], 'label': f32[B, K]}, B split over all devices
+             of the ('data', 'fsdp') mesh, each process feeding its own block.
+    metrics  replicated scalars: loss, grad_norm, lr, finite (1 when the loss, the
+             gradient norm and the new state are all finite), skipped (steps skipped
+             so far for non-finite values, with config.skip_nonfinite).
   eval_step(params, batch) -> replicated sums {'correct', 'loss', 'count'}; batch
     also carries 'mask' f32[B] (0 for padding).
+
+A resumed run is bit-identical to an uninterrupted one: the state (step, dropout key,
+skipped count) is all in the checkpoint, the input pipeline is a pure function of
+(config, seed, step), and dropout keys are folded with the step.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
 from typing import Any
@@ -30,7 +39,8 @@ import optax
 import orbax.checkpoint as ocp
 from clu import metric_writers
 
-from vit_jax import checkpoint, data, optim, progress, sharding
+from vit_jax import checkpoint, data, distributed, optim, progress, sharding
+from vit_jax import workdir as workdir_lib
 from vit_jax.models import count_params, get_model
 from vit_jax.models.vit import VisionTransformer
 
@@ -41,6 +51,7 @@ class TrainState:
     params: Any
     opt_state: Any
     rng: jax.Array  # u32[2]: raw key data for dropout, folded with the step
+    skipped: jax.Array  # i32[]: steps skipped for non-finite values (skip_nonfinite)
 
 
 def build_model(config: Any, num_classes: int) -> VisionTransformer:
@@ -86,6 +97,12 @@ def loss_and_grads(
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
 
+def all_finite(tree: Any) -> jax.Array:
+    """bool[]: whether every floating-point value of `tree` is finite."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+
+
 def train_step(
     state: TrainState,
     batch: dict,
@@ -94,14 +111,36 @@ def train_step(
     tx: optax.GradientTransformation,
     lr_fn: optax.Schedule,
     accum_steps: int = 1,
+    skip_nonfinite: bool = False,
 ) -> tuple[TrainState, dict]:
-    """One optimizer step on one global batch."""
+    """One optimizer step on one global batch.
+
+    With `skip_nonfinite`, a step whose loss, gradient norm or new state is not
+    finite keeps the old parameters and optimizer state (its own counts included) and
+    is counted in `state.skipped`; the step counter, and with it the data, move on.
+    """
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     loss, grads = loss_and_grads(model, state.params, batch, rng, accum_steps)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "lr": lr_fn(state.step)}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & all_finite((params, opt_state))
+    skipped = state.skipped
+    if skip_nonfinite:
+        new, old = (params, opt_state), (state.params, state.opt_state)
+        params, opt_state = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        skipped = skipped + (~finite).astype(jnp.int32)
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "lr": lr_fn(state.step),
+        "finite": finite.astype(jnp.float32),
+        "skipped": skipped,
+    }
+    new_state = state.replace(
+        step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped
+    )
+    return new_state, metrics
 
 
 def eval_step(params: Any, batch: dict, *, model: VisionTransformer) -> dict[str, jax.Array]:
@@ -116,6 +155,9 @@ def eval_step(params: Any, batch: dict, *, model: VisionTransformer) -> dict[str
     }
 
 
+# ---------------------------------------------------------------- the state
+
+
 def initial_params(config: Any, model: VisionTransformer, image_size: int) -> Any:
     """From scratch, or from a published .npz (`config.init_from`) for fine-tuning."""
     if config.init_from:
@@ -126,22 +168,55 @@ def initial_params(config: Any, model: VisionTransformer, image_size: int) -> An
     return jax.jit(model.init)(jax.random.key(config.seed), x)["params"]
 
 
+def new_state(
+    config: Any, model: VisionTransformer, tx: optax.GradientTransformation, params: Any = None
+) -> TrainState:
+    """The TrainState at step 0 (traceable): `params`, or the model's initialisation."""
+    if params is None:
+        x = jnp.zeros((1, config.image_size, config.image_size, model.channels), jnp.float32)
+        params = model.init(jax.random.key(config.seed), x)["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=jax.random.key_data(jax.random.fold_in(jax.random.key(config.seed), 1)),
+        skipped=jnp.zeros((), jnp.int32),
+    )
+
+
+def abstract_state(config: Any, model: VisionTransformer, tx: Any) -> TrainState:
+    """The TrainState's shapes and dtypes (ShapeDtypeStructs; nothing allocated)."""
+    return jax.eval_shape(functools.partial(new_state, config, model, tx))
+
+
 def create_state(
     config: Any, model: VisionTransformer, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh
 ) -> tuple[TrainState, Any]:
-    """A sharded TrainState at step 0, and its shardings."""
-    params = initial_params(config, model, config.image_size)
+    """A TrainState at step 0, created in its sharded layout, and its shardings."""
+    shardings = sharding.tree_shardings(mesh, abstract_state(config, model, tx))
+    make = jax.jit(functools.partial(new_state, config, model, tx), out_shardings=shardings)
+    if not config.init_from:
+        return make(), shardings
+    params = initial_params(config, model, config.image_size)  # host arrays
+    return make(sharding.put(params, shardings.params)), shardings
 
-    def make(params):
-        rng = jax.random.key_data(jax.random.fold_in(jax.random.key(config.seed), 1))
-        return TrainState(
-            step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=rng
-        )
 
-    abstract = jax.eval_shape(make, params)
+def restore_or_create(
+    config: Any, model: VisionTransformer, tx: Any, mesh: Any, manager: ocp.CheckpointManager
+) -> tuple[TrainState, Any]:
+    """The latest complete checkpoint in the workdir if there is one, laid out for
+    `mesh` (whatever mesh wrote it), else a new state."""
+    latest = manager.latest_step()
+    if latest is None:
+        return create_state(config, model, tx, mesh)
+    abstract = abstract_state(config, model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
-    params = jax.device_put(params, shardings.params)
-    state = jax.jit(make, out_shardings=shardings)(params)
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    state = workdir_lib.restore(manager, latest, target)
+    if distributed.is_lead():
+        print(f"resuming from step {latest} (checkpoint {manager.directory}/{latest})", flush=True)
     return state, shardings
 
 
@@ -152,12 +227,21 @@ def compile_steps(
     accum_steps: int,
     mesh: jax.sharding.Mesh,
     state_shardings: Any,
+    skip_nonfinite: bool = False,
 ):
     """The jitted train and eval steps (the contract is in the module docstring)."""
     batch = sharding.batch_sharding(mesh)
     rep = sharding.replicated(mesh)
+    step_fn = functools.partial(
+        train_step,
+        model=model,
+        tx=tx,
+        lr_fn=lr_fn,
+        accum_steps=accum_steps,
+        skip_nonfinite=skip_nonfinite,
+    )
     step = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, lr_fn=lr_fn, accum_steps=accum_steps),
+        step_fn,
         in_shardings=(state_shardings, batch),
         out_shardings=(state_shardings, rep),
         donate_argnums=0,
@@ -170,50 +254,15 @@ def compile_steps(
     return step, evaluate
 
 
+def export_npz(path: str, params: Any) -> None:
+    """`params` (sharded, possibly over several processes) -> a published-layout .npz,
+    written by process 0. Every process must call it (the arrays are gathered)."""
+    host = distributed.to_host(params)
+    if distributed.is_lead():
+        checkpoint.save_npz(path, host)
+
+
 # ---------------------------------------------------------------- the loop
-
-
-def check_workdir(workdir: str) -> None:
-    """Fail before training, not after hours, when the workdir cannot be written."""
-    try:
-        os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, ".write_probe")
-        with open(probe, "wb") as f:
-            f.write(b"\0" * 4096)
-        os.remove(probe)
-    except OSError as e:
-        raise OSError(
-            f"workdir {workdir} is not writable ({e.strerror}): choose another "
-            "--workdir or free space there"
-        ) from e
-
-
-def restore_or_create(
-    config: Any, model: VisionTransformer, tx: Any, mesh: Any, manager: ocp.CheckpointManager
-) -> tuple[TrainState, Any]:
-    """The latest complete checkpoint in the workdir if there is one, else a new state."""
-    latest = manager.latest_step()
-    if latest is None:
-        return create_state(config, model, tx, mesh)
-    x = jax.ShapeDtypeStruct((1, config.image_size, config.image_size, model.channels), jnp.float32)
-
-    def make(x):
-        params = model.init(jax.random.key(0), x)["params"]
-        return TrainState(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=tx.init(params),
-            rng=jax.random.key_data(jax.random.key(0)),
-        )
-
-    abstract = jax.eval_shape(make, x)
-    shardings = sharding.tree_shardings(mesh, abstract)
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-    )
-    state = manager.restore(latest, args=ocp.args.StandardRestore(target))
-    print(f"resuming from step {latest} (checkpoint in {manager.directory})", flush=True)
-    return state, shardings
 
 
 def evaluate(eval_fn: Any, params: Any, config: Any, mesh: Any) -> dict[str, float]:
@@ -229,7 +278,7 @@ def evaluate(eval_fn: Any, params: Any, config: Any, mesh: Any) -> dict[str, flo
         process_count=jax.process_count(),
     )
     total = None
-    show = jax.process_index() == 0 and config.progress_bars
+    show = distributed.is_lead() and config.progress_bars
     for local in progress.bar(batches, -(-n // config.eval_batch_size), f"eval {split}", show):
         sums = eval_fn(params, sharding.global_batch(local, mesh))
         total = sums if total is None else jax.tree.map(jnp.add, total, sums)
@@ -240,20 +289,53 @@ def evaluate(eval_fn: Any, params: Any, config: Any, mesh: Any) -> dict[str, flo
 
 def run(config: Any, workdir: str) -> dict[str, Any]:
     """Train (pretrain or fine-tune) as `config` says, in `workdir`; resumes from its
-    latest checkpoint. Returns the final metrics, also written to workdir/summary.json."""
-    check_workdir(workdir)
+    latest checkpoint. Returns the final metrics, also written to workdir/summary.json.
+
+    Raises:
+        OSError: the workdir is not writable or its disk too small (before training).
+        FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
+    """
+    workdir_lib.check_writable(workdir)
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
     _check_batches(config, mesh)
     model = build_model(config, data.num_classes(config.dataset))
     tx, lr_fn = optim.make_optimizer(config.optimizer, config.total_steps)
-    manager = ocp.CheckpointManager(
-        os.path.join(os.path.abspath(workdir), "checkpoints"),
-        options=ocp.CheckpointManagerOptions(max_to_keep=config.keep_checkpoints, create=True),
-    )
+    abstract = abstract_state(config, model, tx)
+    state_bytes, npz_bytes = workdir_lib.tree_bytes(abstract), 4 * count_params(abstract.params)
+    workdir_lib.check_free_space(workdir, config, state_bytes, npz_bytes)
+    manager = workdir_lib.open_manager(workdir, config.keep_checkpoints)
     state, shardings = restore_or_create(config, model, tx, mesh, manager)
-    train_fn, eval_fn = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
-    start = int(jax.device_get(state.step))
+    steps = compile_steps(
+        model, tx, lr_fn, config.accum_steps, mesh, shardings, config.skip_nonfinite
+    )
+    writer = metric_writers.SummaryWriter(workdir) if distributed.is_lead() else None
+    state, metrics, evals = _train(config, mesh, state, steps, manager, writer)
+    if not evals:  # resumed after the last step: evaluate the final state again
+        evals = evaluate(steps[1], state.params, config, mesh)
+    if config.export_npz:
+        export_npz(os.path.join(workdir, "final.npz"), state.params)
+    summary = {
+        "model": config.model.name,
+        "steps": int(jax.device_get(state.step)),
+        "num_params": count_params(state.params),
+        "accuracy": evals["accuracy"],
+        "eval_loss": evals["loss"],
+        "train_loss": metrics.get("loss"),
+        "skipped_steps": int(jax.device_get(state.skipped)),
+        "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
+        "wall_seconds": time.time() - start_time,
+    }
+    if writer is not None:
+        writer.flush()
+        progress.write_summary(workdir, summary)
+    return summary
+
+
+def _train(config, mesh, state, steps, manager, writer) -> tuple[TrainState, dict, dict]:
+    """The steps from the state's own to config.total_steps: (state, metrics, evals)."""
+    train_fn, eval_fn = steps
+    start, lead = int(jax.device_get(state.step)), distributed.is_lead()
     batches = data.train_iterator(
         config.dataset,
         global_batch=config.batch_size,
@@ -263,12 +345,13 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    lead = jax.process_index() == 0
-    writer = metric_writers.SummaryWriter(workdir) if lead else None
     cadence = progress.Cadence(
         config.total_steps, config.log_every, config.eval_every, config.checkpoint_every
     )
     speed = progress.Throughput(config.total_steps, config.batch_size, jax.device_count(), start)
+    guard = workdir_lib.FiniteGuard(
+        manager, config.skip_nonfinite, start, int(jax.device_get(state.skipped))
+    )
     metrics, evals = {}, {}
     if lead and start < config.total_steps:
         print(
@@ -278,45 +361,37 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         )
     for step in range(start + 1, config.total_steps + 1):
         state, m = train_fn(state, sharding.global_batch(next(batches), mesh))
-        if cadence.due("log", step) or cadence.due("save", step):
+        log, ev, save = (cadence.due(what, step) for what in ("log", "eval", "save"))
+        if log or save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items()}
-            _check_finite(metrics, step, manager)
-        if cadence.due("log", step):
+            guard.check(metrics, step)
+        if log:
             metrics.update(speed.update(step))
-            if lead:
-                print(progress.console_line(step, config.total_steps, metrics), flush=True)
-                writer.write_scalars(step, {k: v for k, v in metrics.items() if k != "eta_seconds"})
-        if cadence.due("eval", step):
+            _write(writer, step, config.total_steps, metrics)
+        if ev:
             evals = evaluate(eval_fn, state.params, config, mesh)
-            if lead:
-                print(
-                    f"step {step}: test accuracy {evals['accuracy']:.4f}, loss {evals['loss']:.4f}",
-                    flush=True,
-                )
-                writer.write_scalars(step, {f"eval/{k}": v for k, v in evals.items()})
-        if cadence.due("save", step):
+            _write(writer, step, config.total_steps, metrics, evals)
+        if save:
             manager.save(step, args=ocp.args.StandardSave(state))
-        if cadence.due("eval", step) or cadence.due("save", step):
+            if lead:
+                print(f"step {step}: saving checkpoint {manager.directory}/{step}", flush=True)
+        if ev or save:
             speed.pause(step)
     manager.wait_until_finished()
-    if not evals:  # resumed after the last step: evaluate the final state again
-        evals = evaluate(eval_fn, state.params, config, mesh)
-    if lead and config.export_npz:
-        checkpoint.save_npz(os.path.join(workdir, "final.npz"), jax.device_get(state.params))
-    summary = {
-        "model": config.model.name,
-        "steps": int(jax.device_get(state.step)),
-        "num_params": count_params(state.params),
-        "accuracy": evals["accuracy"],
-        "eval_loss": evals["loss"],
-        "train_loss": metrics.get("loss"),
-        "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
-        "wall_seconds": time.time() - start_time,
-    }
-    if lead:
-        writer.flush()
-        progress.write_summary(workdir, summary)
-    return summary
+    return state, metrics, evals
+
+
+def _write(writer: Any, step: int, total: int, metrics: dict, evals: dict | None = None) -> None:
+    """The console line and TensorBoard scalars of a log step, or of an evaluation."""
+    if writer is None:
+        return
+    if evals is None:
+        print(progress.console_line(step, total, metrics), flush=True)
+        writer.write_scalars(step, {k: v for k, v in metrics.items() if k != "eta_seconds"})
+    else:
+        accuracy, loss = evals["accuracy"], evals["loss"]
+        print(f"step {step}: test accuracy {accuracy:.4f}, loss {loss:.4f}", flush=True)
+        writer.write_scalars(step, {f"eval/{k}": v for k, v in evals.items()})
 
 
 def _check_batches(config: Any, mesh: Any) -> None:
@@ -329,16 +404,3 @@ def _check_batches(config: Any, mesh: Any) -> None:
             f"config.batch_size={config.batch_size} must split into "
             f"accum_steps={config.accum_steps} micro-batches over {n} devices"
         )
-
-
-def _check_finite(metrics: dict[str, float], step: int, manager: Any) -> None:
-    """Stop on a non-finite loss or gradient, before anything is saved over good state."""
-    if all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
-        return
-    good = manager.latest_step()
-    raise FloatingPointError(
-        f"non-finite loss {metrics['loss']} / gradient norm {metrics['grad_norm']} at step "
-        f"{step}; nothing was saved. The last good checkpoint is "
-        + (f"step {good} in {manager.directory}" if good is not None else "none (no save yet)")
-        + ": lower the learning rate or enable gradient clipping, and restart."
-    )

@@ -1,0 +1,89 @@
+"""Training runs in subprocesses (`python -m vit_jax.main`) for the resume and
+multi-host tests: each with its own emulated CPU devices, read line by line with
+deadlines, and always killed when the test is done with it."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_flags(workdir: str, **overrides) -> list[str]:
+    """Command-line flags of configs/fashion_mnist.py:tiny with `overrides`."""
+    flags = ["--config=configs/fashion_mnist.py:tiny", f"--workdir={workdir}"]
+    return flags + [f"--config.{k}={v}" for k, v in overrides.items()]
+
+
+class Run:
+    """One `python -m vit_jax.main` process with `devices` emulated CPU devices."""
+
+    def __init__(self, flags: list[str], devices: int, env: dict[str, str] | None = None):
+        full_env = dict(
+            os.environ,
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            JAX_PLATFORMS="cpu",
+            PYTHONUNBUFFERED="1",
+            TF_CPP_MIN_LOG_LEVEL="2",
+            **(env or {}),
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vit_jax.main", *flags],
+            cwd=ROOT,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # its own process group: killed as a whole
+        )
+        self.log: list[str] = []
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)  # end of output
+
+    def wait_for(self, predicate, timeout: float) -> str:
+        """The first new output line for which `predicate` holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                raise TimeoutError(f"no matching line in {timeout}s:\n" + self.tail()) from None
+            if line is None:
+                raise RuntimeError("the run ended without a matching line:\n" + self.tail())
+            self.log.append(line)
+            if predicate(line):
+                return line
+
+    def finish(self, timeout: float) -> int:
+        """Reads the output to the end; the exit status."""
+        try:
+            self.wait_for(lambda line: False, timeout)
+        except RuntimeError:
+            pass
+        return self.proc.wait(timeout=5)
+
+    def kill(self) -> None:
+        """SIGKILL to the process group (no clean-up runs), then reap it."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log[-n:])
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()

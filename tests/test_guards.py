@@ -1,0 +1,126 @@
+"""Guards: a non-finite step is never saved (or is skipped inside the jitted step); a
+disk too small for the run's checkpoints fails before training starts."""
+
+import os
+import re
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from configs import fashion_mnist
+from vit_jax import optim, sharding, train
+from vit_jax import workdir as workdir_lib
+
+NAN = float("nan")
+
+
+def tiny(**overrides):
+    c = fashion_mnist.get_config("tiny")
+    c.update(overrides)
+    return c
+
+
+def batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    labels = np.eye(10, dtype=np.float32)[rng.integers(0, 10, n)]
+    return {"image": rng.uniform(-1, 1, (n, 28, 28, 3)).astype(np.float32), "label": labels}
+
+
+def restore_all(config, workdir):
+    """Every saved step of `workdir` -> its state on host."""
+    model = train.build_model(config, 10)
+    tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
+    abstract = train.abstract_state(config, model, tx)
+    target = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(
+            a.shape,
+            a.dtype,
+            sharding=sharding.replicated(sharding.make_mesh(devices=jax.devices()[:1])),
+        ),
+        abstract,
+    )
+    manager = workdir_lib.open_manager(workdir, 0)
+    return {s: jax.device_get(workdir_lib.restore(manager, s, target)) for s in manager.all_steps()}
+
+
+def test_nonfinite_run_stops_and_names_the_last_good_checkpoint(tmp_path):
+    # SGD at lr 300 diverges within a few steps; checks at steps 1, 2, 4, 6, ...
+    c = tiny(total_steps=12, checkpoint_every=2, log_every=100, eval_every=0, export_npz=False)
+    c.optimizer.update(name="sgd", lr=300.0, grad_clip=0.0, warmup_steps=0, decay="constant")
+    with pytest.raises(FloatingPointError) as error:
+        train.run(c, str(tmp_path))
+    found = re.search(
+        r"at step (\d+).*last good checkpoint is step (\d+) in (\S+) ", str(error.value)
+    )
+    assert found, error.value
+    bad, good = int(found[1]), int(found[2])
+    assert found[3] == str(tmp_path / "checkpoints") and "skip_nonfinite=True" in str(error.value)
+    saved = restore_all(c, str(tmp_path))
+    assert max(saved) == good < bad and good >= 2  # nothing at or after the bad step
+    for step, state in saved.items():
+        assert int(state.step) == step
+        for x in jax.tree.leaves(state):
+            assert np.isfinite(x).all(), step
+
+
+def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
+    c = tiny()
+    c.optimizer.warmup_steps = 0
+    mesh = sharding.make_mesh()
+    model = train.build_model(c, 10)
+    tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
+    state, shardings = train.create_state(c, model, tx, mesh)
+    step, _ = train.compile_steps(model, tx, lr, 1, mesh, shardings, skip_nonfinite=True)
+    good, bad = batch(64), batch(64)
+    bad["image"][5] = np.nan  # one bad example poisons the whole step
+    state, m = step(state, sharding.global_batch(good, mesh))
+    before = jax.device_get(state)
+    state, m = step(state, sharding.global_batch(bad, mesh))
+    assert float(m["finite"]) == 0.0 and int(m["skipped"]) == 1 and np.isnan(float(m["loss"]))
+    after = jax.device_get(state)
+    assert int(after.step) == 2 and int(after.skipped) == 1  # the step (and data) move on
+    kept = (before.params, before.opt_state), (after.params, after.opt_state)
+    for x, y in zip(*map(jax.tree.leaves, kept), strict=True):
+        np.testing.assert_array_equal(x, y)
+    state, m = step(state, sharding.global_batch(good, mesh))
+    assert float(m["finite"]) == 1.0 and int(m["skipped"]) == 1
+    kernel = jax.device_get(state.params["head"]["kernel"])
+    assert np.isfinite(kernel).all() and not np.array_equal(kernel, after.params["head"]["kernel"])
+
+
+def test_skipping_stops_after_too_many_in_a_row(tmp_path):
+    guard = workdir_lib.FiniteGuard(workdir_lib.open_manager(str(tmp_path), 1), skip=True)
+
+    def check(step, skipped):
+        metrics = {"loss": NAN, "grad_norm": NAN, "finite": 0.0, "skipped": skipped}
+        guard.check(metrics, step)
+
+    for step in range(1, 6):  # steps 1-5 skipped
+        check(step, step)
+    check(6, 5)  # a good step breaks the row
+    for step in range(7, 16):  # 9 in a row: still going
+        check(step, step - 1)
+    with pytest.raises(FloatingPointError, match="steps 7 to 16 all had a non-finite .* none yet"):
+        check(16, 15)
+
+
+def test_small_disk_fails_before_training(tmp_path, monkeypatch):
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10_000))
+    workdir = str(tmp_path / "run")
+    with pytest.raises(OSError, match=rf"workdir {workdir} has 0.00 GiB free; .* needs about"):
+        train.run(tiny(), workdir)
+    assert not os.path.exists(os.path.join(workdir, "checkpoints"))
+
+
+def test_disk_needed():
+    c = tiny(total_steps=100, checkpoint_every=10, keep_checkpoints=3, export_npz=True)
+    # 10 saves: 3 kept, a 4th while a new one replaces the oldest; final.npz.
+    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 4 * 1000 + 10
+    assert workdir_lib.disk_needed(c, 1000, 10, existing=3000) == 1000 + 10  # resuming
+    c.update(keep_checkpoints=0, export_npz=False)  # keep all ten
+    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 10_000
+    c.update(total_steps=20, keep_checkpoints=3)  # only two saves
+    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 2000

@@ -1,0 +1,94 @@
+"""Two processes on one machine (loopback, JAX's distributed runtime, Gloo collectives
+on CPU), 4 emulated devices each, train as one process with all 8 devices does: each
+process reads its half of every batch, the state is split over both by FSDP, Orbax
+saves and restores from both, and process 0 exports the gathered parameters."""
+
+import os
+import socket
+
+import jax
+import numpy as np
+import pytest
+from subprocesses import Run, tiny_flags
+
+from configs import common, fashion_mnist
+from vit_jax import checkpoint, distributed, train
+
+# FSDP over all 8 devices: the large arrays are split across the two processes. SGD,
+# whose updates follow the gradients' float noise linearly (Adam's do not near 0).
+RUN = {"mesh.fsdp": 8, "model.width": 64, "model.mlp_dim": 256, "eval_every": 0}
+RUN.update({"optimizer.name": "sgd", "optimizer.lr": 0.1, "log_every": 1, "total_steps": 8})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_pair(workdir, cache):
+    """Processes 0 and 1 of one run, each with 4 devices."""
+    address = f"127.0.0.1:{free_port()}"
+    runs = []
+    for i in range(2):
+        flags = tiny_flags(workdir, **RUN)
+        flags += [
+            f"--config.distributed.coordinator_address={address}",
+            "--config.distributed.num_processes=2",
+            f"--config.distributed.process_id={i}",
+            "--config.distributed.timeout_seconds=60",
+        ]
+        runs.append(Run(flags, devices=4, env=cache))
+    return runs
+
+
+def finish_pair(runs):
+    try:
+        for run in runs:
+            assert run.finish(timeout=150) == 0, run.tail()
+        return ["\n".join(run.log) for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+
+
+def test_two_processes_train_like_one(tmp_path):
+    workdir = str(tmp_path / "two")
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    first = launch_pair(workdir, cache)
+    # Meanwhile, the reference: this process, all 8 devices.
+    config = fashion_mnist.get_config("tiny")
+    for key, value in RUN.items():
+        section, _, field = key.rpartition(".")
+        (config[section] if section else config)[field] = value
+    train.run(config, str(tmp_path / "one"))
+    logs = finish_pair(first)
+    assert "process 0 of 2: 4 of 8 devices" in logs[0]
+    assert "process 1 of 2: 4 of 8 devices" in logs[1]
+    assert "step 8/8" in logs[0] and "step 8/8" not in logs[1]  # process 0 logs
+    assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["8"]
+    want = checkpoint.flatten(checkpoint.load_npz(tmp_path / "one" / "final.npz"))
+    got = checkpoint.flatten(checkpoint.load_npz(f"{workdir}/final.npz"))
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
+    assert np.abs(want["head/kernel"]).max() > 0.01  # moved off its zero initialisation
+    # Restarted, both processes restore their shards of step 8 and export it again.
+    os.remove(f"{workdir}/final.npz")
+    logs = finish_pair(launch_pair(workdir, cache))
+    assert "resuming from step 8 " in logs[0] and "step 8: test accuracy" not in logs[0]
+    again = checkpoint.flatten(checkpoint.load_npz(f"{workdir}/final.npz"))
+    for k in got:
+        np.testing.assert_array_equal(again[k], got[k], err_msg=k)
+
+
+def test_distributed_settings_are_checked():
+    cfg = common.base("testing").distributed
+    distributed.initialize(cfg)  # nothing set: one process, nothing happens
+    assert not distributed.wanted(cfg) and jax.process_count() == 1
+    cfg.num_processes = 2
+    with pytest.raises(ValueError, match="set all of coordinator_address"):
+        distributed.initialize(cfg)
+    cfg.update(coordinator_address="127.0.0.1:1234", process_id=2)
+    with pytest.raises(ValueError, match="process_id=2 is not in"):
+        distributed.initialize(cfg)

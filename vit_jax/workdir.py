@@ -1,0 +1,166 @@
+"""The workdir: checks before training starts, Orbax checkpoints, non-finite guards.
+
+Checkpoints live in `workdir/checkpoints/<step>`. Orbax writes each save in the
+background to `<step>.orbax-checkpoint-tmp*` and renames it to `<step>` only once it
+is complete, so a run killed mid-save leaves a temporary directory that
+`latest_step()` never returns and that the next run deletes (and names in its log).
+Every process takes part in each save and restore; each writes the slices of the
+arrays its devices hold, and a restore lays the arrays out as the new run's mesh says,
+which need not be the mesh that wrote them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+TMP_MARK = ".orbax-checkpoint-tmp"
+GIB = 2**30
+SKIPPED_IN_A_ROW = 10  # with skip_nonfinite: more non-finite steps in a row stop the run
+
+
+def check_writable(workdir: str) -> None:
+    """Fails before training, not after hours, when `workdir` cannot be written."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        # One probe per process: several processes may share the workdir.
+        probe = os.path.join(workdir, f".write_probe.{socket.gethostname()}.{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+        os.remove(probe)
+    except OSError as e:
+        raise OSError(
+            f"workdir {workdir} is not writable ({e.strerror}): choose another "
+            "--workdir or free space there"
+        ) from e
+
+
+def tree_bytes(tree: Any) -> int:
+    """Bytes of a tree of arrays or ShapeDtypeStructs, all shards together."""
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def disk_needed(config: Any, state_bytes: int, params_bytes: int, existing: int) -> int:
+    """Bytes the run will still write at its peak: the checkpoints kept at once (one
+    more while a new save replaces the oldest), less those already there, plus the
+    float32 `final.npz` export."""
+    every, total = config.checkpoint_every, config.total_steps
+    saves = (total // every + (total % every > 0)) if every > 0 else 1
+    kept = min(config.keep_checkpoints + 1, saves) if config.keep_checkpoints else saves
+    need = kept * state_bytes - existing
+    return max(need, 0) + (params_bytes if config.export_npz else 0)
+
+
+def check_free_space(workdir: str, config: Any, state_bytes: int, params_bytes: int) -> None:
+    """Fails before training when the workdir's disk cannot hold the run's checkpoints.
+
+    Raises:
+        OSError: naming the workdir, the free and the needed space, and the way out.
+    """
+    existing = _dir_bytes(os.path.join(workdir, "checkpoints"))
+    need = disk_needed(config, state_bytes, params_bytes, existing)
+    free = shutil.disk_usage(workdir).free
+    if free < need:
+        raise OSError(
+            f"workdir {workdir} has {free / GIB:.2f} GiB free; this run needs about "
+            f"{need / GIB:.2f} GiB (checkpoints of {state_bytes / GIB:.2f} GiB each, "
+            f"keep_checkpoints={config.keep_checkpoints}, one more while a save replaces "
+            f"the oldest, and final.npz): free space there, choose another --workdir, "
+            "or lower --config.keep_checkpoints"
+        )
+
+
+def open_manager(workdir: str, keep: int) -> ocp.CheckpointManager:
+    """The Orbax manager of `workdir/checkpoints` (asynchronous saves, the last `keep`
+    kept); it deletes what interrupted saves left, after naming it."""
+    directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    os.makedirs(directory, exist_ok=True)
+    left = [n for n in sorted(os.listdir(directory)) if TMP_MARK in n]
+    if left and jax.process_index() == 0:
+        print(
+            f"ignoring incomplete checkpoint(s) {', '.join(left)} (a save was interrupted)",
+            flush=True,
+        )
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep or None, create=True, cleanup_tmp_directories=True
+    )
+    return ocp.CheckpointManager(directory, options=options)
+
+
+def restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
+    """Checkpoint `step` laid out as `target` (ShapeDtypeStructs with shardings) says.
+
+    Raises:
+        ValueError: the checkpoint does not fit `target`, naming both and the way out.
+    """
+    try:
+        return manager.restore(step, args=ocp.args.StandardRestore(target))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"checkpoint {manager.directory}/{step} does not fit this run's state (another "
+            f"model, optimizer or image size?): {e}. Resume with the config that wrote it, "
+            "or start in another --workdir"
+        ) from e
+
+
+@dataclasses.dataclass
+class FiniteGuard:
+    """Stops the run on non-finite values; checked at every log and save step, before
+    the save, so nothing non-finite is ever written over a good checkpoint.
+
+    Without `skip`, a step whose loss, gradient norm or new state is non-finite
+    ('finite' metric 0) stops the run. With `skip` (config.skip_nonfinite) such steps
+    left the state unchanged inside the jitted step; the run stops only when at least
+    SKIPPED_IN_A_ROW steps in a row were skipped (as far as the checks can tell: a
+    window between two checks with one good step in it breaks the row).
+    """
+
+    manager: ocp.CheckpointManager
+    skip: bool
+    last_step: int = 0  # the step of the last check, and the skipped count then
+    last_skipped: int = 0
+
+    def __post_init__(self):
+        self.row_from = self.last_step  # every step after this one was skipped
+
+    def check(self, metrics: dict[str, float], step: int) -> None:
+        skipped = int(metrics["skipped"])
+        if self.skip:
+            if skipped - self.last_skipped < step - self.last_step:
+                self.row_from = step  # a good step since the last check
+            if step - self.row_from >= SKIPPED_IN_A_ROW:
+                self._stop(
+                    f"steps {self.row_from + 1} to {step} all had a non-finite loss or "
+                    f"gradient and were skipped (loss {metrics['loss']})"
+                )
+        elif not metrics["finite"]:
+            since = "" if step == self.last_step + 1 else f" (it began after step {self.last_step})"
+            self._stop(
+                f"non-finite loss {metrics['loss']}, gradient norm {metrics['grad_norm']} or "
+                f"new state at step {step}{since}; nothing non-finite was saved"
+            )
+        self.last_step, self.last_skipped = step, skipped
+
+    def _stop(self, what: str) -> None:
+        self.manager.wait_until_finished()  # a save in flight holds a checked state
+        good = self.manager.latest_step()
+        where = f"step {good} in {self.manager.directory}" if good is not None else "none yet"
+        raise FloatingPointError(
+            f"{what}. The last good checkpoint is {where} (a restart resumes there): "
+            "lower the learning rate, clip gradients (--config.optimizer.grad_clip) or set "
+            "--config.skip_nonfinite=True, and restart"
+        )
