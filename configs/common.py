@@ -79,6 +79,24 @@ def base(model: str) -> ml_collections.ConfigDict:
     # the next log or save (nothing non-finite is ever saved); True skips the step
     # inside the jitted update (state unchanged, counted in metrics 'skipped').
     c.skip_nonfinite = False
+    # Linear few-shot accuracy of the frozen pre-logits on a cadence (pretraining runs;
+    # vit_jax/evaluate/fewshot.py): dataset names, comma-separated ('fashion_mnist'
+    # reads the idx files, any other name TFDS, unless `source` says otherwise); ''
+    # turns it off. `every` 0 runs it with each evaluation (eval_every).
+    c.fewshot = ml_collections.ConfigDict(
+        dict(
+            datasets="",
+            source="",
+            data_dir="",
+            train_split="train",
+            test_split="test",
+            shots=(1, 5, 10, 25),
+            l2=1024.0,
+            seed=0,
+            batch_size=256,
+            every=0,
+        )
+    )
     c.log_every = 50
     c.eval_every = 1000
     c.checkpoint_every = 1000

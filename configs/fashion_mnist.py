@@ -51,6 +51,9 @@ def get_config(arg: str = "pretrain"):
             name="adam", lr=2e-3, warmup_steps=40, decay="linear", weight_decay=0.03, grad_clip=1.0
         )
         c.eval_every = c.checkpoint_every = 200
+        # The paper's cheap probe of a pretraining run: linear few-shot accuracy on all
+        # ten classes (five never seen with labels) at each evaluation.
+        c.fewshot.update(datasets="fashion_mnist", test_split="test[:2000]", batch_size=256)
     elif arg in ("finetune", "scratch"):
         c.dataset.classes = SECOND
         c.dataset.examples_per_class = 50
@@ -70,16 +73,20 @@ def get_config(arg: str = "pretrain"):
         c.eval_every = c.checkpoint_every = 200
         c.init_from = "pretrain/final.npz" if arg == "finetune" else ""
     elif arg == "full":
-        c = small_vit(c, width=64, depth=6, heads=4, mlp=128, patch=4)
-        c.dataset.crop_min_area = 0.7
+        # 307k parameters; mean-pooled tokens, MLP ratio 4 as in the paper, label
+        # smoothing and milder crops: 18 epochs in about 50 minutes on 2 CPU cores.
+        c = small_vit(c, width=64, depth=6, heads=4, mlp=256, patch=4)
+        c.model.classifier = "gap"
+        c.dataset.crop_min_area = 0.85
+        c.dataset.label_smoothing = 0.1
         c.image_size = 28
         c.batch_size = 128
-        c.total_steps = 7000  # 15 epochs
+        c.total_steps = 8400  # 18 epochs
         c.optimizer.update(
-            name="adam", lr=1e-3, warmup_steps=500, decay="cosine", weight_decay=0.05, grad_clip=1.0
+            name="adam", lr=2e-3, warmup_steps=500, decay="cosine", weight_decay=0.05, grad_clip=1.0
         )
-        c.log_every = 100
-        c.eval_every = c.checkpoint_every = 1000
+        c.log_every = 200
+        c.eval_every = c.checkpoint_every = 1200
     elif arg == "tiny":
         c = small_vit(c, width=32, depth=2, heads=2, mlp=64, patch=7)
         c.dataset.train_split, c.dataset.test_split = "train[:512]", "test[:256]"

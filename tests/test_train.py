@@ -121,6 +121,48 @@ def test_finetune_from_npz_at_higher_resolution(tmp_path):
     assert summary["train_loss"] < np.log(3) + 0.05  # started at chance: zero head
 
 
+def test_fewshot_runs_on_its_cadence_and_matches_the_command(tmp_path, capsys):
+    from vit_jax.evaluate import FewShotEvaluator
+
+    config = tiny_config(total_steps=20, checkpoint_every=0, eval_every=20)
+    config.model.representation_size = 16  # pretraining head: few-shot reads pre_logits
+    config.fewshot.update(
+        datasets="fashion_mnist", test_split="test[:200]", shots=(1, 5), l2=1.0, every=10
+    )
+    workdir = str(tmp_path / "fs")
+    summary = train.run(config, workdir)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "few-shot" in line]
+    assert [line.split(":")[0] for line in lines] == ["step 10", "step 20"], out
+    assert all("few-shot fashion_mnist 1/5-shot " in line for line in lines)
+    keys = ["fewshot/fashion_mnist_1shot", "fewshot/fashion_mnist_5shot"]
+    assert sorted(k for k in summary if k.startswith("fewshot/")) == keys
+    for k in keys:
+        assert 0.15 < summary[k] <= 1.0 and round(summary[k] * 200) == summary[k] * 200
+    assert json.load(open(os.path.join(workdir, "summary.json")))[keys[1]] == summary[keys[1]]
+    # The same numbers as the evaluator run on its own on the exported parameters (up to
+    # an example or two flipped by the 8-device vs one-device features).
+    params = checkpoint.load_npz(os.path.join(workdir, "final.npz"))
+    model = train.build_model(config, None)  # no head
+    ev = FewShotEvaluator(
+        [{"name": "fashion_mnist", "source": "idx", "test_split": "test[:200]"}],
+        shots=(1, 5),
+        l2=1.0,
+        image_size=28,
+        batch_size=64,
+    )
+    alone = ev.run(model, {k: v for k, v in params.items() if k != "head"})
+    for k in keys:
+        assert abs(alone[k] - summary[k]) <= 2 / 200, (alone, summary)
+
+
+def test_fewshot_batch_must_split_over_the_devices(tmp_path):
+    config = tiny_config()
+    config.fewshot.update(datasets="fashion_mnist", batch_size=60)
+    with pytest.raises(ValueError, match="fewshot.batch_size=60 is not divisible by the 8"):
+        train.run(config, str(tmp_path / "odd"))
+
+
 def test_non_finite_loss_stops_before_saving(tmp_path):
     config = tiny_config(total_steps=10, checkpoint_every=5, eval_every=0, log_every=1)
     config.optimizer.update(lr=1e30, grad_clip=0.0, warmup_steps=0, decay="constant")
@@ -219,3 +261,23 @@ def test_unknown_config_field_is_an_error():
     )
     assert out.returncode != 0
     assert "lrr" in out.stderr
+
+
+def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
+    from vit_jax import recipe
+
+    short = {"total_steps": 6, "log_every": 3}
+    summary = recipe.run(str(tmp_path), 5, {p: short for p in ("pretrain", "finetune", "scratch")})
+    out = capsys.readouterr().out
+    stored = json.load(open(tmp_path / "recipe.json"))
+    assert stored == summary and summary["examples_per_class"] == 5
+    for key in ("pretrain_accuracy_classes_0_4", "finetuned_accuracy_classes_5_9"):
+        assert 0.0 <= summary[key] <= 1.0
+    assert sorted(k for k in summary if k.startswith("fewshot/")) == [
+        f"fewshot/fashion_mnist_{k}shot" for k in (10, 1, 25, 5)
+    ]
+    assert "linear 1/5/10/25-shot on all ten classes: " in out
+    assert "fine-tuned from the pretrained ViT: " in out and "trained from scratch: " in out
+    # The fine-tuned part started from the pretrained export, at 40 px.
+    assert (tmp_path / "pretrain" / "final.npz").exists()
+    assert "step 6/6" in out and out.count("=== ") == 3

@@ -16,7 +16,8 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class Cadence:
-    """Decides, for the number of completed steps, whether to log, evaluate or save.
+    """Decides, for the number of completed steps, whether to log, evaluate, run the
+    few-shot evaluation or save.
 
     Each happens every `*_every` steps (0: never on a cadence) and always after the
     last step; logging also after the first step (the end of the first compile).
@@ -26,9 +27,15 @@ class Cadence:
     log_every: int
     eval_every: int
     save_every: int
+    fewshot_every: int = 0
 
     def due(self, what: str, step: int) -> bool:
-        every = {"log": self.log_every, "eval": self.eval_every, "save": self.save_every}[what]
+        every = {
+            "log": self.log_every,
+            "eval": self.eval_every,
+            "save": self.save_every,
+            "fewshot": self.fewshot_every,
+        }[what]
         if step == self.total_steps or (what == "log" and step == 1):
             return True
         return every > 0 and step % every == 0
