@@ -21,29 +21,21 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 from bound import machine, product_bound, timeit  # noqa: E402
 
+from configs import common  # noqa: E402
 from vit_jax import optim, sharding, train  # noqa: E402
 from vit_jax.models import get_model  # noqa: E402
 
 
 def optimizer_config(name: str) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(
-        dict(
-            name=name,
-            lr=1e-3,
-            end_lr=0.0,
-            warmup_steps=10,
-            decay="cosine",
-            momentum=0.9,
-            b1=0.9,
-            b2=0.999,
-            weight_decay=0.1 if name == "adam" else 0.0,
-            grad_clip=1.0,
-            mu_dtype="",
-        )
-    )
+    """The configs' optimizer fields (configs/common.py), as a pretraining (adam) or
+    fine-tuning (sgd) run sets them."""
+    c = common.base("ViT-B_16").optimizer
+    c.update(name=name, lr=1e-3, warmup_steps=10, weight_decay=0.1 if name == "adam" else 0.0)
+    return c
 
 
 def measure(name: str, size: int, batch: int, opt: str, dtype: str, remat: bool) -> dict:
