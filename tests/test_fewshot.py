@@ -271,3 +271,14 @@ def test_command_prints_the_table(idx_dir, testing_checkpoint):
     )
     want = ev.run(model, params)  # the head the command drops does not change features
     assert cells == [f"{100 * want[f'fewshot/fashion_mnist_{k}shot']:.2f}%" for k in (1, 5)]
+
+
+def test_metric_names_round_trip_per_dataset():
+    from vit_jax.evaluate import by_dataset, metric_name
+
+    flat = {metric_name(d, k): k / 100 + (d == "b") for d in ("a_b", "b") for k in (25, 1, 5)}
+    flat.update({"accuracy": 0.5, "fewshot/x": 1.0})  # not few-shot accuracies: ignored
+    assert metric_name("fashion_mnist", 5) == "fewshot/fashion_mnist_5shot"
+    got = by_dataset(flat)
+    assert got == {"a_b": {1: 0.01, 5: 0.05, 25: 0.25}, "b": {1: 1.01, 5: 1.05, 25: 1.25}}
+    assert [list(row) for row in got.values()] == [[1, 5, 25], [1, 5, 25]]

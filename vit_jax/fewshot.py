@@ -83,7 +83,7 @@ def run(
       {dataset name: {k: accuracy in [0, 1]}}.
     """
     from vit_jax import checkpoint
-    from vit_jax.evaluate import FewShotEvaluator
+    from vit_jax.evaluate import FewShotEvaluator, by_dataset
     from vit_jax.infer import parse_image_size
     from vit_jax.models import get_model
 
@@ -92,11 +92,7 @@ def run(
     size = parse_image_size(image_size) or checkpoint.native_image_size(params, model)
     params = checkpoint.adapt(params, model, size, source=str(checkpoint_path))
     evaluator = FewShotEvaluator(datasets, shots, l2, seed, size, batch_size)
-    flat = evaluator.run(model, params)
-    results = {
-        cfg["name"]: {k: flat[f"fewshot/{cfg['name']}_{k}shot"] for k in evaluator.shots}
-        for cfg in datasets
-    }
+    results = by_dataset(evaluator.run(model, params))
     print(
         f"linear few-shot accuracy of {model_name} ({checkpoint_path}) at "
         f"{size[0]}x{size[1]}, l2={l2:g}, seed {seed}",

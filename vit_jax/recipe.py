@@ -22,6 +22,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from configs import fashion_mnist  # noqa: E402
 from vit_jax import train  # noqa: E402
+from vit_jax.evaluate import fewshot  # noqa: E402
 
 flags.DEFINE_string("workdir", "workdirs/recipe", "one subdirectory per part goes here")
 flags.DEFINE_integer("examples_per_class", 50, "labelled examples of each class 5-9")
@@ -45,7 +46,7 @@ def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = Non
         "finetuned_accuracy_classes_5_9": results["finetune"]["accuracy"],
         "scratch_accuracy_classes_5_9": results["scratch"]["accuracy"],
         "examples_per_class": examples_per_class,
-        **{k: v for k, v in results["pretrain"].items() if k.startswith("fewshot/")},
+        **{k: v for k, v in results["pretrain"].items() if k.startswith(fewshot.PREFIX)},
     }
     with open(os.path.join(workdir, "recipe.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -54,10 +55,9 @@ def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = Non
         "pretrained on classes 0-4 (28 px): test accuracy "
         f"{summary['pretrain_accuracy_classes_0_4']:.4f}",
     ]
-    shots = sorted(int(k.rsplit("_", 1)[1][:-4]) for k in summary if k.startswith("fewshot/"))
-    if shots:
-        accs = "/".join(f"{summary[f'fewshot/fashion_mnist_{k}shot']:.3f}" for k in shots)
-        lines.append(f"  linear {'/'.join(map(str, shots))}-shot on all ten classes: {accs}")
+    for row in fewshot.by_dataset(summary).values():
+        accs = "/".join(f"{acc:.3f}" for acc in row.values())
+        lines.append(f"  linear {'/'.join(map(str, row))}-shot on all ten classes: {accs}")
     lines += [
         f"classes 5-9 from {examples_per_class} labelled examples each (40 px):",
         f"  fine-tuned from the pretrained ViT: {summary['finetuned_accuracy_classes_5_9']:.4f}",

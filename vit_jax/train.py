@@ -41,6 +41,7 @@ from clu import metric_writers
 
 from vit_jax import checkpoint, data, distributed, optim, progress, sharding
 from vit_jax import workdir as workdir_lib
+from vit_jax.evaluate import fewshot as fewshot_lib
 from vit_jax.models import count_params, get_model
 from vit_jax.models.vit import VisionTransformer
 
@@ -298,13 +299,14 @@ def fewshot_evaluator(config: Any) -> Any:
     names = [n.strip() for n in f.datasets.split(",") if n.strip()]
     if not names:
         return None
-    from vit_jax.evaluate import FewShotEvaluator
     from vit_jax.fewshot import dataset_configs
 
     datasets = dataset_configs(
         names, f.source or None, f.data_dir or None, f.train_split, f.test_split
     )
-    return FewShotEvaluator(datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size)
+    return fewshot_lib.FewShotEvaluator(
+        datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size
+    )
 
 
 def run(config: Any, workdir: str) -> dict[str, Any]:
@@ -344,7 +346,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         "eval_loss": evals["loss"],
         "train_loss": metrics.get("loss"),
         "skipped_steps": int(jax.device_get(state.skipped)),
-        **{k: v for k, v in evals.items() if k.startswith("fewshot/")},
+        **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
         "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
         "wall_seconds": time.time() - start_time,
     }
@@ -391,6 +393,7 @@ def _train(
     for step in range(start + 1, config.total_steps + 1):
         state, m = train_fn(state, sharding.global_batch(next(batches), mesh))
         log, ev, save = (cadence.due(what, step) for what in ("log", "eval", "save"))
+        few = fewshot is not None and cadence.due("fewshot", step)
         if log or save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items()}
             if save and not config.skip_nonfinite:  # skipped steps keep a finite state
@@ -402,15 +405,14 @@ def _train(
         if ev:
             evals.update(evaluate(eval_fn, state.params, config, mesh))
             _write(writer, step, config.total_steps, metrics, evals)
-        if fewshot is not None and cadence.due("fewshot", step):
-            ev = True  # for the throughput clock
+        if few:
             evals.update(fewshot.run(model, state.params, mesh))
             _write_fewshot(writer, step, evals)
         if save:
             manager.save(step, args=ocp.args.StandardSave(state))
             if lead:
                 print(f"step {step}: saving checkpoint {manager.directory}/{step}", flush=True)
-        if ev or save:
+        if ev or few or save:  # the throughput clock counts training steps only
             speed.pause(step)
     manager.wait_until_finished()
     return state, metrics, evals
@@ -433,20 +435,10 @@ def _write_fewshot(writer: Any, step: int, evals: dict) -> None:
     """'step 400: few-shot fashion_mnist 1/5/10/25-shot 41.2/63.0/70.1/76.5%'."""
     if writer is None:
         return
-    scalars = {k: v for k, v in evals.items() if k.startswith("fewshot/")}
-    by_dataset: dict[str, dict[int, float]] = {}
-    for key, value in scalars.items():
-        name, shot = key[len("fewshot/") :].rsplit("_", 1)
-        by_dataset.setdefault(name, {})[int(shot[: -len("shot")])] = value
-    for name, row in by_dataset.items():
-        shots = sorted(row)
-        print(
-            f"step {step}: few-shot {name} {'/'.join(map(str, shots))}-shot "
-            + "/".join(f"{100 * row[k]:.1f}" for k in shots)
-            + "%",
-            flush=True,
-        )
-    writer.write_scalars(step, scalars)
+    for name, row in fewshot_lib.by_dataset(evals).items():
+        shots, accs = "/".join(map(str, row)), "/".join(f"{100 * a:.1f}" for a in row.values())
+        print(f"step {step}: few-shot {name} {shots}-shot {accs}%", flush=True)
+    writer.write_scalars(step, {k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)})
 
 
 def _check_batches(config: Any, mesh: Any) -> None:

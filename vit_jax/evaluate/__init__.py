@@ -10,7 +10,9 @@ from vit_jax.evaluate.fewshot import (
     DEFAULT_L2,
     DEFAULT_SHOTS,
     FewShotEvaluator,
+    by_dataset,
     extract_features,
+    metric_name,
 )
 from vit_jax.evaluate.linear import (
     LinearFit,
@@ -26,10 +28,12 @@ __all__ = [
     "DEFAULT_SHOTS",
     "FewShotEvaluator",
     "LinearFit",
+    "by_dataset",
     "choose_shots",
     "extract_features",
     "fewshot_accuracy",
     "fit",
     "fit_predict",
+    "metric_name",
     "targets",
 ]

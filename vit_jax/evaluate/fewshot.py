@@ -28,6 +28,23 @@ from vit_jax.models.vit import VisionTransformer
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_L2 = 1024.0
+PREFIX = "fewshot/"
+
+
+def metric_name(dataset: str, shots: int) -> str:
+    """The name of one few-shot accuracy: 'fewshot/fashion_mnist_5shot'."""
+    return f"{PREFIX}{dataset}_{shots}shot"
+
+
+def by_dataset(metrics: Mapping[str, float]) -> dict[str, dict[int, float]]:
+    """{dataset: {k: accuracy}} from the few-shot entries of a flat metrics dict (the
+    inverse of `metric_name`; other entries are ignored), shots in increasing order."""
+    out: dict[str, dict[int, float]] = {}
+    for key in metrics:
+        if key.startswith(PREFIX) and key.endswith("shot"):
+            name, shots = key[len(PREFIX) : -len("shot")].rsplit("_", 1)
+            out.setdefault(name, {})[int(shots)] = metrics[key]
+    return {name: dict(sorted(row.items())) for name, row in out.items()}
 
 
 @functools.lru_cache(maxsize=8)
@@ -202,5 +219,5 @@ class FewShotEvaluator:
                 self.seed,
                 num_classes=data.num_classes(cfg),
             )
-            out.update({f"fewshot/{cfg.name}_{k}shot": acc for k, acc in accuracy.items()})
+            out.update({metric_name(cfg.name, k): acc for k, acc in accuracy.items()})
         return out
