@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import os
 import sys
 
@@ -88,12 +87,7 @@ def peak_bytes(setup_out: tuple, layout: str, per_device: int) -> int:
     state = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
-    step = jax.jit(
-        functools.partial(train.train_step, model=model, tx=tx, lr_fn=lr_fn),
-        in_shardings=(shardings, batch_sharding),
-        out_shardings=(shardings, sharding.replicated(mesh)),
-        donate_argnums=0,
-    )
+    step, _ = train.compile_steps(model, tx, lr_fn, 1, mesh, shardings)  # as the loop jits it
     m = step.lower(state, batch).compile().memory_analysis()
     return (
         m.argument_size_in_bytes
