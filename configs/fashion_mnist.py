@@ -1,106 +1,12 @@
 """Fashion-MNIST from the Debian package: the paper's recipe in miniature, and a full run.
 
-The recipe (the README's first command; about 5 minutes on 2 CPU cores):
+The preset `fashion_mnist` of the installed package (vit_jax/configs/fashion_mnist.py), as a
+file to pass by path or to copy as the start of your own config. These two are the same:
 
-    python -m vit_jax.recipe --workdir=workdirs/recipe
-
-pretrains a small ViT on classes 0-4 at 28 px (Adam, pre_logits head), fine-tunes it
-on 50 labelled examples of each of classes 5-9 at 40 px (position embeddings
-interpolated from 7x7 to 10x10, new zero head, SGD), and trains the same model from
-scratch on that subset for comparison. Each part on its own:
-
-    python -m vit_jax.main --config=configs/fashion_mnist.py:pretrain --workdir=workdirs/fm_pre
-    python -m vit_jax.main --config=configs/fashion_mnist.py:finetune --workdir=workdirs/fm_ft \
-        --config.init_from=workdirs/fm_pre/final.npz
-    python -m vit_jax.main --config=configs/fashion_mnist.py:scratch --workdir=workdirs/fm_scratch
-
-All of Fashion-MNIST from scratch (figures in BENCHMARKS.md):
-
-    python -m vit_jax.main --config=configs/fashion_mnist.py:full --workdir=workdirs/fm_full
-
-`tiny` is a seconds-long setting for tests.
+    python -m vit_jax.main --config=configs/fashion_mnist.py:ARG --workdir=DIR
+    python -m vit_jax.main --config=fashion_mnist:ARG --workdir=DIR
 """
 
-from __future__ import annotations
+from vit_jax.configs.fashion_mnist import get_config
 
-from configs.common import base
-
-FIRST, SECOND = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
-
-
-def small_vit(c, width=64, depth=4, heads=4, mlp=128, patch=4):
-    c.model.update(
-        name="Ti/4", width=width, depth=depth, num_heads=heads, mlp_dim=mlp, patch_size=patch
-    )
-    return c
-
-
-def get_config(arg: str = "pretrain"):
-    c = small_vit(base("Ti/4"))
-    c.dataset.source = "idx"
-    c.dataset.crop_min_area = 0.5  # 28 px images: milder crops than ImageNet's 5%
-    c.batch_size = c.eval_batch_size = 256
-    c.log_every = 25
-    if arg == "pretrain":
-        c.dataset.classes = FIRST
-        c.image_size = 28
-        c.batch_size = 128
-        c.total_steps = 400
-        c.model.representation_size = 64
-        c.optimizer.update(
-            name="adam", lr=2e-3, warmup_steps=40, decay="linear", weight_decay=0.03, grad_clip=1.0
-        )
-        c.eval_every = c.checkpoint_every = 200
-        # The paper's cheap probe of a pretraining run: linear few-shot accuracy on all
-        # ten classes (five never seen with labels) at each evaluation.
-        c.fewshot.update(datasets="fashion_mnist", test_split="test[:2000]", batch_size=256)
-    elif arg in ("finetune", "scratch"):
-        c.dataset.classes = SECOND
-        c.dataset.examples_per_class = 50
-        c.image_size = 40
-        c.batch_size = 64
-        c.total_steps = 200
-        c.log_every = 20
-        c.optimizer.update(
-            name="sgd",
-            lr=0.03,
-            warmup_steps=20,
-            decay="cosine",
-            momentum=0.9,
-            weight_decay=0.0,
-            grad_clip=1.0,
-        )
-        c.eval_every = c.checkpoint_every = 200
-        c.init_from = "pretrain/final.npz" if arg == "finetune" else ""
-    elif arg == "full":
-        # 307k parameters; mean-pooled tokens, MLP ratio 4 as in the paper, label
-        # smoothing and milder crops: 18 epochs, about 45 minutes alone on 2 CPU cores,
-        # 90.3% test accuracy (BENCHMARKS.md).
-        c = small_vit(c, width=64, depth=6, heads=4, mlp=256, patch=4)
-        c.model.classifier = "gap"
-        c.dataset.crop_min_area = 0.85
-        c.dataset.label_smoothing = 0.1
-        c.image_size = 28
-        c.batch_size = 128
-        c.total_steps = 8400  # 18 epochs
-        c.optimizer.update(
-            name="adam", lr=2e-3, warmup_steps=500, decay="cosine", weight_decay=0.05, grad_clip=1.0
-        )
-        c.log_every = 200
-        c.eval_every = c.checkpoint_every = 1200
-    elif arg == "tiny":
-        c = small_vit(c, width=32, depth=2, heads=2, mlp=64, patch=7)
-        c.dataset.train_split, c.dataset.test_split = "train[:512]", "test[:256]"
-        c.image_size = 28
-        c.batch_size = c.eval_batch_size = 64
-        c.total_steps = 20
-        c.log_every = 5
-        c.eval_every = c.checkpoint_every = 10
-        c.optimizer.update(name="adam", lr=3e-3, warmup_steps=2, decay="linear")
-        c.progress_bars = False
-    else:
-        raise ValueError(
-            f"configs/fashion_mnist.py:{arg}: expected one of pretrain, "
-            "finetune, scratch, full, tiny"
-        )
-    return c
+__all__ = ["get_config"]

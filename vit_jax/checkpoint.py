@@ -24,12 +24,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flax import traverse_util
 
-from vit_jax.models import VARIANTS, get_model, param_shapes, variant_config
+from vit_jax import architecture
+from vit_jax.architecture import POSEMB, CheckpointError, guess_variant
+from vit_jax.models import get_model, param_shapes
 from vit_jax.models.posemb import resize_posemb, resize_table
 from vit_jax.models.vit import VisionTransformer
 
-POSEMB = "Transformer/posembed_input/pos_embedding"
+__all__ = [
+    "CheckpointError",
+    "adapt",
+    "canonical",
+    "load_model",
+    "load_npz",
+    "load_pretrained",
+    "save_npz",
+    "stack_blocks",
+    "unstack_blocks",
+]
 _NEW_TO_OLD = {
     "LayerNorm_0": "LayerNorm_0",
     "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
@@ -38,35 +51,7 @@ _NEW_TO_OLD = {
 }
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read, or does not fit the model."""
-
-
 # ---------------------------------------------------------------- trees
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """{'a': {'b': x}} -> {'a/b': x}."""
-    out = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) or hasattr(v, "items"):
-            out.update(flatten(dict(v.items()), key + "/"))
-        else:
-            out[key] = v
-    return out
-
-
-def unflatten(flat: dict[str, Any]) -> dict:
-    """{'a/b': x} -> {'a': {'b': x}}."""
-    tree: dict = {}
-    for key, v in flat.items():
-        *path, leaf = key.split("/")
-        node = tree
-        for p in path:
-            node = node.setdefault(p, {})
-        node[leaf] = v
-    return tree
 
 
 def unstack_blocks(flat: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +149,7 @@ def load_npz(path: str | os.PathLike) -> dict:
       FileNotFoundError: no such file.
       CheckpointError: truncated or corrupt, pickled objects, not an .npz archive.
     """
-    return unflatten(canonical(_read(path)))
+    return traverse_util.unflatten_dict(canonical(_read(path)), sep="/")
 
 
 def save_npz(path: str | os.PathLike, params: dict) -> None:
@@ -175,7 +160,7 @@ def save_npz(path: str | os.PathLike, params: dict) -> None:
     """
     if set(params) == {"params"}:
         params = params["params"]
-    flat = unstack_blocks(flatten(params))
+    flat = unstack_blocks(traverse_util.flatten_dict(params, sep="/"))
     arrays = {}
     for k, v in flat.items():
         a = np.asarray(v)
@@ -185,74 +170,6 @@ def save_npz(path: str | os.PathLike, params: dict) -> None:
     with open(tmp, "wb") as f:
         np.savez(f, **arrays)
     os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------- what a file holds
-
-
-def num_classes(params: dict) -> int:
-    """Width of the stored head."""
-    if "head" not in params:
-        raise CheckpointError("checkpoint has no head")
-    return int(np.shape(params["head"]["bias"])[0])
-
-
-def model_overrides(params: dict) -> dict[str, Any]:
-    """Model options a stored file implies: its representation layer and pooling."""
-    out: dict[str, Any] = {}
-    if "pre_logits" in params:
-        out["representation_size"] = int(np.shape(params["pre_logits"]["bias"])[0])
-    if "cls" not in params:
-        out["classifier"] = "gap"
-    return out
-
-
-def native_image_size(params: dict, model: VisionTransformer) -> tuple[int, int]:
-    """The resolution the stored (square-grid) position embeddings were made for."""
-    pe = params.get("Transformer", {}).get("posembed_input", {})
-    if "pos_embedding" in pe:
-        n = pe["pos_embedding"].shape[1] - int("cls" in params)
-        gh = gw = int(round(np.sqrt(n)))
-    elif "pos_embedding_row" in pe:
-        gh, gw = pe["pos_embedding_row"].shape[1], pe["pos_embedding_col"].shape[1]
-    else:
-        raise CheckpointError(
-            "checkpoint has no learned position embeddings to tell its "
-            "resolution from: pass the image size"
-        )
-    return gh * model.token_stride, gw * model.token_stride
-
-
-def guess_variant(flat: dict[str, np.ndarray]) -> str:
-    """The published variant whose shapes a flat checkpoint has, or its sizes in words."""
-    try:
-        p, _, _, d = flat["embedding/kernel"].shape
-        depth = len({k.split("/")[1] for k in flat if k.startswith("Transformer/encoderblock_")})
-        mlp = flat["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[1]
-        heads = flat[
-            "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
-        ].shape[1]
-    except (KeyError, IndexError, ValueError):
-        return "not a ViT checkpoint this package knows"
-    stages = None
-    if "conv_root/kernel" in flat:
-        units = {}
-        for k in flat:
-            m = re.match(r"block(\d+)/unit(\d+)/", k)
-            if m:
-                units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]))
-        stages = tuple(units[s] for s in sorted(units))
-    sizes = dict(
-        width=d, depth=depth, num_heads=heads, mlp_dim=mlp, patch_size=p, resnet_stages=stages
-    )
-    for name in VARIANTS:
-        cfg = variant_config(name)
-        gap = cfg.get("classifier") == "gap"
-        if all(cfg[k] == v for k, v in sizes.items()) and gap == ("cls" not in flat):
-            return name
-    return f"width {d}, depth {depth}, {heads} heads, MLP {mlp}, patch {p}" + (
-        f", ResNet stages {stages}" if stages is not None else ""
-    )
 
 
 # ---------------------------------------------------------------- adapting to a model
@@ -289,14 +206,14 @@ def adapt(
 ) -> dict:
     """`load_pretrained` for a parameter tree already in memory (original layout)."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    flat = canonical(flatten(params))
+    flat = canonical(traverse_util.flatten_dict(params, sep="/"))
     plain = model.clone(scan=False, remat=False)
-    want = flatten(param_shapes(plain, size))  # key -> ShapeDtypeStruct
+    want = traverse_util.flatten_dict(param_shapes(plain, size), sep="/")  # key -> ShapeDtypeStruct
     _fit_posemb(flat, want, model, size)
     _fit_head(flat, want, model, reset_head, source)
     _check_fits(flat, want, source)
     flat = {k: np.asarray(v, dtype=want[k].dtype) for k, v in flat.items()}
-    return unflatten(stack_blocks(flat) if model.scan else flat)
+    return traverse_util.unflatten_dict(stack_blocks(flat) if model.scan else flat, sep="/")
 
 
 def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[int, int]) -> None:
@@ -382,7 +299,46 @@ def _grouped(keys: set[str]) -> dict[str, str]:
     return out
 
 
-def make_model_for(params: dict, name: str, **overrides: Any) -> VisionTransformer:
-    """`get_model(name)` with the head width, pooling and representation layer of `params`."""
-    cfg = dict(model_overrides(params), **overrides)
-    return get_model(name, num_classes=num_classes(params), **cfg)
+def load_model(
+    path: str | os.PathLike,
+    name: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    head: bool = True,
+    **overrides: Any,
+) -> tuple[VisionTransformer, dict, tuple[int, int]]:
+    """A checkpoint ready for inference or features: (model, params, (H, W)).
+
+    Args:
+      path: a checkpoint in any layout `load_npz` reads.
+      name: a variant ('ViT-B_16', 'B/16'); its sizes must fit the file. None: the
+        architecture is read from the file (`architecture.architecture`), so the
+        checkpoints this package trains load without naming their sizes.
+      image_size: N or (H, W); None: the resolution the file's position embeddings
+        were made for (position embeddings are resized to any other).
+      head: keep the stored head (and its width); False drops it (features only).
+      **overrides: any `VisionTransformer` field, e.g. posemb='sincos_2d' for a file
+        without learned position embeddings, or dtype='bfloat16'.
+
+    Raises:
+      FileNotFoundError, CheckpointError: unreadable file, one that does not fit
+        `name`, or an architecture the file cannot tell (the message says which option).
+    """
+    params = load_npz(path)
+    arch = architecture.architecture(params)
+    if arch["posemb"] is None and "posemb" not in overrides:
+        raise CheckpointError(
+            f"{path} has no learned position embeddings: it was trained with posemb "
+            "'none' or 'sincos_2d', which the file cannot tell apart; name it "
+            "(--override=posemb=sincos_2d, or posemb='sincos_2d' in the library)"
+        )
+    if arch["posemb"] is None:
+        del arch["posemb"]
+    if name is not None:  # the name's sizes; what the file implies for everything else
+        arch = {k: arch[k] for k in ("classifier", "representation_size", "posemb") if k in arch}
+    classes = architecture.num_classes(params) if head else None
+    model = get_model(name, classes, **{**arch, **overrides})
+    if image_size is None:
+        size = architecture.native_image_size(params, model.token_stride)
+    else:
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    return model, adapt(params, model, size, reset_head=False, source=str(path)), size

@@ -1,37 +1,52 @@
 """Train a ViT: pretraining and fine-tuning differ only in the config.
 
-    python -m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=workdirs/run \
+    python -m vit_jax.main --config=finetune:b16,cifar10 --workdir=workdirs/run \
         [--config.optimizer.lr=0.01 ...]
 
-Restarting with the same --workdir resumes from its latest checkpoint. On several
-hosts, run the same command on each with --config.distributed.* set (see
-vit_jax/distributed.py); JAX's distributed runtime starts before anything else uses jax.
+--config names a preset of the installed package (finetune, pretrain, fashion_mnist;
+see vit_jax/configs/) with its argument after ':', or the path of a config file
+(configs/finetune.py:b16,cifar10, or your own). Restarting with the same --workdir
+resumes from its latest checkpoint. On several hosts, run the same command on each
+with --config.distributed.* set (see vit_jax/distributed.py); JAX's distributed
+runtime starts before anything else uses jax.
 """
 
-import os
+import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow (tf.data) is chatty
+from absl import flags
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from vit_jax import distributed, train  # noqa: E402
-
-config_flags.DEFINE_config_file(
-    "config", None, "a config file, e.g. configs/vit.py:b16,cifar10", lock_config=True
-)
-flags.DEFINE_string("workdir", None, "where checkpoints, TensorBoard events and summary.json go")
-flags.mark_flags_as_required(["config", "workdir"])
+from vit_jax import cli, configs, distributed, train
 
 
-def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # libraries' INFO logs drown the progress lines
+def define_flags() -> None:
+    config_flags.DEFINE_config_file(
+        "config", None, "a preset NAME:ARG (e.g. fashion_mnist:tiny) or a config file PATH.py:ARG",
+        lock_config=True,
+    )  # fmt: skip
+    flags.DEFINE_string("workdir", None, "checkpoints, TensorBoard events, summary.json go here")
+    flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main() -> None:
     distributed.initialize(flags.FLAGS.config.distributed)  # before any other use of jax
     train.run(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
+def preset_argv(argv: list[str]) -> list[str]:
+    """argv with a preset name in --config turned into the path of its installed file."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a.startswith("--config="):
+            out[i] = "--config=" + configs.resolve(a[len("--config=") :])
+        elif a == "--config" and i + 1 < len(out):
+            out[i + 1] = configs.resolve(out[i + 1])
+    return out
+
+
 if __name__ == "__main__":
-    app.run(main)
+    try:
+        args = preset_argv(sys.argv)
+    except ValueError as e:
+        cli.fail(str(e))
+    cli.run(main, define_flags, args)

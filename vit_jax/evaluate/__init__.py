@@ -11,6 +11,7 @@ from vit_jax.evaluate.fewshot import (
     DEFAULT_SHOTS,
     FewShotEvaluator,
     by_dataset,
+    dataset_configs,
     extract_features,
     metric_name,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "FewShotEvaluator",
     "LinearFit",
     "by_dataset",
+    "dataset_configs",
     "choose_shots",
     "extract_features",
     "fewshot_accuracy",

@@ -15,15 +15,14 @@ Accuracies are deterministic for a given seed, dataset config and number of proc
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from vit_jax import predict
 from vit_jax.evaluate.linear import fewshot_accuracy
-from vit_jax.models import apply_with_intermediates
 from vit_jax.models.vit import VisionTransformer
 
 DEFAULT_SHOTS = (1, 5, 10, 25)
@@ -47,16 +46,25 @@ def by_dataset(metrics: Mapping[str, float]) -> dict[str, dict[int, float]]:
     return {name: dict(sorted(row.items())) for name, row in out.items()}
 
 
-@functools.lru_cache(maxsize=8)
-def _features_fn(model: VisionTransformer):
-    """One jitted pre-logits function per model (compiled once per batch shape)."""
+def dataset_configs(
+    names: Sequence[str],
+    source: str | None = None,
+    data_dir: str | None = None,
+    train_split: str = "train",
+    test_split: str = "test",
+) -> list[dict]:
+    """Dataset configs (fields of vit_jax.data.default_config()) for the named datasets.
 
-    @jax.jit
-    def features(params: Any, images: jax.Array) -> jax.Array:
-        _, inter = apply_with_intermediates(model, params, images)
-        return inter["pre_logits"]  # [B, D]; the unused intermediates are pruned by XLA
-
-    return features
+    Without `source`, 'fashion_mnist' reads idx files and any other name a TFDS builder.
+    """
+    configs = []
+    for name in names:
+        cfg = {"name": name, "train_split": train_split, "test_split": test_split}
+        cfg["source"] = source or ("idx" if name == "fashion_mnist" else "tfds")
+        if data_dir:
+            cfg["data_dir"] = data_dir
+        configs.append(cfg)
+    return configs
 
 
 def extract_features(
@@ -80,7 +88,7 @@ def extract_features(
     Returns:
       (features [n, D] float32, labels [n] int64), in batch order.
     """
-    fn = _features_fn(model)
+    fn = predict.features_fn(model)
     feats, labels = [], []
     for batch in batches:
         mask = batch.get("mask", np.ones(len(batch["image"]), np.float32))

@@ -6,7 +6,7 @@
   plots.py      the PNGs (matplotlib, optional extra 'plot')
   report.py     everything for one model and some images: compute(), write()
 
-The command is `python -m vit_jax.inspect` (vit_jax/inspect.py).
+The command is `python -m vit_jax.figures` (vit_jax/figures.py).
 """
 
 from vit_jax.inspection.attention import (
@@ -23,7 +23,7 @@ from vit_jax.inspection.posemb import (
     cosine_similarity_maps,
     patch_embeddings,
 )
-from vit_jax.inspection.report import Inspection, analyse_images, compute, write
+from vit_jax.inspection.report import Inspection, analyse_images, compute, sample_images, write
 
 __all__ = [
     "FilterPCA",
@@ -41,6 +41,7 @@ __all__ = [
     "patch_centres",
     "patch_embeddings",
     "rollout_maps",
+    "sample_images",
     "upsample",
     "write",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from vit_jax import predict
 from vit_jax.inspection import attention, filters, plots, posemb
 from vit_jax.models import apply_with_intermediates
 from vit_jax.models.vit import VisionTransformer
@@ -51,7 +52,7 @@ class Inspection:
 
 @functools.lru_cache(maxsize=8)
 def _analysis_fn(model: VisionTransformer, grid: tuple[int, int]):
-    """Jitted (params, images [B, H, W, C]) -> (distance [L, B, H], rollout maps [B, gh, gw]);
+    """Jitted (params, images [B, H, W, C]) -> (distance [B, L, H], rollout maps [B, gh, gw]);
     the full attention [L, B, H, N, N] never leaves the device."""
     prefix = int(model.has_class_token)
 
@@ -61,7 +62,7 @@ def _analysis_fn(model: VisionTransformer, grid: tuple[int, int]):
         att = inter["attention"].astype(np.float32)  # [L, B, H, N, N]
         distance = attention.mean_attention_distance(att, grid, model.token_stride, prefix)
         maps = attention.rollout_maps(attention.attention_rollout(att), grid, prefix)
-        return distance, maps
+        return distance.transpose(1, 0, 2), maps  # batch first, for predict.map_batches
 
     return analyse
 
@@ -74,21 +75,38 @@ def analyse_images(
     Returns:
       (distance [L, B, H] in pixels, rollout maps [B, gh, gw]).
     """
-    images = np.asarray(images, np.float32)
-    n = len(images)
-    if n == 0:
+    if len(images) == 0:
         raise ValueError("no images to inspect: pass --image=PATH, or leave it out for a sample")
-    grid = model.grid(images.shape[1:3])
-    fn, b = _analysis_fn(model, grid), min(batch_size, n)
-    distances, maps = [], []
-    for start in range(0, n, b):
-        chunk = images[start : start + b]
-        valid = len(chunk)
-        chunk = np.concatenate([chunk, np.zeros((b - valid, *chunk.shape[1:]), np.float32)])
-        d, m = jax.device_get(fn(params, chunk))  # one compiled shape: the tail is padded
-        distances.append(d[:, :valid])
-        maps.append(m[:valid])
-    return np.concatenate(distances, axis=1), np.concatenate(maps)
+    fn = _analysis_fn(model, model.grid(np.shape(images)[1:3]))
+    distance, maps = predict.map_batches(fn, params, images, batch_size)
+    return distance.transpose(1, 0, 2), maps
+
+
+def sample_images(
+    num_images: int, image_size: tuple[int, int], data_dir: str | None = None
+) -> np.ndarray:
+    """The first `num_images` test images of the idx dataset (Fashion-MNIST by default),
+    through the evaluation preprocessing (tf.data).
+
+    Returns:
+      images in [-1, 1].  # [num_images, H, W, 3]
+    """
+    from vit_jax import data
+
+    cfg = data.default_config()
+    if data_dir:
+        cfg.data_dir = data_dir
+    cfg.test_split = f"test[:{num_images}]"
+    batches = data.eval_iterator(
+        cfg,
+        cfg.test_split,
+        global_batch=num_images,
+        image_size=image_size,
+        process_index=0,
+        process_count=1,
+    )
+    batch = next(iter(batches))
+    return batch["image"][batch["mask"] > 0]
 
 
 def compute(

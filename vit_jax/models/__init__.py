@@ -27,16 +27,20 @@ __all__ = [
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-def get_model(name: str, num_classes: int | None, **overrides: Any) -> VisionTransformer:
+def get_model(name: str | None, num_classes: int | None, **overrides: Any) -> VisionTransformer:
     """A VisionTransformer by published name ('ViT-B_16', 'R50+ViT-B_16', 'testing') or
     short name ('B/16', 'R50+B/16'), with any field overridden (e.g. ``patch_size=8``,
-    ``classifier='gap'``, ``dtype='bfloat16'``, ``scan=True``)."""
+    ``classifier='gap'``, ``dtype='bfloat16'``, ``scan=True``). With ``name=None`` the
+    overrides give every size (width, depth, num_heads, mlp_dim, patch_size)."""
     fields = set(VisionTransformer.__dataclass_fields__) - {"parent", "name"}
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise TypeError(f"unknown model option(s) {unknown}: the options are {sorted(fields)}")
-    cfg = variant_config(name)
+    cfg = variant_config(name) if name is not None else {"resnet_stages": None}
     cfg.update(overrides)
+    missing = sorted({"width", "depth", "num_heads", "mlp_dim", "patch_size"} - set(cfg))
+    if missing:
+        raise TypeError(f"get_model(None, ...) needs every size; missing {missing}")
     for key in ("dtype", "param_dtype"):
         if isinstance(cfg.get(key), str):
             if cfg[key] not in _DTYPES:

@@ -6,10 +6,57 @@ a field that does not exist is an error.
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
 
 from vit_jax import data
+from vit_jax.evaluate.fewshot import DEFAULT_L2, DEFAULT_SHOTS
+
+# The short names of the paper presets ('b16' in --config=finetune:b16,cifar10).
+MODELS = {
+    "ti16": "ViT-Ti_16",
+    "s16": "ViT-S_16",
+    "s32": "ViT-S_32",
+    "b8": "ViT-B_8",
+    "b16": "ViT-B_16",
+    "b32": "ViT-B_32",
+    "l16": "ViT-L_16",
+    "l32": "ViT-L_32",
+    "h14": "ViT-H_14",
+    "r_ti16": "R+ViT-Ti_16",
+    "r26_s32": "R26+ViT-S_32",
+    "r26_b32": "R26+ViT-B_32",
+    "r50_b16": "R50+ViT-B_16",
+    "r50_l32": "R50+ViT-L_32",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsData:
+    """A TFDS dataset of a paper preset: builder name, splits, and the preset's steps."""
+
+    name: str
+    train_split: str
+    test_split: str
+    steps: int = 0
+
+    def apply(self, c: ml_collections.ConfigDict) -> None:
+        c.dataset.update(
+            source="tfds", name=self.name, train_split=self.train_split, test_split=self.test_split
+        )
+
+
+def parse_model_dataset(preset: str, arg: str, datasets: dict) -> tuple[str, TfdsData]:
+    """'b16,cifar10' -> ('ViT-B_16', datasets['cifar10']); errors list the choices."""
+    model, _, dataset = arg.partition(",")
+    if model not in MODELS or dataset not in datasets:
+        raise ValueError(
+            f"--config={preset}:{arg}: expected MODEL,DATASET with MODEL in "
+            f"{sorted(MODELS)} and DATASET in {sorted(datasets)}"
+        )
+    return MODELS[model], datasets[dataset]
 
 
 def base(model: str) -> ml_collections.ConfigDict:
@@ -90,8 +137,8 @@ def base(model: str) -> ml_collections.ConfigDict:
             data_dir="",
             train_split="train",
             test_split="test",
-            shots=(1, 5, 10, 25),
-            l2=1024.0,
+            shots=DEFAULT_SHOTS,
+            l2=DEFAULT_L2,
             seed=0,
             batch_size=256,
             every=0,

@@ -1,0 +1,114 @@
+"""What every command shares: flag parsing, quiet library logs, and user errors as one line.
+
+A command module holds its flags, one call into the library and its printing, and ends
+with `cli.run(main, define_flags)`. The library never imports a command.
+
+User errors (a missing file, a bad value, a config that does not fit, a non-finite run,
+a missing optional package) print `error: ...` with the way out and exit 1, without a
+Python traceback; set VIT_JAX_DEBUG=1 to see it. Other exceptions are programming
+errors and keep their tracebacks. Flag errors (unknown flag, bad flag value, unknown
+config field) are absl's one-line `FATAL Flags parsing error` messages.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+DEBUG_ENV = "VIT_JAX_DEBUG"
+USER_ERRORS = (OSError, ValueError, FloatingPointError, ImportError)
+
+
+def debug() -> bool:
+    """Whether VIT_JAX_DEBUG asks for tracebacks of user errors."""
+    return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
+
+
+def run(
+    main: Callable[[], object],
+    define_flags: Callable[[], None] | None = None,
+    argv: Sequence[str] | None = None,
+) -> None:
+    """Defines the command's flags, parses `argv` (default sys.argv) and calls `main()`."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports TensorFlow
+    from absl import app, flags, logging
+
+    if define_flags is not None:
+        define_flags()
+
+    def entry(rest: list[str]) -> None:
+        if len(rest) > 1:
+            raise app.UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
+        if not flags.FLAGS["verbosity"].present:
+            logging.set_verbosity(logging.WARNING)  # libraries' INFO logs drown the output
+        try:
+            main()
+        except USER_ERRORS as e:
+            if debug():
+                raise
+            fail(str(e))
+
+    app.run(entry, argv=list(argv) if argv is not None else None)
+
+
+def fail(message: str) -> None:
+    """Exit 1 with `error: message` on stderr, naming how to get the traceback."""
+    sys.stderr.write(f"error: {message}\n(for the Python traceback, set {DEBUG_ENV}=1)\n")
+    sys.stderr.flush()
+    sys.exit(1)
+
+
+# ---------------------------------------------------------------- commands that load a checkpoint
+
+
+def define_model_flags() -> None:
+    """--checkpoint, --model, --override and --image_size, shared by the commands that
+    load a checkpoint (classify, few-shot, figures)."""
+    from absl import flags
+
+    flags.DEFINE_string("checkpoint", None, "Checkpoint .npz (published layout, or final.npz).")
+    flags.DEFINE_string(
+        "model", None, "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16. Default: read from the file."
+    )
+    flags.DEFINE_multi_string(
+        "override", [], "Model option KEY=VALUE (e.g. posemb=sincos_2d, dtype=bfloat16); repeat."
+    )
+    flags.DEFINE_string("image_size", None, "Resolution N or H,W. Default: the checkpoint's own.")
+    flags.mark_flag_as_required("checkpoint")
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, object]:
+    """['depth=4', 'posemb=sincos_2d', 'resnet_stages=(3,4,9)'] -> {'depth': 4, ...}."""
+    import ast
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--override={item}: expected KEY=VALUE, e.g. posemb=sincos_2d")
+        try:
+            out[key.strip()] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value  # a plain string such as sincos_2d
+    return out
+
+
+def load_model(head: bool = True):
+    """The flags' checkpoint as (model, params, (H, W)); see checkpoint.load_model."""
+    from absl import flags
+
+    from vit_jax import checkpoint, images
+
+    f = flags.FLAGS
+    overrides = parse_overrides(f.override)
+    size = images.parse_image_size(f.image_size)
+    try:
+        return checkpoint.load_model(f.checkpoint, f.model, size, head, **overrides)
+    except TypeError as e:  # an override that is no model option
+        raise ValueError(f"--override: {e}") from None
+
+
+def model_title(model_name: str | None, path: str, size: tuple[int, int]) -> str:
+    """'ViT-B_16 (ViT-B_16.npz) at 384x384', for the commands' first line."""
+    return f"{model_name or 'the model'} ({path}) at {size[0]}x{size[1]}"

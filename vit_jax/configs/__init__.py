@@ -1,0 +1,55 @@
+"""The shipped presets: config files that the wheel installs, reachable by name.
+
+    python -m vit_jax.main --config=fashion_mnist:tiny --workdir=DIR
+    python -m vit_jax.main --config=finetune:b16,cifar10 --workdir=DIR
+    python -m vit_jax.main --config=path/to/my_config.py:arg --workdir=DIR
+
+  common.py         base(): every field of a run config, with its default
+  finetune.py       the paper's fine-tuning of published checkpoints (MODEL,DATASET)
+  pretrain.py       the paper's pretraining from scratch (MODEL,DATASET)
+  fashion_mnist.py  the embedded Fashion-MNIST: the recipe's parts, a full run, tiny
+
+A user's own config file starts from `vit_jax.configs.common.base(model)`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ml_collections
+
+PRESETS = ("finetune", "pretrain", "fashion_mnist")
+_DIR = Path(__file__).resolve().parent
+
+
+def resolve(spec: str) -> str:
+    """'NAME[:ARG]' of a preset -> 'PATH[:ARG]' of its file in the installed package;
+    a path to an existing file (a user's config) is returned as it is.
+
+    Raises:
+      ValueError: neither a preset nor an existing file, naming the presets.
+    """
+    name, sep, arg = spec.partition(":")
+    if os.path.isfile(name):
+        return spec
+    if name.endswith(".py") and os.path.basename(name)[:-3] in PRESETS and "/" not in name:
+        name = name[:-3]
+    if name in PRESETS:
+        return f"{_DIR / (name + '.py')}{sep}{arg}"
+    raise ValueError(
+        f"--config={spec}: {name!r} is neither a config file nor a preset; presets: "
+        f"{', '.join(PRESETS)} (e.g. --config=fashion_mnist:tiny), or pass a path to "
+        "your own config file (PATH.py[:ARG])"
+    )
+
+
+def get(spec: str) -> ml_collections.ConfigDict:
+    """The config of a preset 'NAME[:ARG]' (e.g. 'fashion_mnist:tiny'), in-process."""
+    from vit_jax.configs import fashion_mnist, finetune, pretrain
+
+    modules = {"finetune": finetune, "pretrain": pretrain, "fashion_mnist": fashion_mnist}
+    name, _, arg = spec.partition(":")
+    if name not in modules:
+        raise ValueError(f"unknown preset {name!r}: the presets are {', '.join(PRESETS)}")
+    return modules[name].get_config(arg) if arg else modules[name].get_config()

@@ -1,0 +1,58 @@
+"""Figures of the paper's section 4.5 for a checkpoint, with the numbers behind them.
+
+    python -m vit_jax.figures --checkpoint=ViT-B_16.npz --out=DIR [--model=ViT-B_16] \\
+        [--image=cat.jpg --image=dog.png] [--image_size=224] [--num_images=8] \\
+        [--data_dir=/usr/share/datasets/fashion-mnist]
+
+writes to DIR:
+  filters_pca.png          first 28 principal components of the patch-embedding filters
+                           (plain ViTs only: a hybrid's filters act on ResNet features,
+                           so this figure is skipped for hybrids, with a message)
+  posemb_similarity.png    cosine similarity of each position embedding with all others
+  attention_distance.png   mean attention distance (input pixels) of every head vs depth
+  attention_rollout.png    attention rollout maps over the images (first 8)
+  inspect.npz              the arrays behind every figure (see vit_jax/inspection/report.py)
+  inspect.json             sizes, definitions, mean distances, skipped figures
+Without --image, the first --num_images test images of the embedded Fashion-MNIST (idx
+files, --data_dir) are used. Without --model the architecture is read from the
+checkpoint; images are resized to --image_size, by default the checkpoint's own
+resolution. Needs matplotlib: pip install "vit_jax[plot]".
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from vit_jax import cli, images, inspection
+from vit_jax.inspection import plots
+
+
+def define_flags() -> None:
+    cli.define_model_flags()
+    flags.DEFINE_multi_string("image", [], "Image file; repeat for more. Default: a sample.")
+    flags.DEFINE_string("out", None, "Directory for the figures and numbers.", required=True)
+    flags.DEFINE_integer("num_images", 8, "Sample size without --image.", lower_bound=1)
+    flags.DEFINE_string("data_dir", None, "idx directory of the sample (Fashion-MNIST).")
+    flags.DEFINE_integer("batch_size", 8, "Images per forward pass.", lower_bound=1)
+
+
+def main() -> None:
+    f = flags.FLAGS
+    plots.pyplot()  # fail early, before any work, when matplotlib is missing
+    if f.image:
+        images.check_images_exist(f.image)
+    model, params, size = cli.load_model(head=False)
+    if f.image:
+        x = images.load_images(f.image, size)
+    else:
+        x = inspection.sample_images(f.num_images, size, f.data_dir)
+    result = inspection.compute(model, params, x, batch_size=f.batch_size)
+    title = f"{f.model or 'model'} at {size[0]}x{size[1]}"
+    for message in result.skipped.values():
+        print(message)
+    for path in inspection.write(result, x, f.out, title):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    cli.run(main, define_flags)

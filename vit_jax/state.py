@@ -1,0 +1,98 @@
+"""The training state: built from a config (from scratch or from a checkpoint), created in
+its sharded layout, restored from the workdir's latest checkpoint, exported as .npz.
+No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+import orbax.checkpoint as ocp
+
+from vit_jax import checkpoint, distributed, sharding
+from vit_jax import workdir as workdir_lib
+from vit_jax.models import get_model
+from vit_jax.models.vit import VisionTransformer
+from vit_jax.steps import TrainState
+
+
+def build_model(config: Any, num_classes: int) -> VisionTransformer:
+    """The model of `config.model`: a name plus any VisionTransformer field."""
+    fields = {k: v for k, v in config.model.items() if k != "name" and v is not None}
+    if fields.get("representation_size") == 0:
+        del fields["representation_size"]
+    return get_model(config.model.name, num_classes=num_classes, **fields)
+
+
+def initial_params(config: Any, model: VisionTransformer, image_size: int) -> Any:
+    """From scratch, or from a published .npz (`config.init_from`) for fine-tuning."""
+    if config.init_from:
+        return checkpoint.load_pretrained(
+            config.init_from, model, image_size, reset_head=config.reset_head
+        )
+    x = jnp.zeros((1, image_size, image_size, model.channels), jnp.float32)
+    return jax.jit(model.init)(jax.random.key(config.seed), x)["params"]
+
+
+def new_state(
+    config: Any, model: VisionTransformer, tx: optax.GradientTransformation, params: Any = None
+) -> TrainState:
+    """The TrainState at step 0 (traceable): `params`, or the model's initialisation."""
+    if params is None:
+        x = jnp.zeros((1, config.image_size, config.image_size, model.channels), jnp.float32)
+        params = model.init(jax.random.key(config.seed), x)["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=jax.random.key_data(jax.random.fold_in(jax.random.key(config.seed), 1)),
+        skipped=jnp.zeros((), jnp.int32),
+    )
+
+
+def abstract_state(config: Any, model: VisionTransformer, tx: Any) -> TrainState:
+    """The TrainState's shapes and dtypes (ShapeDtypeStructs; nothing allocated)."""
+    return jax.eval_shape(functools.partial(new_state, config, model, tx))
+
+
+def create_state(
+    config: Any, model: VisionTransformer, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh
+) -> tuple[TrainState, Any]:
+    """A TrainState at step 0, created in its sharded layout, and its shardings."""
+    shardings = sharding.tree_shardings(mesh, abstract_state(config, model, tx))
+    make = jax.jit(functools.partial(new_state, config, model, tx), out_shardings=shardings)
+    if not config.init_from:
+        return make(), shardings
+    params = initial_params(config, model, config.image_size)  # host arrays
+    return make(sharding.put(params, shardings.params)), shardings
+
+
+def restore_or_create(
+    config: Any, model: VisionTransformer, tx: Any, mesh: Any, manager: ocp.CheckpointManager
+) -> tuple[TrainState, Any]:
+    """The latest complete checkpoint in the workdir if there is one, laid out for
+    `mesh` (whatever mesh wrote it), else a new state."""
+    latest = manager.latest_step()
+    if latest is None:
+        return create_state(config, model, tx, mesh)
+    abstract = abstract_state(config, model, tx)
+    shardings = sharding.tree_shardings(mesh, abstract)
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    state = workdir_lib.restore(manager, latest, target)
+    if distributed.is_lead():
+        print(f"resuming from step {latest} (checkpoint {manager.directory}/{latest})", flush=True)
+    return state, shardings
+
+
+def export_npz(path: str, params: Any) -> None:
+    """`params` (sharded, possibly over several processes) -> a published-layout .npz,
+    written by process 0. Every process must call it (the arrays are gathered)."""
+    host = distributed.to_host(params)
+    if distributed.is_lead():
+        checkpoint.save_npz(path, host)
