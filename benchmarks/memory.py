@@ -38,8 +38,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from bound import machine  # noqa: E402
 
-from configs import common  # noqa: E402
-from vit_jax import optim, sharding, train  # noqa: E402
+from vit_jax import optim, sharding, steps  # noqa: E402
+from vit_jax import state as state_lib  # noqa: E402
+from vit_jax.configs import common  # noqa: E402
 from vit_jax.models import count_params  # noqa: E402
 from vit_jax.workdir import tree_bytes  # noqa: E402
 
@@ -55,9 +56,9 @@ def setup(name: str, image_size: int, variant: dict) -> tuple:
     c.image_size = image_size
     c.model.update(variant)
     c.optimizer.update(name="adam", weight_decay=0.1)
-    model = train.build_model(c, 1000)
+    model = state_lib.build_model(c, 1000)
     tx, lr_fn = optim.make_optimizer(c.optimizer, c.total_steps)
-    return c, model, tx, lr_fn, train.abstract_state(c, model, tx)
+    return c, model, tx, lr_fn, state_lib.abstract_state(c, model, tx)
 
 
 def state_row(name: str, image_size: int) -> dict:
@@ -87,7 +88,7 @@ def peak_bytes(setup_out: tuple, layout: str, per_device: int) -> int:
     state = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
-    step, _ = train.compile_steps(model, tx, lr_fn, 1, mesh, shardings)  # as the loop jits it
+    step, _ = steps.compile_steps(model, tx, lr_fn, 1, mesh, shardings)  # as the loop jits it
     m = step.lower(state, batch).compile().memory_analysis()
     return (
         m.argument_size_in_bytes

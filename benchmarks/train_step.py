@@ -2,7 +2,7 @@
 
     python benchmarks/train_step.py --model=ViT-B_16 --batch=8 --optimizer=sgd --dtype=float32
 
-Prints images/s of `vit_jax.train.train_step` (jitted, state donated, as the loop runs
+Prints images/s of `vit_jax.steps.train_step` (jitted, state donated, as the loop runs
 it) and the bound: the summed time of every matrix product in the step's jaxpr (the
 forward products and their transposes in the backward pass), each timed alone.
 `bound/step` near 1 means the step runs as fast as its matrix products allow.
@@ -25,8 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 from bound import machine, product_bound, timeit  # noqa: E402
 
-from configs import common  # noqa: E402
-from vit_jax import optim, sharding, train  # noqa: E402
+from vit_jax import optim, sharding, steps  # noqa: E402
+from vit_jax import state as state_lib
+from vit_jax.configs import common  # noqa: E402
 from vit_jax.models import get_model  # noqa: E402
 
 
@@ -43,13 +44,13 @@ def measure(name: str, size: int, batch: int, opt: str, dtype: str, remat: bool)
     tx, lr = optim.make_optimizer(optimizer_config(opt), 1000)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     config = ml_collections.ConfigDict(dict(init_from="", seed=0, image_size=size))
-    state, shardings = train.create_state(config, model, tx, mesh)
+    state, shardings = state_lib.create_state(config, model, tx, mesh)
     rng = np.random.default_rng(0)
     data = {
         "image": jnp.asarray(rng.uniform(-1, 1, (batch, size, size, 3)), jnp.float32),
         "label": jax.nn.one_hot(rng.integers(0, 1000, batch), 1000),
     }
-    step_fn = functools.partial(train.train_step, model=model, tx=tx, lr_fn=lr)
+    step_fn = functools.partial(steps.train_step, model=model, tx=tx, lr_fn=lr)
     step = jax.jit(step_fn, donate_argnums=0)
     compiled = step.lower(state, data).compile()
     cost = compiled.cost_analysis()

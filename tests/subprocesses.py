@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def tiny_flags(workdir: str, **overrides) -> list[str]:
     """Command-line flags of configs/fashion_mnist.py:tiny with `overrides`."""
-    flags = ["--config=configs/fashion_mnist.py:tiny", f"--workdir={workdir}"]
+    flags = ["--config=fashion_mnist:tiny", f"--workdir={workdir}"]
     return flags + [f"--config.{k}={v}" for k, v in overrides.items()]
 
 

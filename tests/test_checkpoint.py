@@ -3,31 +3,16 @@
 import jax
 import numpy as np
 import pytest
+from helpers import flat as flatten
+from helpers import images, random_params, unflat
 from numpy_reference import resize_posemb as ref_resize_posemb
 from numpy_reference import vit_logits
 
-from vit_jax import checkpoint
-from vit_jax.checkpoint import CheckpointError, flatten
+from vit_jax import architecture, checkpoint
+from vit_jax.checkpoint import CheckpointError
 from vit_jax.models import get_model, param_shapes
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
-
-
-def random_params(model, size, seed=0):
-    """Every parameter random (a zero head or class token would hide mistakes)."""
-    rng = np.random.default_rng(seed)
-    flat = {}
-    for k, s in flatten(param_shapes(model, size)).items():
-        v = rng.normal(0.0, 0.3, s.shape)
-        if k.endswith("/scale"):
-            v = 1.0 + 0.2 * v
-        flat[k] = v.astype(np.float32)
-    return checkpoint.unflatten(flat)
-
-
-def images(size, n=2, seed=1):
-    h, w = (size, size) if isinstance(size, int) else size
-    return np.random.default_rng(seed).uniform(-1, 1, (n, h, w, 3)).astype(np.float32)
 
 
 def logits(model, params, x):
@@ -156,7 +141,7 @@ def test_every_layout_round_trips_bit_exactly(layout, tmp_path):
     for k, v in flat.items():
         assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
         np.testing.assert_array_equal(loaded[k], v)
-    checkpoint.save_npz(tmp_path / "out.npz", checkpoint.unflatten(loaded))
+    checkpoint.save_npz(tmp_path / "out.npz", unflat(loaded))
     out = np.load(tmp_path / "out.npz")
     assert sorted(out.files) == sorted(flat)
     for k in out.files:
@@ -203,7 +188,10 @@ def test_head_reset_kept_and_checked(tmp_path):
         )
     with pytest.raises(CheckpointError, match="pre_logits layer .width 32"):
         checkpoint.load_pretrained(path, get_model("testing", 5), 32, reset_head=False)
-    assert checkpoint.model_overrides(checkpoint.load_npz(path)) == {"representation_size": 32}
+    assert architecture.architecture(checkpoint.load_npz(path)) == dict(
+        width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=16, resnet_stages=None,
+        channels=3, classifier="token", representation_size=32, posemb="learned",
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------ bad input
@@ -252,7 +240,7 @@ def test_file_of_another_variant_names_keys_and_guesses(tmp_path):
     ti = get_model("ViT-Ti_16", 1000)
     flat = {k: np.zeros(s.shape, np.float32) for k, s in flatten(param_shapes(ti, 224)).items()}
     path = tmp_path / "ViT-Ti_16.npz"
-    checkpoint.save_npz(path, checkpoint.unflatten(flat))
+    checkpoint.save_npz(path, unflat(flat))
     with pytest.raises(CheckpointError) as e:
         checkpoint.load_pretrained(path, get_model("ViT-S_16", 10), 224)
     msg = str(e.value)

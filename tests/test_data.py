@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import logging
 import os
@@ -12,6 +11,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 tfds = pytest.importorskip("tensorflow_datasets")
+from helpers import write_idx  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vit_jax import data  # noqa: E402
@@ -19,14 +19,6 @@ from vit_jax.data import idx_source, preprocess, splits, subsets  # noqa: E402
 
 H = W = 8  # stored image size of the synthetic datasets
 N_TRAIN, N_TEST = 40, 20
-
-
-def write_idx(path: str, array: np.ndarray) -> None:
-    """Writes an idx file: 0, 0, type code 0x08 (uint8), ndim, big-endian sizes, data."""
-    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
 
 
 def idx_images(n: int, offset: int) -> np.ndarray:

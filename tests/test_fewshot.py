@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import gzip
 import os
-import subprocess
-import sys
 
-import jax
 import numpy as np
 import pytest
+from helpers import random_params, run_command, write_idx
 
 from vit_jax.evaluate import linear
 
@@ -133,39 +130,19 @@ def test_accuracy_is_deterministic_per_seed():
 # ---------------------------------------------------------------- evaluator and command
 
 
-def write_idx(path, array):
-    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
-
-
 @pytest.fixture(scope="module")
 def idx_dir(tmp_path_factory):
-    """3 classes of 8x8 images: class c is bright in band c, plus noise."""
+    """3 classes of 8x8 images: class c is a little brighter in band c, under noise."""
     root = tmp_path_factory.mktemp("fewshot_idx")
     rng = np.random.default_rng(0)
     for prefix, n in (("train", 30), ("t10k", 12)):
         labels = np.arange(n) % 3
         images = rng.integers(0, 60, (n, 8, 8))
         for i, c in enumerate(labels):
-            images[i, :, 3 * c : 3 * c + 2] += 180
+            images[i, :, 3 * c : 3 * c + 2] += 25
         write_idx(str(root / f"{prefix}-images-idx3-ubyte.gz"), images)
         write_idx(str(root / f"{prefix}-labels-idx1-ubyte.gz"), labels)
     return str(root)
-
-
-def random_params(model, image_size, seed=0):
-    """Random parameters without compiling model.init: normal(0, 0.2) everywhere, LayerNorm
-    scales around 1 (plain numpy, fast)."""
-    from vit_jax.models import param_shapes
-
-    rng = np.random.default_rng(seed)
-
-    def draw(path, s):
-        scale = jax.tree_util.keystr(path).endswith("['scale']")
-        return (scale + rng.normal(0, 0.2, s.shape)).astype(np.float32)
-
-    return jax.tree_util.tree_map_with_path(draw, param_shapes(model, image_size))
 
 
 @pytest.fixture(scope="module")
@@ -205,25 +182,52 @@ def test_extract_features_drops_padding(idx_dir, testing_checkpoint):
     np.testing.assert_array_equal(labels_8, labels)
 
 
-def test_evaluator_end_to_end(idx_dir, testing_checkpoint):
+@pytest.fixture(scope="module")
+def independent(idx_dir, testing_checkpoint):
+    """{k: accuracy} computed without the evaluator: pre-logits of every image from
+    apply_with_intermediates, then linear.fewshot_accuracy. With 10 training images per
+    class, the evaluator's pool of max(shots) = 10 per class is the whole train split."""
     pytest.importorskip("tensorflow")
+    from vit_jax import data
+    from vit_jax.models import apply_with_intermediates
+
+    _, model, params = testing_checkpoint
+    cfg = data.default_config()
+    cfg.data_dir = idx_dir
+
+    def split(name):
+        it = data.eval_iterator(
+            cfg, name, global_batch=64, image_size=32, process_index=0, process_count=1
+        )
+        batches = list(it)
+        b = batches[0]  # one batch holds the whole split
+        keep = b["mask"] > 0
+        feats = apply_with_intermediates(model, params, b["image"][keep])[1]["pre_logits"]
+        return np.asarray(feats), np.argmax(b["label"][keep], -1)
+
+    (train_x, train_y), (test_x, test_y) = split("train"), split("test")
+    assert len(train_y) == 30 and len(test_y) == 12
+    return linear.fewshot_accuracy(train_x, train_y, test_x, test_y, (1, 10), 1.0, seed=0)
+
+
+def test_evaluator_matches_an_independent_computation(idx_dir, testing_checkpoint, independent):
     from vit_jax import sharding
     from vit_jax.evaluate import FewShotEvaluator
 
     _, model, params = testing_checkpoint
     ev = FewShotEvaluator(
         [{"source": "idx", "name": "bands", "data_dir": idx_dir}],
-        shots=(1, 5),
+        shots=(1, 10),
         l2=1.0,
         seed=0,
         image_size=32,
         batch_size=8,
     )
     got = ev.run(model, params)
-    assert sorted(got) == ["fewshot/bands_1shot", "fewshot/bands_5shot"]
-    assert all(0.0 <= v <= 1.0 for v in got.values())
-    assert all(v * 12 == round(v * 12) for v in got.values())  # fractions of 12 test images
-    assert ev.run(model, params) == got
+    assert sorted(got) == ["fewshot/bands_10shot", "fewshot/bands_1shot"]
+    assert got == {f"fewshot/bands_{k}shot": acc for k, acc in independent.items()}
+    assert independent[1] < independent[10]  # more shots help: the numbers are not constant
+    assert ev.run(model, params, mesh=sharding.make_mesh()) == got  # over 8 devices
     with pytest.raises(ValueError, match="batch_size=6 does not split over the mesh's 8"):
         odd = FewShotEvaluator([{"data_dir": idx_dir}], shots=(1,), image_size=32, batch_size=6)
         odd.run(model, params, mesh=sharding.make_mesh())
@@ -233,44 +237,32 @@ def test_evaluator_end_to_end(idx_dir, testing_checkpoint):
         FewShotEvaluator([{"name": "a"}, {"name": "a"}])
 
 
-def test_command_prints_the_table(idx_dir, testing_checkpoint):
-    pytest.importorskip("tensorflow")
+def test_command_prints_the_table(idx_dir, testing_checkpoint, independent, capsys):
+    from vit_jax import fewshot
     from vit_jax.evaluate import FewShotEvaluator
 
     path, model, params = testing_checkpoint
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vit_jax.fewshot",
-            "--model=testing",
-            f"--checkpoint={path}",
-            "--dataset=fashion_mnist",
-            f"--data_dir={idx_dir}",
-            "--shots=1,5",
-            "--l2=1",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert lines[0].startswith("linear few-shot accuracy of testing") and "32x32" in lines[0]
-    assert lines[1].split() == ["dataset", "1-shot", "5-shot"]
+    args = [f"--checkpoint={path}", "--dataset=fashion_mnist", f"--data_dir={idx_dir}"]
+    assert run_command(fewshot, *args, "--shots=1,10", "--l2=1") == 0
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert lines[0].startswith(f"linear few-shot accuracy of the model ({path}) at 32x32")
+    assert lines[1].split() == ["dataset", "1-shot", "10-shot"]
     name, *cells = lines[2].split()
-    assert name == "fashion_mnist" and len(cells) == 2
-    assert all(c.endswith("%") and 0 <= float(c[:-1]) <= 100 for c in cells)
+    assert name == "fashion_mnist"
     ev = FewShotEvaluator(
         [{"source": "idx", "name": "fashion_mnist", "data_dir": idx_dir}],
-        shots=(1, 5),
+        shots=(1, 10),
         l2=1.0,
         image_size=32,
         batch_size=64,
     )
     want = ev.run(model, params)  # the head the command drops does not change features
-    assert cells == [f"{100 * want[f'fewshot/fashion_mnist_{k}shot']:.2f}%" for k in (1, 5)]
+    assert cells == [f"{100 * want[f'fewshot/fashion_mnist_{k}shot']:.2f}%" for k in (1, 10)]
+    assert cells == [f"{100 * independent[k]:.2f}%" for k in (1, 10)]
+    assert "INFO" not in captured.err and "TPU" not in captured.err  # no library log noise
+    assert run_command(fewshot, *args, "--shots=1,five") == 1
+    assert "error: --shots=1,five: expected integers" in capsys.readouterr().err
 
 
 def test_metric_names_round_trip_per_dataset():

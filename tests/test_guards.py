@@ -9,9 +9,10 @@ import jax
 import numpy as np
 import pytest
 
-from configs import fashion_mnist
-from vit_jax import optim, sharding, train
+from vit_jax import optim, sharding, steps, train
+from vit_jax import state as state_lib
 from vit_jax import workdir as workdir_lib
+from vit_jax.configs import fashion_mnist
 
 NAN = float("nan")
 
@@ -30,9 +31,9 @@ def batch(n, seed=0):
 
 def restore_all(config, workdir):
     """Every saved step of `workdir` -> its state on host."""
-    model = train.build_model(config, 10)
+    model = state_lib.build_model(config, 10)
     tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
-    abstract = train.abstract_state(config, model, tx)
+    abstract = state_lib.abstract_state(config, model, tx)
     target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(
             a.shape,
@@ -69,10 +70,10 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
     c = tiny()
     c.optimizer.warmup_steps = 0
     mesh = sharding.make_mesh()
-    model = train.build_model(c, 10)
+    model = state_lib.build_model(c, 10)
     tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
-    state, shardings = train.create_state(c, model, tx, mesh)
-    step, _ = train.compile_steps(model, tx, lr, 1, mesh, shardings, skip_nonfinite=True)
+    state, shardings = state_lib.create_state(c, model, tx, mesh)
+    step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings, skip_nonfinite=True)
     good, bad = batch(64), batch(64)
     bad["image"][5] = np.nan  # one bad example poisons the whole step
     state, m = step(state, sharding.global_batch(good, mesh))

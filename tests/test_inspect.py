@@ -3,7 +3,6 @@ and the inspect command end to end. Expected values are computed independently h
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
@@ -13,24 +12,15 @@ import sys
 import jax
 import numpy as np
 import pytest
+from helpers import random_params, run_command, write_idx
 from PIL import Image
 
-from vit_jax import checkpoint, infer
+from vit_jax import checkpoint, figures, inspection
+from vit_jax import images as images_lib
 from vit_jax.inspection import attention, filters, plots, posemb, report
-from vit_jax.models import apply_with_intermediates, get_model, param_shapes
+from vit_jax.models import apply_with_intermediates, get_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def random_params(model, image_size, seed=0):
-    """Random parameters without compiling model.init (normal(0, 0.2); scales near 1)."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, s):
-        scale = jax.tree_util.keystr(path).endswith("['scale']")
-        return (scale + rng.normal(0, 0.2, s.shape)).astype(np.float32)
-
-    return jax.tree_util.tree_map_with_path(draw, param_shapes(model, image_size))
 
 
 def attention_of(model, params, images):
@@ -212,7 +202,7 @@ def test_missing_matplotlib_says_how_to_install(monkeypatch):
 
 @pytest.fixture(scope="module")
 def command_run(tmp_path_factory):
-    """`python -m vit_jax.inspect` on a random `testing` checkpoint and two images at 64 px."""
+    """`python -m vit_jax.figures` on a random `testing` checkpoint and two images at 64 px."""
     pytest.importorskip("matplotlib")
     tmp_path = tmp_path_factory.mktemp("inspect")
     model = get_model("testing", num_classes=5)
@@ -228,7 +218,7 @@ def command_run(tmp_path_factory):
     out = tmp_path / "figures"
     args = ["--model=testing", f"--checkpoint={ckpt}", f"--out={out}"]
     proc = subprocess.run(
-        [sys.executable, "-m", "vit_jax.inspect", *args, *[f"--image={p}" for p in paths]],
+        [sys.executable, "-m", "vit_jax.figures", *args, *[f"--image={p}" for p in paths]],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -254,7 +244,7 @@ def test_command_numbers_match_a_direct_computation(command_run):
     _, out, model, params, paths = command_run
     numbers = np.load(out / report.NUMBERS)
     summary = json.loads((out / report.SUMMARY).read_text())
-    images = infer.load_images(paths, (64, 64))
+    images = images_lib.load_images(paths, (64, 64))
     att = attention_of(model, params, images)
     per_image = [
         [[brute_force_distance(att[layer, b, h], 4, 4, 16, 1) for h in range(2)] for b in range(2)]
@@ -276,17 +266,9 @@ def test_command_numbers_match_a_direct_computation(command_run):
     assert numbers["filters_pca_components"].shape == (28, 16, 16, 3)
 
 
-def write_idx(path, array):
-    header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.astype(np.uint8).tobytes())
-
-
 def test_run_without_images_uses_the_first_test_images(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     pytest.importorskip("tensorflow")
-    from vit_jax import inspect
-
     for prefix, n in (("train", 4), ("t10k", 5)):  # test image i is flat grey 40 * i
         flat = np.broadcast_to((40 * np.arange(n))[:, None, None], (n, 8, 8))
         write_idx(str(tmp_path / f"{prefix}-images-idx3-ubyte.gz"), flat)
@@ -296,20 +278,21 @@ def test_run_without_images_uses_the_first_test_images(tmp_path, capsys):
     ckpt = str(tmp_path / "t.npz")
     checkpoint.save_npz(ckpt, params)
 
-    sample = inspect.sample_images(3, (32, 32), str(tmp_path))
+    sample = inspection.sample_images(3, (32, 32), str(tmp_path))
     np.testing.assert_allclose(
         sample,
         np.broadcast_to(((40 * np.arange(3) - 127.5) / 127.5)[:, None, None, None], (3, 32, 32, 3)),
         atol=1e-6,
     )
-    result = inspect.run(
-        "testing", ckpt, [], str(tmp_path / "out"), num_images=3, data_dir=str(tmp_path)
-    )
-    assert result.arrays["rollout"].shape == (3, 2, 2)
-    assert result.info["num_images"] == 3
+    out = tmp_path / "out"
+    args = [f"--checkpoint={ckpt}", f"--out={out}", "--num_images=3", f"--data_dir={tmp_path}"]
+    assert run_command(figures, *args) == 0
+    numbers = np.load(out / report.NUMBERS)
+    assert numbers["rollout"].shape == (3, 2, 2)
+    assert json.loads((out / report.SUMMARY).read_text())["num_images"] == 3
     headless = get_model("testing", None)  # as the command builds it: same compiled analysis
     direct = report.compute(headless, params, sample)
     np.testing.assert_allclose(
-        result.arrays["attention_distance"], direct.arrays["attention_distance"], rtol=1e-5
+        numbers["attention_distance"], direct.arrays["attention_distance"], rtol=1e-5
     )
-    assert "wrote" in capsys.readouterr().out
+    assert f"wrote {out / report.NUMBERS}" in capsys.readouterr().out

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import flat, unflat
 
 from vit_jax import checkpoint
 from vit_jax.models import VARIANTS, apply_with_intermediates, count_params, get_model, param_shapes
@@ -88,12 +89,12 @@ def published_keys(depth: int, stages=None, cls=True) -> set[str]:
 @pytest.mark.parametrize("name", ["ViT-B_16", "R50+ViT-B_16", "R+ViT-Ti_16", "ViT-B_16-gap-norep"])
 def test_parameter_names_are_the_published_ones(name):
     model = get_model(name, 1000)
-    got = set(checkpoint.flatten(param_shapes(model, 224)))
+    got = set(flat(param_shapes(model, 224)))
     assert got == published_keys(model.depth, model.resnet_stages, model.has_class_token)
 
 
 def test_published_shapes_of_attention():
-    shapes = checkpoint.flatten(param_shapes(get_model("ViT-B_16", 1000), 224))
+    shapes = flat(param_shapes(get_model("ViT-B_16", 1000), 224))
     att = "Transformer/encoderblock_3/MultiHeadDotProductAttention_1/"
     assert shapes[att + "query/kernel"].shape == (768, 12, 64)
     assert shapes[att + "query/bias"].shape == (12, 64)
@@ -143,11 +144,7 @@ def test_scan_and_remat_compute_the_same_function():
         p = checkpoint.adapt(params, other, 32, reset_head=False)
         np.testing.assert_allclose(apply(other, p, x), want, atol=1e-5)
         # Checkpoints see the same names whatever the switches.
-        assert set(
-            checkpoint.flatten(
-                checkpoint.unflatten(checkpoint.unstack_blocks(checkpoint.flatten(p)))
-            )
-        ) == set(checkpoint.flatten(params))
+        assert set(flat(unflat(checkpoint.unstack_blocks(flat(p))))) == set(flat(params))
 
 
 def test_intermediates():

@@ -9,10 +9,11 @@ import socket
 import jax
 import numpy as np
 import pytest
+from helpers import flat
 from subprocesses import Run, tiny_flags
 
-from configs import common, fashion_mnist
 from vit_jax import checkpoint, distributed, train
+from vit_jax.configs import common, fashion_mnist
 
 # FSDP over all 8 devices: the large arrays are split across the two processes. SGD,
 # whose updates follow the gradients' float noise linearly (Adam's do not near 0).
@@ -67,8 +68,8 @@ def test_two_processes_train_like_one(tmp_path):
     assert "process 1 of 2: 4 of 8 devices" in logs[1]
     assert "step 8/8" in logs[0] and "step 8/8" not in logs[1]  # process 0 logs
     assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["8"]
-    want = checkpoint.flatten(checkpoint.load_npz(tmp_path / "one" / "final.npz"))
-    got = checkpoint.flatten(checkpoint.load_npz(f"{workdir}/final.npz"))
+    want = flat(checkpoint.load_npz(tmp_path / "one" / "final.npz"))
+    got = flat(checkpoint.load_npz(f"{workdir}/final.npz"))
     assert got.keys() == want.keys()
     for k in want:
         np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
@@ -77,7 +78,7 @@ def test_two_processes_train_like_one(tmp_path):
     os.remove(f"{workdir}/final.npz")
     logs = finish_pair(launch_pair(workdir, cache))
     assert "resuming from step 8 " in logs[0] and "step 8: test accuracy" not in logs[0]
-    again = checkpoint.flatten(checkpoint.load_npz(f"{workdir}/final.npz"))
+    again = flat(checkpoint.load_npz(f"{workdir}/final.npz"))
     for k in got:
         np.testing.assert_array_equal(again[k], got[k], err_msg=k)
 

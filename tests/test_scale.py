@@ -7,10 +7,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from helpers import flat
 
-from configs import fashion_mnist
-from vit_jax import checkpoint, optim, sharding, train
+from vit_jax import checkpoint, optim, sharding, steps
+from vit_jax import state as state_lib
 from vit_jax import workdir as workdir_lib
+from vit_jax.configs import fashion_mnist
 
 STEPS = 3
 
@@ -30,11 +32,11 @@ def batch(n, seed):
 
 def train_on(mesh):
     c = config()
-    model = train.build_model(c, 10)
+    model = state_lib.build_model(c, 10)
     tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
-    state, shardings = train.create_state(c, model, tx, mesh)
+    state, shardings = state_lib.create_state(c, model, tx, mesh)
     created = per_device_bytes(state)
-    step, _ = train.compile_steps(model, tx, lr, 1, mesh, shardings)
+    step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
     losses = []
     for _ in range(STEPS):  # the same batch: the loss must fall
         state, m = step(state, sharding.global_batch(batch(64, 0), mesh))
@@ -102,12 +104,12 @@ def test_each_device_holds_an_eighth_of_the_state(runs):
 
 def save_and_restore(state, mesh, directory):
     c = config()
-    model = train.build_model(c, 10)
+    model = state_lib.build_model(c, 10)
     tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)
     manager = workdir_lib.open_manager(directory, 2)
     manager.save(STEPS, args=ocp.args.StandardSave(state))
     manager.wait_until_finished()
-    return train.restore_or_create(c, model, tx, mesh, manager)
+    return state_lib.restore_or_create(c, model, tx, mesh, manager)
 
 
 def test_checkpoint_moves_between_meshes(runs, tmp_path):
@@ -125,9 +127,9 @@ def test_checkpoint_moves_between_meshes(runs, tmp_path):
     assert kernel.addressable_shards[0].data.shape == (1024 // 8, 256)
     # The published-layout export gathers the sharded parameters.
     path = tmp_path / "final.npz"
-    train.export_npz(str(path), back.params)
-    flat = checkpoint.flatten(checkpoint.load_npz(path))
-    want = checkpoint.flatten(expected.params)
-    assert flat.keys() == want.keys()
+    state_lib.export_npz(str(path), back.params)
+    got = flat(checkpoint.load_npz(path))
+    want = flat(expected.params)
+    assert got.keys() == want.keys()
     for k in want:
-        np.testing.assert_array_equal(flat[k], want[k])
+        np.testing.assert_array_equal(got[k], want[k])

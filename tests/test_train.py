@@ -3,17 +3,17 @@
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from helpers import run_command
 
-from configs import common, fashion_mnist
-from vit_jax import checkpoint, optim, sharding, train
+from vit_jax import checkpoint, configs, optim, sharding, steps, train
+from vit_jax import state as state_lib
+from vit_jax.configs import common, fashion_mnist
 from vit_jax.models import param_shapes
 from vit_jax.progress import Cadence, console_line, duration
 
@@ -33,10 +33,10 @@ def batch(n, size=28, k=10, seed=0):
 
 
 def steps_on(mesh, config, batches, accum_steps=1):
-    model = train.build_model(config, 10)
+    model = state_lib.build_model(config, 10)
     tx, lr = optim.make_optimizer(config.optimizer, config.total_steps)
-    state, shardings = train.create_state(config, model, tx, mesh)
-    step, _ = train.compile_steps(model, tx, lr, accum_steps, mesh, shardings)
+    state, shardings = state_lib.create_state(config, model, tx, mesh)
+    step, _ = steps.compile_steps(model, tx, lr, accum_steps, mesh, shardings)
     losses = []
     for b in batches:
         state, m = step(state, sharding.global_batch(b, mesh))
@@ -108,9 +108,9 @@ def test_finetune_from_npz_at_higher_resolution(tmp_path):
     assert checkpoint.load_npz(npz)["pre_logits"]["kernel"].shape == (32, 32)
     ft = tiny_config(total_steps=10, checkpoint_every=0, eval_every=0, image_size=42, init_from=npz)
     ft.dataset.classes = (5, 6, 7)
-    model = train.build_model(ft, 3)
+    model = state_lib.build_model(ft, 3)
     assert model.representation_size is None
-    params = train.initial_params(ft, model, 42)
+    params = state_lib.initial_params(ft, model, 42)
     pe = params["Transformer"]["posembed_input"]["pos_embedding"]
     assert pe.shape == (1, 1 + 6 * 6, 32)  # 4x4 grid at 28 px -> 6x6 at 42 px
     assert not params["head"]["kernel"].any() and params["head"]["kernel"].shape == (32, 3)
@@ -143,7 +143,7 @@ def test_fewshot_runs_on_its_cadence_and_matches_the_command(tmp_path, capsys):
     # The same numbers as the evaluator run on its own on the exported parameters (up to
     # an example or two flipped by the 8-device vs one-device features).
     params = checkpoint.load_npz(os.path.join(workdir, "final.npz"))
-    model = train.build_model(config, None)  # no head
+    model = state_lib.build_model(config, None)  # no head
     ev = FewShotEvaluator(
         [{"name": "fashion_mnist", "source": "idx", "test_split": "test[:200]"}],
         shots=(1, 5),
@@ -213,61 +213,72 @@ def test_schedule_and_weight_decay_mask():
 
 CONFIGS = (
     [
-        ("configs/vit.py", f"{m},{d}")
+        ("finetune", f"{m},{d}")
         for m in ("b16", "r50_b16", "l16")
         for d in ("cifar10", "imagenet2012")
     ]
-    + [
-        ("configs/pretrain.py", f"{m},{d}")
-        for m in ("b16", "h14")
-        for d in ("imagenet21k", "imagenet2012")
-    ]
-    + [("configs/fashion_mnist.py", a) for a in ("pretrain", "finetune", "scratch", "full", "tiny")]
+    + [("pretrain", f"{m},{d}") for m in ("b16", "h14") for d in ("imagenet21k", "imagenet2012")]
+    + [("fashion_mnist", a) for a in ("pretrain", "finetune", "scratch", "full", "tiny")]
 )
 
 
-@pytest.mark.parametrize("path,arg", CONFIGS)
-def test_every_config_parses_and_builds_its_model(path, arg):
-    import importlib
-
-    module = importlib.import_module(path[:-3].replace("/", "."))
-    config = module.get_config(arg)
-    model = train.build_model(config, 10)
+@pytest.mark.parametrize("preset,arg", CONFIGS)
+def test_every_config_parses_and_builds_its_model(preset, arg):
+    config = configs.get(f"{preset}:{arg}")
+    model = state_lib.build_model(config, 10)
     shapes = param_shapes(model, config.image_size)
     assert shapes["head"]["kernel"].shape[-1] == 10
-    if "pretrain" in path:
+    if preset == "pretrain":
         assert config.optimizer.name == "adam" and "pre_logits" in shapes
         assert config.batch_size == 4096 and config.optimizer.warmup_steps == 10_000
-    if path == "configs/vit.py":
+    if preset == "finetune":
         assert config.optimizer.name == "sgd" and config.optimizer.momentum == 0.9
         assert config.image_size == (512 if arg.startswith("l16") else 384)
         assert config.total_steps == (10_000 if "cifar" in arg else 20_000)
 
 
-def test_unknown_config_field_is_an_error():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vit_jax.main",
-            "--config=configs/fashion_mnist.py:tiny",
-            "--workdir=/tmp/unused",
-            "--config.optimizer.lrr=1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
+    from vit_jax import main
+
+    work = f"--workdir={tmp_path}"
+    assert run_command(main, "--config=fashion_mnist:tiny", work, "--config.optimizer.lrr=1") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: in the flags: no such config field, or a bad value: lrr")
+    assert 'Did you mean "lr"' in err and "Traceback" not in err
+    assert run_command(main, "--config=fashion_mnist:tiny", work, "--config.total_steps=x") == 1
+    assert "FATAL Flags parsing error: flag --config.total_steps=x" in capsys.readouterr().err
+    assert run_command(main, "--config=fashion_mnistt:tiny", work) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --config=fashion_mnistt:tiny: 'fashion_mnistt' is neither")
+    assert "presets: finetune, pretrain, fashion_mnist" in err
+    assert run_command(main, "--config=fashion_mnist:huge", work) == 1
+    assert "expected one of pretrain, finetune" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    data = f"--config.dataset.data_dir={empty}"
+    assert run_command(main, "--config=fashion_mnist:tiny", work, data) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(empty) in err and "Traceback" not in err
+    # A user's own config file by path, from another directory.
+    mine = tmp_path / "mine.py"
+    mine.write_text(
+        "from vit_jax.configs import fashion_mnist\n"
+        "def get_config(arg):\n"
+        "    c = fashion_mnist.get_config('tiny')\n"
+        "    c.total_steps = int(arg)\n"
+        "    return c\n"
     )
-    assert out.returncode != 0
-    assert "lrr" in out.stderr
+    assert main.preset_argv(["x", f"--config={mine}:3"]) == ["x", f"--config={mine}:3"]
+    path = main.preset_argv(["x", "--config", "finetune:b16,cifar10"])[2]
+    assert path.endswith("vit_jax/configs/finetune.py:b16,cifar10") and os.path.isabs(path)
 
 
 def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
-    from vit_jax import recipe
+    from vit_jax import miniature
 
     short = {"total_steps": 6, "log_every": 3}
-    summary = recipe.run(str(tmp_path), 5, {p: short for p in ("pretrain", "finetune", "scratch")})
+    summary = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
+    print(miniature.report(summary))
     out = capsys.readouterr().out
     stored = json.load(open(tmp_path / "recipe.json"))
     assert stored == summary and summary["examples_per_class"] == 5

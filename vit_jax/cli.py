@@ -29,15 +29,36 @@ def run(
     main: Callable[[], object],
     define_flags: Callable[[], None] | None = None,
     argv: Sequence[str] | None = None,
+    prepare_argv: Callable[[list[str]], list[str]] | None = None,
 ) -> None:
-    """Defines the command's flags, parses `argv` (default sys.argv) and calls `main()`."""
+    """Defines the command's flags, parses `argv` (default sys.argv) and calls `main()`.
+
+    `prepare_argv` may rewrite the arguments before absl parses them (main.py turns
+    preset names into config file paths); a ValueError it raises is a user error.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before anything imports TensorFlow
+    argv = list(argv if argv is not None else sys.argv)
+    if prepare_argv is not None:
+        try:
+            argv = prepare_argv(argv)
+        except ValueError as e:
+            fail(str(e))
+    saved, sys.argv = sys.argv, argv  # config_flags reads --config.* overrides from sys.argv
+    try:
+        if define_flags is not None:
+            define_flags()
+        _run_app(main, argv)
+    finally:
+        sys.argv = saved
+
+
+def _run_app(main: Callable[[], object], argv: list[str]) -> None:
     from absl import app, flags, logging
 
-    if define_flags is not None:
-        define_flags()
+    started = []
 
     def entry(rest: list[str]) -> None:
+        started.append(True)
         if len(rest) > 1:
             raise app.UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
         if not flags.FLAGS["verbosity"].present:
@@ -49,7 +70,16 @@ def run(
                 raise
             fail(str(e))
 
-    app.run(entry, argv=list(argv) if argv is not None else None)
+    try:
+        app.run(entry, argv=argv)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        if started or debug():  # raised by the command itself: not a parsing error
+            raise
+        # Raised while absl parsed the flags: ml_collections' config overrides
+        # (--config.x.y=v) raise these for a field that does not exist or a bad value.
+        what = " ".join(str(e).replace("\\n", " ").replace("\\", "").replace("'", "").split())
+        where = "every config field is in vit_jax/configs/common.py"
+        fail(f"in the flags: no such config field, or a bad value: {what} ({where})")
 
 
 def fail(message: str) -> None:

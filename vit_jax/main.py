@@ -11,8 +11,6 @@ with --config.distributed.* set (see vit_jax/distributed.py); JAX's distributed
 runtime starts before anything else uses jax.
 """
 
-import sys
-
 from absl import flags
 from ml_collections import config_flags
 
@@ -45,8 +43,4 @@ def preset_argv(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    try:
-        args = preset_argv(sys.argv)
-    except ValueError as e:
-        cli.fail(str(e))
-    cli.run(main, define_flags, args)
+    cli.run(main, define_flags, prepare_argv=preset_argv)

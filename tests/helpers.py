@@ -1,0 +1,92 @@
+"""Helpers the tests share: flat parameter trees, random parameters, idx files, images."""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import jax
+import numpy as np
+from flax import traverse_util
+
+from vit_jax.models import param_shapes
+
+
+def flat(tree: dict) -> dict:
+    """{'a': {'b': x}} -> {'a/b': x}."""
+    return traverse_util.flatten_dict(tree, sep="/")
+
+
+def unflat(tree: dict) -> dict:
+    """{'a/b': x} -> {'a': {'b': x}}."""
+    return traverse_util.unflatten_dict(tree, sep="/")
+
+
+def random_params(model, image_size, seed: int = 0, scale: float = 0.2) -> dict:
+    """Random float32 parameters of `model` at `image_size` (head included, non-zero),
+    LayerNorm and GroupNorm scales around 1 so that activations stay in range."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, s in flat(param_shapes(model, image_size)).items():
+        x = rng.normal(0.0, scale, s.shape).astype(np.float32)
+        if key.endswith("/scale"):
+            x = 1.0 + x
+        out[key] = x
+    return unflat(out)
+
+
+def write_idx(path: str, array: np.ndarray) -> None:
+    """An MNIST-format idx file (gzipped when the path ends in .gz)."""
+    array = np.asarray(array, np.uint8)
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "wb") as f:
+        f.write(header + array.tobytes())
+
+
+def write_fashion_mnist(root: str, n_train: int = 200, n_test: int = 100, seed: int = 0) -> str:
+    """A small Fashion-MNIST-shaped idx dataset in `root` (10 classes, 28x28 images whose
+    brightness depends on the class, so that a model can learn it); returns `root`."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(root, exist_ok=True)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        labels = np.arange(n) % 10
+        images = rng.integers(0, 60, (n, 28, 28)) + (labels * 19)[:, None, None]
+        write_idx(os.path.join(root, f"{split}-images-idx3-ubyte.gz"), images)
+        write_idx(os.path.join(root, f"{split}-labels-idx1-ubyte.gz"), labels)
+    return root
+
+
+def images(size, n: int = 2, seed: int = 1) -> np.ndarray:
+    """Random images in [-1, 1].  # [n, H, W, 3]"""
+    h, w = (size, size) if isinstance(size, int) else size
+    return np.random.default_rng(seed).uniform(-1, 1, (n, h, w, 3)).astype(np.float32)
+
+
+def keys(seed: int = 0):
+    return jax.random.key(seed)
+
+
+def run_command(module, *args: str) -> int:
+    """Runs a command module in-process, as `python -m MODULE ARGS` would; its exit code.
+
+    The command's flags are defined for this call and removed again, so tests can run
+    several commands (which share flag names) in one process. Output goes to the real
+    stdout/stderr: read it with pytest's capsys.
+    """
+    from absl import app, flags
+
+    from vit_jax import cli
+
+    app.define_help_flags()  # absl's own flags stay defined between commands
+    before = set(flags.FLAGS)
+    try:
+        prepare = getattr(module, "preset_argv", None)
+        cli.run(module.main, module.define_flags, [module.__name__, *args], prepare)
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 1
+    finally:
+        for name in set(flags.FLAGS) - before:
+            delattr(flags.FLAGS, name)
+        flags.FLAGS.unparse_flags()
+    return 0
