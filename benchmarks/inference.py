@@ -100,7 +100,7 @@ def main() -> None:
                     )
                     print(
                         f"{name:<20} {size:>4} {batch:>5} {dtype:>8} {r['ips']:9.2f} "
-                        f"{r['gflops']:9.2f} {r['achieved']:8.1f} {r['ms']:9.1f} " + tail,
+                        f"{r['gflops']:9.4g} {r['achieved']:8.1f} {r['ms']:9.1f} " + tail,
                         flush=True,
                     )
 

@@ -1,0 +1,61 @@
+"""The package outside its checkout: built as a wheel, installed into a fresh virtualenv
+(reusing this environment's dependencies), run from an empty directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sh(*cmd: str, cwd: str, env: dict | None = None) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, " ".join(cmd) + "\n" + proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def venv_python(tmp_path_factory):
+    build = tmp_path_factory.mktemp("wheel")
+    sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+       "-w", str(build), ROOT, cwd=str(build))  # fmt: skip
+    (wheel,) = [str(build / n) for n in os.listdir(build) if n.endswith(".whl")]
+    names = zipfile.ZipFile(wheel).namelist()
+    for shipped in ("vit_jax/configs/fashion_mnist.py", "vit_jax/imagenet_classes.txt"):
+        assert shipped in names
+    assert not any(n.startswith(("configs/", "tests/", "benchmarks/")) for n in names)
+    venv = tmp_path_factory.mktemp("venv")
+    sh(sys.executable, "-m", "venv", "--system-site-packages", str(venv), cwd=str(build))
+    python = str(venv / "bin" / "python")
+    sh(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, cwd=str(build))
+    return python, str(venv)
+
+
+def test_wheel_runs_a_preset_from_an_empty_directory(venv_python, tmp_path):
+    python, venv = venv_python
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    where = sh(python, "-c", "import vit_jax; print(vit_jax.__file__)", cwd=str(empty), env=env)
+    assert where.startswith(venv), where  # the installed wheel, not the checkout
+    work = tmp_path / "work"
+    out = sh(python, "-m", "vit_jax.main", "--config=fashion_mnist:tiny", f"--workdir={work}",
+             "--config.total_steps=4", "--config.checkpoint_every=0", "--config.eval_every=0",
+             cwd=str(empty), env=env)  # fmt: skip
+    assert "step 4/4" in out and "test accuracy" in out
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["model"] == "Ti/4"
+    # The commands read the architecture from what the package itself trained.
+    image = tmp_path / "x.png"
+    from PIL import Image
+
+    Image.new("L", (28, 28), 128).save(image)
+    out = sh(python, "-m", "vit_jax.infer", f"--checkpoint={work}/final.npz", f"--image={image}",
+             "--top_k=2", cwd=str(empty), env=env)  # fmt: skip
+    assert out.splitlines()[0] == str(image) and len(out.splitlines()) == 3

@@ -1,0 +1,91 @@
+"""Models, checkpoints, the jitted steps, the classify command and the benchmarks run where
+TensorFlow is absent (accelerator machines often lack it): each runs in a subprocess in
+which importing tensorflow fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+from helpers import random_params
+from PIL import Image
+
+from vit_jax import checkpoint
+from vit_jax.models import get_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK = """
+import importlib.abc, sys
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            raise ImportError("tensorflow is blocked in this test")
+sys.meta_path.insert(0, NoTensorFlow())
+"""
+
+
+def run_without_tf(code: str, *args: str, cwd: str = "/") -> str:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", BLOCK + code, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_the_block_works():
+    out = run_without_tf(
+        "try:\n    import tensorflow\nexcept ImportError as e:\n    print('blocked:', e)"
+    )
+    assert "blocked: tensorflow is blocked" in out
+
+
+def test_library_and_train_step_without_tensorflow():
+    out = run_without_tf("""
+import jax, numpy as np
+from vit_jax import checkpoint, optim, sharding, state, steps
+from vit_jax.configs import fashion_mnist
+from vit_jax.models import get_model
+c = fashion_mnist.get_config("tiny")
+model = state.build_model(c, 10)
+tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
+mesh = sharding.make_mesh(devices=jax.devices()[:1])
+s, shardings = state.create_state(c, model, tx, mesh)
+step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
+batch = {"image": np.zeros((8, 28, 28, 3), np.float32), "label": np.eye(10, dtype=np.float32)[:8]}
+s, m = step(s, batch)
+print("loss", float(m["loss"]), "step", int(s.step))
+assert "tensorflow" not in sys.modules
+""")
+    loss = float(out.split()[1])
+    assert abs(loss - np.log(10)) < 0.05 and out.split()[3] == "1"  # zero head: chance
+
+
+def test_classify_command_without_tensorflow(tmp_path):
+    model = get_model("testing", 3)
+    path = str(tmp_path / "t.npz")
+    checkpoint.save_npz(path, random_params(model, 32))
+    image = str(tmp_path / "x.png")
+    Image.new("RGB", (40, 30), (10, 200, 40)).save(image)
+    code = "import runpy; runpy.run_module('vit_jax.infer', run_name='__main__')"
+    out = run_without_tf(code, f"--checkpoint={path}", f"--image={image}", "--top_k=3")
+    assert out.splitlines()[0] == image and len(out.splitlines()) == 4
+
+
+def test_benchmarks_without_tensorflow():
+    for script, extra in (("inference.py", "--batch=2"), ("train_step.py", "--batch=2")):
+        code = (
+            f"import runpy, sys; sys.argv[0] = {script!r}; "
+            f"sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r}); "
+            f"runpy.run_path({os.path.join(ROOT, 'benchmarks', script)!r}, run_name='__main__')"
+        )
+        out = run_without_tf(code, "--model=testing", "--image_size=32", extra, "--no-bound")
+        row = next(line.split() for line in out.splitlines() if line.startswith("testing"))
+        assert row[-1] == "-" and float(row[5 if script == "train_step.py" else 4]) > 0
