@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 from helpers import run_command
+from PIL import Image
 
 from vit_jax import checkpoint, configs, optim, sharding, steps, train
 from vit_jax import state as state_lib
@@ -274,7 +275,8 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
 
 
 def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
-    from vit_jax import miniature
+    from vit_jax import fewshot as fewshot_command
+    from vit_jax import figures, infer, miniature
 
     short = {"total_steps": 6, "log_every": 3}
     summary = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
@@ -282,13 +284,33 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     out = capsys.readouterr().out
     stored = json.load(open(tmp_path / "recipe.json"))
     assert stored == summary and summary["examples_per_class"] == 5
-    for key in ("pretrain_accuracy_classes_0_4", "finetuned_accuracy_classes_5_9"):
-        assert 0.0 <= summary[key] <= 1.0
+    for part, key in (("pretrain", "pretrain_accuracy_classes_0_4"),
+                      ("finetune", "finetuned_accuracy_classes_5_9"),
+                      ("scratch", "scratch_accuracy_classes_5_9")):  # fmt: skip
+        assert summary[key] == json.load(open(tmp_path / part / "summary.json"))["accuracy"]
     assert sorted(k for k in summary if k.startswith("fewshot/")) == [
         f"fewshot/fashion_mnist_{k}shot" for k in (10, 1, 25, 5)
     ]
     assert "linear 1/5/10/25-shot on all ten classes: " in out
     assert "fine-tuned from the pretrained ViT: " in out and "trained from scratch: " in out
-    # The fine-tuned part started from the pretrained export, at 40 px.
-    assert (tmp_path / "pretrain" / "final.npz").exists()
     assert "step 6/6" in out and out.count("=== ") == 3
+    # The fine-tuned model started from the pretrained export: its position embeddings
+    # grew from the 7x7 grid at 28 px to 10x10 at 40 px; pre_logits dropped, 5 classes.
+    pre = checkpoint.load_npz(tmp_path / "pretrain" / "final.npz")
+    ft = checkpoint.load_npz(tmp_path / "finetune" / "final.npz")
+    assert pre["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 1 + 7 * 7, 64)
+    assert ft["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 1 + 10 * 10, 64)
+    assert "pre_logits" in pre and "pre_logits" not in ft and ft["head"]["bias"].shape == (5,)
+    # The commands read the main job's own files without --model.
+    image = tmp_path / "shirt.png"
+    Image.fromarray(np.full((28, 28), 200, np.uint8)).save(image)
+    for part, classes in (("pretrain", 5), ("finetune", 5)):
+        path = tmp_path / part / "final.npz"
+        assert run_command(infer, f"--checkpoint={path}", f"--image={image}", "--top_k=9") == 0
+        assert len(capsys.readouterr().out.strip().splitlines()) == 1 + classes
+    args = [f"--checkpoint={tmp_path}/pretrain/final.npz", "--test_split=test[:50]", "--shots=1"]
+    assert run_command(fewshot_command, *args) == 0
+    assert "at 28x28" in capsys.readouterr().out
+    path = f"--checkpoint={tmp_path}/finetune/final.npz"
+    assert run_command(figures, path, f"--image={image}", f"--out={tmp_path}/fig") == 0
+    assert json.load(open(tmp_path / "fig" / "inspect.json"))["grid"] == [10, 10]

@@ -1,4 +1,10 @@
-"""When to log, evaluate and save; readable console lines; progress bars; summary.json."""
+"""When to log, evaluate and save; readable console lines; progress bars; summary.json.
+
+Why not clu.periodic_actions (ReportProgress, PeriodicCallback): importing it imports
+TensorFlow, and the loop needs one decision per step for all four actions in a fixed
+order (the non-finite guard before a save); ReportProgress reports through absl logging
+rather than the console line below. Cadence is that one tested decision.
+"""
 
 from __future__ import annotations
 
