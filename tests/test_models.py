@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from helpers import flat, unflat
 
@@ -135,16 +136,32 @@ def _init(model, size=32, batch=2, seed=0):
     return params, x
 
 
-def test_scan_and_remat_compute_the_same_function():
+def _loss_grads(model, params, x):
+    """Gradients of a softmax cross-entropy against fixed labels, in the published layout."""
+    labels = jax.nn.one_hot(jnp.arange(x.shape[0]) % 5, 5)
+
+    def loss(p):
+        logits = model.apply({"params": p}, x, train=False)
+        return optax.softmax_cross_entropy(logits, labels).mean()
+
+    grads = jax.jit(jax.grad(loss))(params)
+    return flat(unflat(checkpoint.unstack_blocks(flat(jax.device_get(grads)))))
+
+
+def test_scan_and_remat_compute_the_same_function_and_gradients():
     model = get_model("testing", 5)
     params, x = _init(model)
-    want = apply(model, params, x)
+    want, want_grads = apply(model, params, x), _loss_grads(model, params, x)
     for kw in (dict(scan=True), dict(remat=True), dict(scan=True, remat=True)):
         other = get_model("testing", 5, **kw)
         p = checkpoint.adapt(params, other, 32, reset_head=False)
         np.testing.assert_allclose(apply(other, p, x), want, atol=1e-5)
         # Checkpoints see the same names whatever the switches.
         assert set(flat(unflat(checkpoint.unstack_blocks(flat(p))))) == set(flat(params))
+        grads = _loss_grads(other, p, x)
+        assert grads.keys() == want_grads.keys()
+        for k, g in want_grads.items():
+            np.testing.assert_allclose(grads[k], g, atol=1e-5, err_msg=f"{kw} {k}")
 
 
 def test_intermediates():
@@ -238,7 +255,24 @@ def test_bfloat16_compute_keeps_float32_params():
     ref = apply(get_model("testing", 5), params, x)
     out = apply(model, params, x)
     assert out.dtype == jnp.float32
-    np.testing.assert_allclose(out, ref, atol=0.1 * float(jnp.abs(ref).max()))
+    # The blocks really compute in bfloat16 (a dtype ignored would pass a loose margin) ...
+    _, inter = jax.jit(lambda p, x: apply_with_intermediates(model, p, x))(params, x)
+    assert inter["blocks"].dtype == jnp.bfloat16
+    assert inter["attention"].dtype == jnp.float32  # the softmax is taken in float32
+    # ... and stay within bfloat16's rounding of float32 (8 bits of mantissa, 2 blocks).
+    err = float(jnp.abs(out - ref).max()) / float(jnp.abs(ref).max())
+    assert 1e-6 < err < 0.03, err
+
+
+def test_param_dtype_stores_parameters_in_bfloat16():
+    model = get_model("testing", 5, param_dtype="bfloat16")
+    shapes = param_shapes(model, 32)
+    assert {p.dtype for p in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.bfloat16)}
+    params, x = _init(model)
+    ref = get_model("testing", 5)
+    out = apply(model, params, x)
+    want = apply(ref, jax.tree.map(lambda p: p.astype(jnp.float32), params), x)
+    np.testing.assert_allclose(out, want, atol=1e-5)  # float32 compute on the same values
 
 
 def test_hybrid_runs_and_checks_sizes():
