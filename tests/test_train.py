@@ -95,9 +95,45 @@ def test_short_run_learns_and_resumes(tmp_path, capsys):
     # Learned: the loss fell well below chance (ln 10 = 2.30) and accuracy beat 10%.
     assert s20["train_loss"] < 2.25 and np.mean(losses[-5:]) < 2.0, losses
     assert s40["accuracy"] > 0.35
-    assert glob.glob(os.path.join(workdir, "events.out.tfevents.*"))
+    scalars = tensorboard_scalars(workdir)
+    assert [step for step, _ in scalars["loss"]] == list(range(1, 41))  # log_every=1, resumed
+    assert scalars["loss"][-1][1] == pytest.approx(losses[-1], abs=5e-5)
+    assert scalars["eval/accuracy"] == [(20, pytest.approx(s20["accuracy"])),
+                                        (40, pytest.approx(s40["accuracy"]))]  # fmt: skip
     exported = checkpoint.load_npz(os.path.join(workdir, "final.npz"))
     assert exported["head"]["kernel"].shape == (32, 10)
+
+
+def tensorboard_scalars(workdir: str) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} from the run's TensorBoard event files, in step order."""
+    import tensorflow as tf
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for v in event.summary.value:
+                value = float(tf.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
+                out.setdefault(v.tag, []).append((event.step, value))
+    return {tag: sorted(rows) for tag, rows in out.items()}
+
+
+def accuracy_of(npz: str, config) -> float:
+    """Test accuracy of an exported checkpoint, computed apart from the loop: the test
+    split's images through a direct apply of the model, argmax against the labels."""
+    from vit_jax import data
+
+    model = state_lib.build_model(config, data.num_classes(config.dataset))
+    params = checkpoint.load_pretrained(npz, model, config.image_size, reset_head=False)
+    split = config.dataset.test_split
+    correct = total = 0
+    size = config.image_size
+    batches = data.eval_iterator(config.dataset, split, global_batch=64, image_size=size)
+    for b in batches:
+        logits = model.apply({"params": params}, b["image"], train=False)
+        keep = b["mask"] > 0
+        hits = np.argmax(np.asarray(logits), -1) == np.argmax(b["label"], -1)
+        correct, total = correct + int(hits[keep].sum()), total + int(keep.sum())
+    return correct / total
 
 
 def test_finetune_from_npz_at_higher_resolution(tmp_path):
@@ -118,7 +154,8 @@ def test_finetune_from_npz_at_higher_resolution(tmp_path):
     stored = checkpoint.load_npz(npz)
     np.testing.assert_array_equal(params["embedding"]["kernel"], stored["embedding"]["kernel"])
     summary = train.run(ft, str(tmp_path / "ft"))
-    assert summary["steps"] == 10 and 0.0 <= summary["accuracy"] <= 1.0
+    assert summary["steps"] == 10
+    assert summary["accuracy"] == pytest.approx(accuracy_of(f"{tmp_path}/ft/final.npz", ft))
     assert summary["train_loss"] < np.log(3) + 0.05  # started at chance: zero head
 
 
@@ -162,15 +199,6 @@ def test_fewshot_batch_must_split_over_the_devices(tmp_path):
     config.fewshot.update(datasets="fashion_mnist", batch_size=60)
     with pytest.raises(ValueError, match="fewshot.batch_size=60 is not divisible by the 8"):
         train.run(config, str(tmp_path / "odd"))
-
-
-def test_non_finite_loss_stops_before_saving(tmp_path):
-    config = tiny_config(total_steps=10, checkpoint_every=5, eval_every=0, log_every=1)
-    config.optimizer.update(lr=1e30, grad_clip=0.0, warmup_steps=0, decay="constant")
-    with pytest.raises(FloatingPointError, match="non-finite loss .* at step"):
-        train.run(config, str(tmp_path / "nan"))
-    saved = os.listdir(tmp_path / "nan" / "checkpoints")
-    assert "10" not in saved
 
 
 def test_unwritable_workdir_fails_first(tmp_path):
