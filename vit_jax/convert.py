@@ -26,7 +26,6 @@ def define_flags() -> None:
     flags.DEFINE_enum("format", None, list(FORMATS), "Output format.", required=True)
     flags.DEFINE_string("out", None, "Output file (npz, timm, onnx) or directory.", required=True)
     flags.DEFINE_integer("num_classes", None, "New zero head of K classes (0: none).")
-    flags.DEFINE_integer("patch_size", None, "Resample the patch embedding to P (FlexiViT).")
 
 
 def main() -> None:
