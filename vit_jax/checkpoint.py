@@ -358,7 +358,8 @@ def load_model(
       FileNotFoundError, CheckpointError: unreadable file, one that does not fit
         `name`, or an architecture the file cannot tell (the message says which option).
     """
-    params = read_checkpoint(path, overrides.get("num_heads"))
+    heads = overrides.get("num_heads") or (get_model(name, None).num_heads if name else None)
+    params = read_checkpoint(path, heads)
     arch = architecture.architecture(params)
     if arch["posemb"] is None and "posemb" not in overrides:
         raise CheckpointError(
