@@ -95,3 +95,31 @@ def test_fine_tuning_init_from_resamples(tmp_path):
     got = state.initial_params(config, new, 32)
     assert got["embedding"]["kernel"].shape == (4, 4, 3, 32)
     assert got["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 65, 32)
+
+
+def test_infer_command_takes_patch_size(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    model, params, _ = make(TINY)
+    checkpoint.save_npz(tmp_path / "p8.npz", params)
+    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(tmp_path / "x.png")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vit_jax.infer",
+            f"--checkpoint={tmp_path / 'p8.npz'}",
+            f"--image={tmp_path / 'x.png'}",
+            "--patch_size=16",
+            "--top_k=2",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert run.returncode == 0, run.stderr
+    assert "x.png" in run.stdout and "class" in run.stdout

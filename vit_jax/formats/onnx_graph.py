@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
-from vit_jax.architecture import POSEMB
 from vit_jax.models.vit import VisionTransformer
 
 OPSET = 17
@@ -89,6 +88,51 @@ def _attention(g: _Graph, x: str, p: dict, tokens: int, heads: int, name: str) -
     return g.dense(y, p["out"]["kernel"], p["out"]["bias"], f"{name}_out")
 
 
+def _embed(g: _Graph, tree: dict, model: VisionTransformer, size: tuple[int, int]) -> str:
+    """images [N, H, W, C] -> tokens [N, T, D] with class token and position embeddings."""
+    p, c, dim = model.patch_size, model.channels, model.width
+    gh, gw = size[0] // p, size[1] // p
+    x = g.op("Reshape", "images", g.const(np.array([-1, gh, p, gw, p, c], np.int64)))
+    x = g.op("Transpose", x, perm=[0, 1, 3, 2, 4, 5])  # [N, gh, gw, P, P, C]
+    x = g.op("Reshape", x, g.const(np.array([-1, gh * gw, p * p * c], np.int64)))
+    x = g.dense(x, tree["embedding"]["kernel"], tree["embedding"]["bias"], "embedding")
+    if model.has_class_token:
+        zero, one = g.const(np.array([0])), g.const(np.array([1]))
+        batch = g.op("Slice", g.op("Shape", "images"), zero, one)
+        shape = g.op("Concat", batch, g.const(np.array([1, dim], np.int64)), axis=0)
+        x = g.op("Concat", g.op("Expand", g.const(tree["cls"], "cls"), shape), x, axis=1)
+    pe = tree["Transformer"].get("posembed_input", {}).get("pos_embedding")
+    return x if pe is None else g.op("Add", x, g.const(pe, "pos_embedding"))
+
+
+def _block(g: _Graph, x: str, b: dict, tokens: int, heads: int, name: str) -> str:
+    """One pre-LN encoder block: x + attention(LN(x)), then + MLP(LN(.))."""
+    y = g.layer_norm(x, b["LayerNorm_0"], f"{name}_ln0")
+    att = b["MultiHeadDotProductAttention_1"]
+    x = g.op("Add", x, _attention(g, y, att, tokens, heads, name))
+    mlp = b["MlpBlock_3"]
+    y = g.layer_norm(x, b["LayerNorm_2"], f"{name}_ln2")
+    y = _gelu_tanh(g, g.dense(y, mlp["Dense_0"]["kernel"], mlp["Dense_0"]["bias"], f"{name}_fc1"))
+    return g.op(
+        "Add", x, g.dense(y, mlp["Dense_1"]["kernel"], mlp["Dense_1"]["bias"], f"{name}_fc2")
+    )
+
+
+def _pool_head(g: _Graph, x: str, tree: dict, model: VisionTransformer) -> str:
+    """Final norm, pooling, representation layer and head: [N, T, D] -> logits."""
+    x = g.layer_norm(x, tree["Transformer"]["encoder_norm"], "encoder_norm")
+    if model.classifier == "token":
+        x = g.op("Gather", x, g.const(np.array(0, np.int64)), axis=1)  # [N, D]
+    elif model.classifier == "gap":
+        x = g.op("ReduceMean", x, axes=[1], keepdims=0)
+    if model.representation_size:
+        pre = tree["pre_logits"]
+        x = g.op("Tanh", g.dense(x, pre["kernel"], pre["bias"], "pre_logits"))
+    if model.num_classes:
+        x = g.dense(x, tree["head"]["kernel"], tree["head"]["bias"], "head")
+    return x
+
+
 def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
     """The onnx.ModelProto of `model` (plain ViT, scan=False layout) at `size`.
 
@@ -104,75 +148,31 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
         raise ValueError(
             f"the ONNX export supports posemb 'learned' and 'none', not {model.posemb!r}"
         )
-    params = {
-        k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(params, sep="/").items()
-    }
-    tree = traverse_util.unflatten_dict(params, sep="/")
+    flat = traverse_util.flatten_dict(params, sep="/")
+    tree = traverse_util.unflatten_dict(
+        {k: np.asarray(v, np.float32) for k, v in flat.items()}, sep="/"
+    )
     g = _Graph()
-    h, w = size
-    p, c, dim = model.patch_size, model.channels, model.width
-    gh, gw = h // p, w // p
-    x = g.op("Reshape", "images", g.const(np.array([-1, gh, p, gw, p, c], np.int64)))
-    x = g.op("Transpose", x, perm=[0, 1, 3, 2, 4, 5])
-    x = g.op("Reshape", x, g.const(np.array([-1, gh * gw, p * p * c], np.int64)))
-    x = g.dense(x, tree["embedding"]["kernel"], tree["embedding"]["bias"], "embedding")
-    tokens = gh * gw
-    if model.has_class_token:
-        batch = g.op(
-            "Slice", g.op("Shape", "images"), g.const(np.array([0])), g.const(np.array([1]))
-        )
-        shape = g.op("Concat", batch, g.const(np.array([1, dim], np.int64)), axis=0)
-        cls = g.op("Expand", g.const(params["cls"], "cls"), shape)
-        x = g.op("Concat", cls, x, axis=1)
-        tokens += 1
-    if POSEMB in params:
-        x = g.op("Add", x, g.const(params[POSEMB], "pos_embedding"))
-    enc = tree["Transformer"]
+    x = _embed(g, tree, model, size)
+    tokens = model.grid(size)[0] * model.grid(size)[1] + int(model.has_class_token)
     for i in range(model.depth):
-        b = enc[f"encoderblock_{i}"]
-        y = g.layer_norm(x, b["LayerNorm_0"], f"block{i}_ln0")
-        x = g.op(
-            "Add",
-            x,
-            _attention(
-                g, y, b["MultiHeadDotProductAttention_1"], tokens, model.num_heads, f"block{i}"
-            ),
+        x = _block(
+            g, x, tree["Transformer"][f"encoderblock_{i}"], tokens, model.num_heads, f"block{i}"
         )
-        y = g.layer_norm(x, b["LayerNorm_2"], f"block{i}_ln2")
-        mlp = b["MlpBlock_3"]
-        y = _gelu_tanh(
-            g, g.dense(y, mlp["Dense_0"]["kernel"], mlp["Dense_0"]["bias"], f"block{i}_fc1")
-        )
-        x = g.op(
-            "Add", x, g.dense(y, mlp["Dense_1"]["kernel"], mlp["Dense_1"]["bias"], f"block{i}_fc2")
-        )
-    x = g.layer_norm(x, enc["encoder_norm"], "encoder_norm")
-    if model.classifier == "token":
-        x = g.op("Gather", x, g.const(np.array(0, np.int64)), axis=1)  # [N, D]
-    elif model.classifier == "gap":
-        x = g.op("ReduceMean", x, axes=[1], keepdims=0)
-    if model.representation_size:
-        x = g.op(
-            "Tanh",
-            g.dense(x, tree["pre_logits"]["kernel"], tree["pre_logits"]["bias"], "pre_logits"),
-        )
-    if model.num_classes:
-        x = g.dense(x, tree["head"]["kernel"], tree["head"]["bias"], "head")
+    x = _pool_head(g, x, tree, model)
     g.nodes.append(g.helper.make_node("Identity", [x], ["logits"]))
+    k = model.num_classes or model.representation_size or model.width
+    out_dims = ["N", tokens, k] if model.classifier == "unpooled" else ["N", k]
     f = g.onnx.TensorProto.FLOAT
-    out_dims = ["N", model.num_classes or model.representation_size or dim]
-    if model.classifier == "unpooled":
-        out_dims = ["N", tokens, model.num_classes or dim]
     graph = g.helper.make_graph(
         g.nodes,
         "vit_jax",
-        [g.helper.make_tensor_value_info("images", f, ["N", h, w, c])],
+        [g.helper.make_tensor_value_info("images", f, ["N", size[0], size[1], model.channels])],
         [g.helper.make_tensor_value_info("logits", f, out_dims)],
         g.inits,
     )
-    proto = g.helper.make_model(
-        graph, opset_imports=[g.helper.make_opsetid("", OPSET)], producer_name="vit_jax"
-    )
+    opset = [g.helper.make_opsetid("", OPSET)]
+    proto = g.helper.make_model(graph, opset_imports=opset, producer_name="vit_jax")
     proto.ir_version = min(proto.ir_version, 8)  # readable by older runtimes too
     g.onnx.checker.check_model(proto)
     return proto

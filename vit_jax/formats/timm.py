@@ -20,7 +20,10 @@ Hybrids (timm's ResNetV2 stem, `patch_embed.backbone.` + ...):
 timm's VisionTransformer has no representation ('pre_logits') layer, and its default
 GELU is the exact one: `create_model_args` names act_layer='gelu_tanh' so that timm's
 logits are this package's (and class_token=False, global_pool='avg', fc_norm=False for
-the 'gap' variants, which apply the final norm before pooling).
+the 'gap' variants, which apply the final norm before pooling). timm's hybrid stem
+standardises conv weights as (w - mean) / sqrt(var + 1e-8) and uses GroupNorm eps 1e-5
+where the original (and this package) uses (w - mean) / (std + 1e-5) and 1e-6: the same
+weights, with hybrid logits in timm a little off this package's (plain ViTs: exact).
 """
 
 from __future__ import annotations
