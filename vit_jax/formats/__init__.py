@@ -68,6 +68,7 @@ def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> di
         each named with the way out.
     """
     from vit_jax import architecture, checkpoint
+    from vit_jax.models import get_model
 
     path = remote.fetch(path) if remote.is_remote(path) else Path(path)
     fmt = detect_format(path)
@@ -83,7 +84,7 @@ def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> di
     heads = num_heads or (int(meta["num_heads"]) if "num_heads" in meta else None)
     params = timm.from_timm(tensors, heads)
     arch = architecture.architecture(params)
-    model = checkpoint.get_model(None, architecture.num_classes(params), **arch)
+    model = get_model(None, architecture.num_classes(params), **arch)
     size = architecture.native_image_size(params, model.token_stride)
     timm.check(tensors, model, size, str(path))
     return params

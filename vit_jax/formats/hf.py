@@ -181,7 +181,8 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
         ("vit." + k if k.startswith(("embeddings.", "encoder.", "layernorm.")) else k): v
         for k, v in tensors.items()
     }  # a bare ViTModel
-    tensors.pop("vit.embeddings.mask_token", None)
+    tensors.pop("vit.embeddings.mask_token", None)  # masked image modelling only
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(("pooler.", "vit.pooler."))}
     h = int(cfg.get("num_attention_heads", 12))
     model = get_model(
         None,
@@ -193,10 +194,11 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
         patch_size=int(cfg.get("patch_size", 16)),
         channels=int(cfg.get("num_channels", 3)),
     )
-    size = int(cfg.get("image_size", 224))
+    size = cfg.get("image_size", 224)
+    size = (int(size), int(size)) if isinstance(size, (int, float)) else tuple(map(int, size))
     check_table(
         tensors,
-        hf_shapes(model, (size, size)),
+        hf_shapes(model, size),
         str(path),
         "Hugging Face ViT",
         "Is config.json the one saved with these weights?",

@@ -158,6 +158,11 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
                 f"width {d} is no published size, so the number of attention heads is "
                 "unknown: name the model (--model=NAME or --override=num_heads=H)"
             )
+    if d % num_heads:
+        raise CheckpointError(
+            f"the file's width {d} is not divisible by {num_heads} heads: is it the model "
+            "you meant? (--model=NAME, or --override=num_heads=H)"
+        )
     inverse = {v: k for k, v in _TOP.items()}
     block = {v: k for k, v in _BLOCK.items()}
     flat: dict[str, np.ndarray] = {}
