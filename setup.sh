@@ -3,7 +3,15 @@
 # the embedded default dataset: Fashion-MNIST from Debian's dataset-fashion-mnist.
 set -euo pipefail
 cd "$(dirname "$0")"
-python3 -m pip install -q --disable-pip-version-check -e ".[all]"
+PIP="python3 -m pip install -q --disable-pip-version-check"
+# torch's CPU build for the format tests (transformers end to end), before ".[all]" so
+# that pip keeps it: the registry's default Linux wheel pulls ~3 GB of CUDA packages.
+if ! python3 -c "import torch" 2>/dev/null; then
+  $PIP "torch==2.13.0+cpu" 2>/dev/null \
+    || $PIP torch --index-url https://download.pytorch.org/whl/cpu \
+    || echo "setup.sh: no CPU build of torch found; the torch/transformers tests will skip" >&2
+fi
+$PIP -e ".[all]"
 
 FMNIST=/usr/share/datasets/fashion-mnist
 if [ -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then

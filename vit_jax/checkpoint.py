@@ -29,6 +29,7 @@ from flax import traverse_util
 from vit_jax import architecture
 from vit_jax.architecture import POSEMB, CheckpointError, guess_variant
 from vit_jax.models import get_model, param_shapes
+from vit_jax.models.patch_resize import resample_kernel
 from vit_jax.models.posemb import resize_posemb, resize_table
 from vit_jax.models.vit import VisionTransformer
 
@@ -180,8 +181,15 @@ def load_pretrained(
     model: VisionTransformer,
     image_size: int | tuple[int, int],
     reset_head: bool = True,
+    patch_size: int | None = None,
 ) -> dict:
-    """Parameters of the published file at `path` for `model` at `image_size`.
+    """Parameters of the checkpoint at `path` for `model` at `image_size`.
+
+    `path` is any format `formats.read_checkpoint` reads: a published .npz, a timm
+    .safetensors file, a Hugging Face directory, or a remote path of a published file.
+    With `patch_size` (the model's own, e.g. 8 for a file trained with 16) the
+    patch-embedding kernel is resampled by the pseudo-inverse resize (FlexiViT; see
+    models/patch_resize.py) and the position embeddings are resized to the new grid.
 
     Position embeddings are resized on their grid as the original code does (bilinear,
     class row kept; also to non-square sizes such as (384, 512)); `pre_logits` is dropped
@@ -194,7 +202,15 @@ def load_pretrained(
         `model` (each missing, extra or mis-shaped key is named, with a guess of the
         variant the file holds).
     """
-    return adapt(load_npz(path), model, image_size, reset_head, source=str(path))
+    params = read_checkpoint(path, model.num_heads)
+    return adapt(params, model, image_size, reset_head, source=str(path), patch_size=patch_size)
+
+
+def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> dict:
+    """Any checkpoint format (see `vit_jax.formats`) -> the original-layout tree."""
+    from vit_jax import formats  # formats builds on this module
+
+    return formats.read_checkpoint(path, num_heads)
 
 
 def adapt(
@@ -203,10 +219,13 @@ def adapt(
     image_size: int | tuple[int, int],
     reset_head: bool = True,
     source: str = "checkpoint",
+    patch_size: int | None = None,
 ) -> dict:
     """`load_pretrained` for a parameter tree already in memory (original layout)."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     flat = canonical(traverse_util.flatten_dict(params, sep="/"))
+    if patch_size is not None:
+        _fit_patch(flat, model, patch_size, source)
     plain = model.clone(scan=False, remat=False)
     want = traverse_util.flatten_dict(param_shapes(plain, size), sep="/")  # key -> ShapeDtypeStruct
     _fit_posemb(flat, want, model, size)
@@ -230,6 +249,19 @@ def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[in
     for k, n in ((POSEMB + "_row", gh), (POSEMB + "_col", gw)):
         if k in flat and k in want and flat[k].shape[1] != n:
             flat[k] = resize_table(flat[k], n)
+
+
+def _fit_patch(flat: dict, model: VisionTransformer, patch_size: int, source: str) -> None:
+    """Resample the stored patch-embedding kernel to `patch_size` (FlexiViT)."""
+    if patch_size != model.patch_size:
+        raise ValueError(
+            f"patch_size={patch_size} but the model's is {model.patch_size}: build the model "
+            f"with patch_size={patch_size} (get_model(..., patch_size={patch_size}))"
+        )
+    kernel = flat.get("embedding/kernel")
+    if kernel is None:
+        raise CheckpointError(f"{source} has no embedding/kernel to resample")
+    flat["embedding/kernel"] = resample_kernel(np.asarray(kernel), patch_size)
 
 
 def _fit_head(
@@ -304,18 +336,21 @@ def load_model(
     name: str | None = None,
     image_size: int | tuple[int, int] | None = None,
     head: bool = True,
+    patch_size: int | None = None,
     **overrides: Any,
 ) -> tuple[VisionTransformer, dict, tuple[int, int]]:
     """A checkpoint ready for inference or features: (model, params, (H, W)).
 
     Args:
-      path: a checkpoint in any layout `load_npz` reads.
+      path: a checkpoint in any format `formats.read_checkpoint` reads.
       name: a variant ('ViT-B_16', 'B/16'); its sizes must fit the file. None: the
         architecture is read from the file (`architecture.architecture`), so the
         checkpoints this package trains load without naming their sizes.
       image_size: N or (H, W); None: the resolution the file's position embeddings
         were made for (position embeddings are resized to any other).
       head: keep the stored head (and its width); False drops it (features only).
+      patch_size: another patch size than the file's: the kernel is resampled
+        (FlexiViT) and the native resolution is kept in tokens per side.
       **overrides: any `VisionTransformer` field, e.g. posemb='sincos_2d' for a file
         without learned position embeddings, or dtype='bfloat16'.
 
@@ -323,7 +358,8 @@ def load_model(
       FileNotFoundError, CheckpointError: unreadable file, one that does not fit
         `name`, or an architecture the file cannot tell (the message says which option).
     """
-    params = load_npz(path)
+    heads = overrides.get("num_heads") or (get_model(name, None).num_heads if name else None)
+    params = read_checkpoint(path, heads)
     arch = architecture.architecture(params)
     if arch["posemb"] is None and "posemb" not in overrides:
         raise CheckpointError(
@@ -336,9 +372,15 @@ def load_model(
     if name is not None:  # the name's sizes; what the file implies for everything else
         arch = {k: arch[k] for k in ("classifier", "representation_size", "posemb") if k in arch}
     classes = architecture.num_classes(params) if head else None
-    model = get_model(name, classes, **{**arch, **overrides})
+    stored = get_model(name, classes, **{**arch, **overrides})
+    model = stored if patch_size is None else stored.clone(patch_size=patch_size)
     if image_size is None:
-        size = architecture.native_image_size(params, model.token_stride)
+        grid = architecture.native_image_size(params, stored.token_stride)
+        size = (
+            grid[0] // stored.token_stride * model.token_stride,
+            grid[1] // stored.token_stride * model.token_stride,
+        )
     else:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-    return model, adapt(params, model, size, reset_head=False, source=str(path)), size
+    params = adapt(params, model, size, False, str(path), patch_size)
+    return model, params, size

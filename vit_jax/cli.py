@@ -93,11 +93,16 @@ def fail(message: str) -> None:
 
 
 def define_model_flags() -> None:
-    """--checkpoint, --model, --override and --image_size, shared by the commands that
-    load a checkpoint (classify, few-shot, figures)."""
+    """--checkpoint, --model, --override, --image_size and --patch_size, shared by the
+    commands that load a checkpoint (classify, few-shot, figures, evaluate, convert)."""
     from absl import flags
 
-    flags.DEFINE_string("checkpoint", None, "Checkpoint .npz (published layout, or final.npz).")
+    flags.DEFINE_string(
+        "checkpoint",
+        None,
+        "Checkpoint: a published .npz (or final.npz), a timm .safetensors file, a Hugging "
+        "Face model directory, or a published file's gs:// path (needs network).",
+    )
     flags.DEFINE_string(
         "model", None, "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16. Default: read from the file."
     )
@@ -105,6 +110,13 @@ def define_model_flags() -> None:
         "override", [], "Model option KEY=VALUE (e.g. posemb=sincos_2d, dtype=bfloat16); repeat."
     )
     flags.DEFINE_string("image_size", None, "Resolution N or H,W. Default: the checkpoint's own.")
+    flags.DEFINE_integer(
+        "patch_size",
+        None,
+        "Use another patch size than the checkpoint's: its patch embedding is resampled "
+        "(FlexiViT) and the default resolution keeps the token grid.",
+        lower_bound=1,
+    )
     flags.mark_flag_as_required("checkpoint")
 
 
@@ -134,7 +146,9 @@ def load_model(head: bool = True):
     overrides = parse_overrides(f.override)
     size = images.parse_image_size(f.image_size)
     try:
-        return checkpoint.load_model(f.checkpoint, f.model, size, head, **overrides)
+        return checkpoint.load_model(
+            f.checkpoint, f.model, size, head, patch_size=f.patch_size, **overrides
+        )
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
 

@@ -29,10 +29,15 @@ def build_model(config: Any, num_classes: int) -> VisionTransformer:
 
 
 def initial_params(config: Any, model: VisionTransformer, image_size: int) -> Any:
-    """From scratch, or from a published .npz (`config.init_from`) for fine-tuning."""
+    """From scratch, or from a checkpoint (`config.init_from`, any format) for fine-tuning;
+    a `config.model.patch_size` other than the file's resamples its patch embedding."""
     if config.init_from:
         return checkpoint.load_pretrained(
-            config.init_from, model, image_size, reset_head=config.reset_head
+            config.init_from,
+            model,
+            image_size,
+            reset_head=config.reset_head,
+            patch_size=config.model.get("patch_size"),
         )
     x = jnp.zeros((1, image_size, image_size, model.channels), jnp.float32)
     return jax.jit(model.init)(jax.random.key(config.seed), x)["params"]

@@ -2,8 +2,10 @@
 
   linear.py   closed-form regularised least squares to {-1, 1}^K targets (NumPy)
   fewshot.py  pre-logits features of a dataset split; FewShotEvaluator for training loops
+  classify.py top-1 / top-5 accuracy of a classifier checkpoint on a dataset split
 
-The command is `python -m vit_jax.fewshot` (vit_jax/fewshot.py).
+The commands are `python -m vit_jax.fewshot` (vit_jax/fewshot.py) and
+`python -m vit_jax.evaluate` (__main__.py: classification accuracy).
 """
 
 from vit_jax.evaluate.fewshot import (

@@ -1,0 +1,60 @@
+"""ONNX and SavedModel exports: run by their own runtimes, the logits are this package's."""
+
+import numpy as np
+import pytest
+from format_helpers import HYBRID, TI16, TINY, images, logits, make
+
+from vit_jax import checkpoint
+from vit_jax.formats import convert
+
+GAP = dict(
+    name="testing", overrides=dict(patch_size=8, classifier="gap", representation_size=24), size=32
+)
+CASES = [
+    pytest.param(TINY, 48, id="tiny"),
+    pytest.param(GAP, 40, id="gap_prelogits"),
+    pytest.param(TI16, 192, id="Ti16"),
+]
+
+
+def _exported(case, res, tmp_path, fmt, suffix):
+    model, params, size = make(case)
+    src = tmp_path / "src.npz"
+    checkpoint.save_npz(src, params)
+    for r in (size, res):  # native, then a resolution change
+        out = tmp_path / f"m{r}{suffix}"
+        done = convert.convert(src, fmt, out, image_size=r)
+        ours = lambda x, r=r, done=done: logits(done.model, convert.load(src, image_size=r)[1], x)
+        yield out, r, ours
+
+
+@pytest.mark.parametrize("case, res", CASES)
+def test_onnx_export_runs_in_onnxruntime(case, res, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    for out, r, ours in _exported(case, res, tmp_path, "onnx", ".onnx"):
+        session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        for n in (1, 3):  # the batch dimension is dynamic
+            x = images(r, n=n, seed=n)
+            (got,) = session.run(["logits"], {"images": x})
+            np.testing.assert_allclose(got, ours(x), atol=1e-4)
+
+
+@pytest.mark.parametrize("case, res", [*CASES, pytest.param(HYBRID, 48, id="hybrid")])
+def test_saved_model_serving_default(case, res, tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    for out, r, ours in _exported(case, res, tmp_path, "saved_model", "_sm"):
+        serve = tf.saved_model.load(str(out)).signatures["serving_default"]
+        for n in (1, 3):
+            x = images(r, n=n, seed=n)
+            got = serve(images=tf.constant(x))["logits"].numpy()
+            np.testing.assert_allclose(got, ours(x), atol=1e-4)
+
+
+def test_onnx_of_a_hybrid_is_refused_and_leaves_nothing(tmp_path):
+    pytest.importorskip("onnx")
+    model, params, _ = make(HYBRID)
+    checkpoint.save_npz(tmp_path / "h.npz", params)
+    with pytest.raises(ValueError, match="plain ViTs only.*saved_model"):
+        convert.convert(tmp_path / "h.npz", "onnx", tmp_path / "h.onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.npz"]

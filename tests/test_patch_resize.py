@@ -1,0 +1,125 @@
+"""FlexiViT patch resize: the pseudo-inverse kernel, and a checkpoint at any patch size."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from format_helpers import TINY, images, logits, make
+
+from vit_jax import checkpoint, state
+from vit_jax.models import get_model
+from vit_jax.models.patch_resize import resample_kernel, resize_matrix
+from vit_jax.models.vit import PatchEmbedding
+
+
+@pytest.mark.parametrize("old, new", [(8, 16), (16, 8), (4, 6), (7, 3)])
+def test_resize_matrix_is_jax_bilinear(old, new):
+    basis = np.eye(old * old).reshape(old * old, old, old)
+    resized = jax.image.resize(basis, (old * old, new, new), "bilinear", antialias=False)
+    want = np.asarray(resized).reshape(old * old, new * new).T
+    np.testing.assert_allclose(resize_matrix(old, new), want, atol=1e-6)
+
+
+def resize_patches(x, p, q):
+    """Each p x p patch of x [B, H, W, C] resized to q x q (bilinear): [B, H*q/p, W*q/p, C]."""
+    b, h, w, c = x.shape
+    patches = x.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+    up = jax.image.resize(patches, (b, h // p, w // p, q, q, c), "bilinear", antialias=False)
+    return np.asarray(up).transpose(0, 1, 3, 2, 4, 5).reshape(b, h // p * q, w // p * q, c)
+
+
+def tokens(kernel, bias, x):
+    p, _, _, d = kernel.shape
+    embed = PatchEmbedding(d, p)
+    return np.asarray(embed.apply({"params": {"kernel": kernel, "bias": bias}}, jnp.asarray(x)))
+
+
+@pytest.mark.parametrize("old, new", [(8, 16), (8, 24), (4, 7)])
+def test_upsampled_patches_give_the_same_tokens(old, new):
+    rng = np.random.default_rng(0)
+    kernel = rng.normal(0, 0.1, (old, old, 3, 16)).astype(np.float32)
+    bias = rng.normal(0, 0.1, (16,)).astype(np.float32)
+    x = images(old * 4)  # a 4 x 4 grid of patches
+    up = resize_patches(x, old, new)
+    got = tokens(resample_kernel(kernel, new), bias, up)
+    np.testing.assert_allclose(got, tokens(kernel, bias, x), atol=1e-4)
+
+
+@pytest.mark.parametrize("old, new", [(16, 8), (8, 5)])
+def test_downsampling_is_the_least_squares_optimum(old, new):
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 1, (old, old, 1, 1))
+    got = resample_kernel(w, new).reshape(-1)
+    bt = resize_matrix(old, new).T  # [old^2, new^2]: <B x, w'> = <x, B^T w'>
+    best = np.linalg.lstsq(bt, w.reshape(-1), rcond=None)[0]
+    np.testing.assert_allclose(got, best, atol=1e-8)
+    residual = lambda v: np.linalg.norm(bt @ v - w.reshape(-1))
+    np.testing.assert_allclose(bt.T @ (bt @ got - w.reshape(-1)), 0, atol=1e-8)  # normal eqs
+    for _ in range(5):  # no other kernel explains the original tokens better
+        assert residual(got) <= residual(got + 1e-3 * rng.normal(size=got.shape))
+
+
+def test_checkpoint_at_twice_the_patch_size(tmp_path):
+    model, params, size = make(TINY)  # patch 8 at 32: a 4 x 4 grid
+    path = tmp_path / "p8.npz"
+    checkpoint.save_npz(path, params)
+    big = model.clone(patch_size=16)
+    got = checkpoint.load_pretrained(path, big, 64, reset_head=False, patch_size=16)
+    x = images(size)
+    np.testing.assert_allclose(
+        logits(big, got, resize_patches(x, 8, 16)), logits(model, params, x), atol=1e-4
+    )
+    m, p, s = checkpoint.load_model(path, patch_size=16)  # the grid of the file is kept
+    assert (m.patch_size, s) == (16, (64, 64))
+    assert p["embedding"]["kernel"].shape == (16, 16, 3, 32)
+    m, p, s = checkpoint.load_model(path, patch_size=4, image_size=48)  # new grid: 12 x 12
+    assert p["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 145, 32)
+    with pytest.raises(ValueError, match="patch_size=16 but the model's is 8"):
+        checkpoint.load_pretrained(path, model, 32, patch_size=16)
+
+
+def test_fine_tuning_init_from_resamples(tmp_path):
+    model, params, _ = make(TINY)
+    checkpoint.save_npz(tmp_path / "p8.npz", params)
+    config = ml_collections.ConfigDict(
+        {
+            "init_from": str(tmp_path / "p8.npz"),
+            "reset_head": True,
+            "seed": 0,
+            "model": {"name": "testing", "patch_size": 4},
+        }
+    )
+    new = state.build_model(config, 3)
+    assert new.patch_size == 4 and new == get_model("testing", 3, patch_size=4)
+    got = state.initial_params(config, new, 32)
+    assert got["embedding"]["kernel"].shape == (4, 4, 3, 32)
+    assert got["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 65, 32)
+
+
+def test_infer_command_takes_patch_size(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    model, params, _ = make(TINY)
+    checkpoint.save_npz(tmp_path / "p8.npz", params)
+    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(tmp_path / "x.png")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vit_jax.infer",
+            f"--checkpoint={tmp_path / 'p8.npz'}",
+            f"--image={tmp_path / 'x.png'}",
+            "--patch_size=16",
+            "--top_k=2",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    assert run.returncode == 0, run.stderr
+    assert "x.png" in run.stdout and "class" in run.stdout

@@ -1,0 +1,51 @@
+"""Convert a checkpoint to another format: npz, timm, hf, onnx or saved_model.
+
+    python -m vit_jax.convert --checkpoint=IN --format=FORMAT --out=OUT [--model=NAME] \\
+        [--image_size=N] [--num_classes=K] [--patch_size=P]
+
+IN is a published .npz (any layout), a timm .safetensors file or a Hugging Face model
+directory (config.json + model.safetensors); its format is recognised from the file.
+Without --model the architecture is read from the file; without --image_size the
+output keeps the file's resolution (position embeddings are resized to any other);
+--num_classes replaces the head by a new zero one; --patch_size resamples the patch
+embedding (FlexiViT). The last lines say how to load OUT (for timm: the model name and
+the create_model arguments). See vit_jax/formats/.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from vit_jax import cli
+
+
+def define_flags() -> None:
+    from vit_jax.formats.convert import FORMATS
+
+    cli.define_model_flags()
+    flags.DEFINE_enum("format", None, list(FORMATS), "Output format.", required=True)
+    flags.DEFINE_string("out", None, "Output file (npz, timm, onnx) or directory.", required=True)
+    flags.DEFINE_integer("num_classes", None, "New zero head of K classes (0: none).")
+
+
+def main() -> None:
+    from vit_jax import images
+    from vit_jax.formats import convert
+
+    f = flags.FLAGS
+    overrides = cli.parse_overrides(f.override)
+    size = images.parse_image_size(f.image_size)
+    try:
+        done = convert.convert(
+            f.checkpoint, f.format, f.out, f.model, size, f.num_classes, f.patch_size, **overrides
+        )
+    except TypeError as e:  # an override that is no model option
+        raise ValueError(f"--override: {e}") from None
+    h, w = done.image_size
+    print(f"wrote {done.fmt} {done.out}: {cli.model_title(f.model, f.checkpoint, done.image_size)}")
+    print(f"{done.model.num_classes or 0} classes, {h}x{w} images in [-1, 1]; load it with:")
+    print(done.how_to_load)
+
+
+if __name__ == "__main__":
+    cli.run(main, define_flags)

@@ -1,0 +1,118 @@
+"""Top-1 and top-5 accuracy of a classifier checkpoint on a dataset split.
+
+The images go through `vit_jax.data.eval_iterator`, the preprocessing of the training
+loop's own evaluation (resize to the model's resolution, values in [-1, 1]), so a
+checkpoint trained here scores exactly what its training run reported. A head whose
+class order differs from the dataset's (e.g. an ImageNet-21k head on a subset) takes a
+`label_map`: entry i is the head class of the dataset's class i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from vit_jax.models.vit import VisionTransformer
+
+TOP_K = (1, 5)
+
+
+def counts(
+    model: VisionTransformer,
+    params: Any,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    label_map: Sequence[int] | None = None,
+    ks: Sequence[int] = TOP_K,
+) -> dict[str, int]:
+    """{'examples': n, 'top1': hits, 'top5': hits} over every real example of `batches`
+    ({'image', 'label' one-hot [b, K_data], 'mask' [b]} as eval_iterator yields them)."""
+    apply = jax.jit(lambda p, x: model.apply({"params": p}, x, train=False))
+    lut = None if label_map is None else np.asarray(label_map, np.int64)
+    out = {"examples": 0, **{f"top{k}": 0 for k in ks}}
+    for batch in batches:
+        keep = np.asarray(batch.get("mask", np.ones(len(batch["image"])))) > 0
+        logits = np.asarray(apply(params, batch["image"]))[keep]  # [b, K_head]
+        label = np.argmax(batch["label"], -1)[keep]
+        if lut is not None:
+            if label.size and label.max() >= len(lut):
+                raise ValueError(
+                    f"the label map has {len(lut)} entries, the dataset has class "
+                    f"{label.max()}: give one head class per dataset class"
+                )
+            label = lut[label]
+        order = np.argsort(-logits, axis=-1, kind="stable")  # ties: lower index first
+        for k in ks:
+            out[f"top{k}"] += int(np.sum(order[:, :k] == label[:, None]))
+        out["examples"] += int(keep.sum())
+    return out
+
+
+def evaluate(
+    model: VisionTransformer,
+    params: Any,
+    dataset: Mapping[str, Any],
+    split: str,
+    image_size: int | tuple[int, int],
+    batch_size: int = 64,
+    label_map: Sequence[int] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Top-1/top-5 accuracy of `model` on `split` of `dataset` (fields of
+    `vit_jax.data.default_config()`, e.g. {'source': 'tfds', 'name': 'cifar10'}).
+
+    Returns:
+      {'dataset', 'split', 'examples', 'top1', 'top5'} with accuracies in [0, 1].
+
+    Raises:
+      ValueError: a head narrower than the dataset's classes without a label map, or a
+        label map that names classes the head lacks.
+    """
+    from vit_jax import data
+    from vit_jax import progress as progress_lib
+
+    cfg = data.default_config()
+    cfg.update(dict(dataset))
+    k_data = data.num_classes(cfg)
+    k_head = model.num_classes or 0
+    if label_map is not None and (min(label_map) < 0 or max(label_map) >= k_head):
+        raise ValueError(f"the label map names head classes outside 0..{k_head - 1}")
+    if label_map is None and k_data > k_head:
+        raise ValueError(
+            f"{cfg.name} has {k_data} classes, the checkpoint's head {k_head}: pass a label "
+            "map (--labels) from the dataset's classes to the head's"
+        )
+    n = data.num_examples(cfg, split)
+    batches = data.eval_iterator(
+        cfg,
+        split,
+        global_batch=batch_size,
+        image_size=image_size,
+        process_index=0,
+        process_count=1,
+    )
+    bar = progress_lib.bar(batches, -(-n // batch_size), f"evaluate {cfg.name} {split}", progress)
+    got = counts(model, params, bar, label_map)
+    m = max(got["examples"], 1)
+    return {
+        "dataset": cfg.name,
+        "split": split,
+        "examples": got["examples"],
+        **{f"top{k}": got[f"top{k}"] / m for k in TOP_K},
+    }
+
+
+def read_label_map(spec: str) -> list[int]:
+    """'3,1,2' or a file with one head class index a line -> [3, 1, 2]."""
+    from pathlib import Path
+
+    text = Path(spec).read_text() if Path(spec).is_file() else spec.replace(",", "\n")
+    try:
+        return [int(t) for t in text.split()]
+    except ValueError:
+        raise ValueError(
+            f"--labels={spec}: expected head class indices, one per dataset class "
+            "(comma-separated, or a file with one a line)"
+        ) from None

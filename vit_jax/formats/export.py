@@ -1,0 +1,116 @@
+"""Exports for serving outside Python research code: ONNX and TensorFlow SavedModel.
+
+Routes, chosen by what is maintained today and gives exact logits:
+  saved_model  jax.experimental.jax2tf with native serialization: the jitted model
+               becomes StableHLO inside one XlaCallModule op, run by TensorFlow's own
+               XLA, so the logits are this package's (tested within 1e-4, in practice
+               ~1e-7). jax2tf ships and is tested with JAX; its non-native (graph op by
+               op) mode is gone, and `jax.export` alone writes StableHLO, not a
+               SavedModel. The batch dimension is polymorphic; parameters are variables.
+  onnx         the graph is built from the parameters here (onnx_graph.py) with opset-17
+               standard operators. jax2onnx, the maintained JAX->ONNX converter, pins
+               orbax-checkpoint below this package's version and pulls in equinox,
+               netron and more; tf2onnx cannot read jax2tf's XlaCallModule op and lags
+               TensorFlow releases. Written-out equations are exact (tested with
+               onnxruntime within 1e-4) and need only the `onnx` package. Plain ViTs
+               (hybrids: saved_model).
+Both take images float32 [N, H, W, C] in [-1, 1] and return `logits`; H, W are fixed at
+export (position embeddings resized to them first). Output is written under a
+temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vit_jax.models.vit import VisionTransformer
+
+
+def export(
+    params: dict, model: VisionTransformer, size: tuple[int, int], fmt: str, out: str
+) -> str:
+    """Write `fmt` ('onnx' or 'saved_model') at `out`; returns how to load it."""
+    if fmt == "onnx":
+        export_onnx(params, model, size, out)
+        return f"onnxruntime.InferenceSession({out!r}).run(['logits'], {{'images': x}})"
+    if fmt == "saved_model":
+        export_saved_model(params, model, size, out)
+        return f"tf.saved_model.load({out!r}).signatures['serving_default'](images=x)['logits']"
+    raise ValueError(f"unknown export format {fmt!r}: use onnx or saved_model")
+
+
+def export_onnx(params: dict, model: VisionTransformer, size: tuple[int, int], out: str) -> None:
+    """An ONNX model with a dynamic batch dimension at `out`.
+
+    Raises:
+      ImportError: no `onnx` package (pip install 'vit_jax[convert]').
+      ValueError: a hybrid model (see onnx_graph.build).
+    """
+    try:
+        import onnx
+    except ImportError as e:
+        raise ImportError("the onnx export needs the onnx package: pip install onnx") from e
+    from vit_jax.formats import onnx_graph
+
+    proto = onnx_graph.build(params, model, size)
+    path = Path(out)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        onnx.save_model(proto, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def export_saved_model(
+    params: dict, model: VisionTransformer, size: tuple[int, int], out: str
+) -> None:
+    """A SavedModel at `out` whose serving_default maps `images` to `logits`.
+
+    Raises:
+      ImportError: no TensorFlow (pip install 'vit_jax[data]').
+    """
+    try:
+        import tensorflow as tf
+        from jax.experimental import jax2tf
+    except ImportError as e:
+        raise ImportError(
+            "the saved_model export needs TensorFlow: pip install 'vit_jax[data]'"
+        ) from e
+    h, w = size
+    c = model.channels
+    fn = jax2tf.convert(
+        lambda p, x: model.apply({"params": p}, x, train=False),
+        polymorphic_shapes=[None, f"(b, {h}, {w}, {c})"],
+        with_gradient=False,
+    )
+    module = tf.Module()
+    module.params = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False), _numpy(params))
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None, h, w, c], tf.float32, name="images")], autograph=False
+    )
+    def serve(images: Any) -> dict:
+        return {"logits": fn(module.params, images)}
+
+    module.serve = serve
+    path = Path(out)
+    if path.exists():
+        raise FileExistsError(f"{path} exists: choose another --out or remove it")
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp", dir=path.parent))
+    try:
+        tf.saved_model.save(module, str(tmp), signatures={"serving_default": serve})
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _numpy(tree: Any) -> Any:
+    import jax
+    import numpy as np
+
+    return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)

@@ -1,0 +1,178 @@
+"""An ONNX graph of a plain ViT, built from its parameters (opset 17 operators).
+
+The graph is the model's equations written in ONNX's standard operators:
+  images [N, H, W, C] -> patches [N, T, P*P*C] (Reshape, Transpose) -> MatMul + bias
+  -> [class token (Expand to the batch), +] + position embeddings
+  -> blocks: LayerNormalization(eps 1e-6) -> q, k, v (MatMul) -> softmax(q k^T / sqrt(d)) v
+     -> out (MatMul) -> residual; LayerNormalization -> MatMul -> GELU (tanh
+     approximation, written out) -> MatMul -> residual
+  -> LayerNormalization -> class token or mean -> [tanh pre_logits] -> head: logits [N, K].
+The batch dimension is dynamic (N); H and W are fixed at export. Hybrids (ResNet stem)
+are not built here: export them as saved_model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flax import traverse_util
+
+from vit_jax.models.vit import VisionTransformer
+
+OPSET = 17
+
+
+class _Graph:
+    """Nodes and initialisers of one graph, with fresh names."""
+
+    def __init__(self):
+        import onnx
+        from onnx import helper, numpy_helper
+
+        self.onnx, self.helper, self.numpy_helper = onnx, helper, numpy_helper
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self.count = 0
+
+    def const(self, value: np.ndarray, name: str | None = None) -> str:
+        name = name or f"const_{len(self.inits)}"
+        self.inits.append(self.numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def op(self, kind: str, *inputs: str, **attrs: Any) -> str:
+        self.count += 1
+        out = f"{kind.lower()}_{self.count}"
+        self.nodes.append(self.helper.make_node(kind, list(inputs), [out], **attrs))
+        return out
+
+    def dense(self, x: str, kernel: np.ndarray, bias: np.ndarray, name: str) -> str:
+        k = self.const(kernel.reshape(-1, kernel.shape[-1]) if kernel.ndim > 2 else kernel, name)
+        return self.op("Add", self.op("MatMul", x, k), self.const(bias.reshape(-1), name + "_b"))
+
+    def layer_norm(self, x: str, p: dict, name: str) -> str:
+        return self.op(
+            "LayerNormalization",
+            x,
+            self.const(p["scale"], name + "_scale"),
+            self.const(p["bias"], name + "_bias"),
+            axis=-1,
+            epsilon=1e-6,
+        )
+
+
+def _gelu_tanh(g: _Graph, x: str) -> str:
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as jax.nn.gelu(approximate=True)."""
+    f32 = lambda v: g.const(np.array(v, np.float32))
+    cube = g.op("Mul", g.op("Mul", x, x), x)
+    inner = g.op("Add", x, g.op("Mul", cube, f32(0.044715)))
+    t = g.op("Tanh", g.op("Mul", inner, f32(math.sqrt(2 / math.pi))))
+    return g.op("Mul", x, g.op("Mul", g.op("Add", t, f32(1.0)), f32(0.5)))
+
+
+def _attention(g: _Graph, x: str, p: dict, tokens: int, heads: int, name: str) -> str:
+    d = p["query"]["kernel"].shape[0]
+    hd = d // heads
+    split = g.const(np.array([-1, tokens, heads, hd], np.int64))
+    q, k, v = (
+        g.op(
+            "Reshape", g.dense(x, p[n]["kernel"].reshape(d, -1), p[n]["bias"], f"{name}_{n}"), split
+        )
+        for n in ("query", "key", "value")
+    )  # [N, T, H, hd]
+    q = g.op("Div", g.op("Transpose", q, perm=[0, 2, 1, 3]), g.const(np.float32(math.sqrt(hd))))
+    logits = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 2, 3, 1]))  # [N, H, T, T]
+    y = g.op("MatMul", g.op("Softmax", logits, axis=-1), g.op("Transpose", v, perm=[0, 2, 1, 3]))
+    y = g.op("Reshape", g.op("Transpose", y, perm=[0, 2, 1, 3]), g.const(np.array([-1, tokens, d])))
+    return g.dense(y, p["out"]["kernel"], p["out"]["bias"], f"{name}_out")
+
+
+def _embed(g: _Graph, tree: dict, model: VisionTransformer, size: tuple[int, int]) -> str:
+    """images [N, H, W, C] -> tokens [N, T, D] with class token and position embeddings."""
+    p, c, dim = model.patch_size, model.channels, model.width
+    gh, gw = size[0] // p, size[1] // p
+    x = g.op("Reshape", "images", g.const(np.array([-1, gh, p, gw, p, c], np.int64)))
+    x = g.op("Transpose", x, perm=[0, 1, 3, 2, 4, 5])  # [N, gh, gw, P, P, C]
+    x = g.op("Reshape", x, g.const(np.array([-1, gh * gw, p * p * c], np.int64)))
+    x = g.dense(x, tree["embedding"]["kernel"], tree["embedding"]["bias"], "embedding")
+    if model.has_class_token:
+        zero, one = g.const(np.array([0])), g.const(np.array([1]))
+        batch = g.op("Slice", g.op("Shape", "images"), zero, one)
+        shape = g.op("Concat", batch, g.const(np.array([1, dim], np.int64)), axis=0)
+        x = g.op("Concat", g.op("Expand", g.const(tree["cls"], "cls"), shape), x, axis=1)
+    pe = tree["Transformer"].get("posembed_input", {}).get("pos_embedding")
+    return x if pe is None else g.op("Add", x, g.const(pe, "pos_embedding"))
+
+
+def _block(g: _Graph, x: str, b: dict, tokens: int, heads: int, name: str) -> str:
+    """One pre-LN encoder block: x + attention(LN(x)), then + MLP(LN(.))."""
+    y = g.layer_norm(x, b["LayerNorm_0"], f"{name}_ln0")
+    att = b["MultiHeadDotProductAttention_1"]
+    x = g.op("Add", x, _attention(g, y, att, tokens, heads, name))
+    mlp = b["MlpBlock_3"]
+    y = g.layer_norm(x, b["LayerNorm_2"], f"{name}_ln2")
+    y = _gelu_tanh(g, g.dense(y, mlp["Dense_0"]["kernel"], mlp["Dense_0"]["bias"], f"{name}_fc1"))
+    return g.op(
+        "Add", x, g.dense(y, mlp["Dense_1"]["kernel"], mlp["Dense_1"]["bias"], f"{name}_fc2")
+    )
+
+
+def _pool_head(g: _Graph, x: str, tree: dict, model: VisionTransformer) -> str:
+    """Final norm, pooling, representation layer and head: [N, T, D] -> logits."""
+    x = g.layer_norm(x, tree["Transformer"]["encoder_norm"], "encoder_norm")
+    if model.classifier == "token":
+        x = g.op("Gather", x, g.const(np.array(0, np.int64)), axis=1)  # [N, D]
+    elif model.classifier == "gap":
+        x = g.op("ReduceMean", x, axes=[1], keepdims=0)
+    if model.representation_size:
+        pre = tree["pre_logits"]
+        x = g.op("Tanh", g.dense(x, pre["kernel"], pre["bias"], "pre_logits"))
+    if model.num_classes:
+        x = g.dense(x, tree["head"]["kernel"], tree["head"]["bias"], "head")
+    return x
+
+
+def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
+    """The onnx.ModelProto of `model` (plain ViT, scan=False layout) at `size`.
+
+    Raises:
+      ValueError: a hybrid, or position embeddings other than 'learned' / 'none'.
+    """
+    if model.resnet_stages is not None:
+        raise ValueError(
+            "the ONNX export builds plain ViTs only; this checkpoint is a hybrid (ResNet "
+            "stem): export it with --format=saved_model, or to timm and use torch.onnx"
+        )
+    if model.posemb not in ("learned", "none"):
+        raise ValueError(
+            f"the ONNX export supports posemb 'learned' and 'none', not {model.posemb!r}"
+        )
+    flat = traverse_util.flatten_dict(params, sep="/")
+    tree = traverse_util.unflatten_dict(
+        {k: np.asarray(v, np.float32) for k, v in flat.items()}, sep="/"
+    )
+    g = _Graph()
+    x = _embed(g, tree, model, size)
+    tokens = model.grid(size)[0] * model.grid(size)[1] + int(model.has_class_token)
+    for i in range(model.depth):
+        x = _block(
+            g, x, tree["Transformer"][f"encoderblock_{i}"], tokens, model.num_heads, f"block{i}"
+        )
+    x = _pool_head(g, x, tree, model)
+    g.nodes.append(g.helper.make_node("Identity", [x], ["logits"]))
+    k = model.num_classes or model.representation_size or model.width
+    out_dims = ["N", tokens, k] if model.classifier == "unpooled" else ["N", k]
+    f = g.onnx.TensorProto.FLOAT
+    graph = g.helper.make_graph(
+        g.nodes,
+        "vit_jax",
+        [g.helper.make_tensor_value_info("images", f, ["N", size[0], size[1], model.channels])],
+        [g.helper.make_tensor_value_info("logits", f, out_dims)],
+        g.inits,
+    )
+    opset = [g.helper.make_opsetid("", OPSET)]
+    proto = g.helper.make_model(graph, opset_imports=opset, producer_name="vit_jax")
+    proto.ir_version = min(proto.ir_version, 8)  # readable by older runtimes too
+    g.onnx.checker.check_model(proto)
+    return proto
