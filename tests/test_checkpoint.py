@@ -279,3 +279,38 @@ def test_save_is_atomic(tmp_path, good_file, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         checkpoint.save_npz(good_file, {"a": np.zeros(3)})
     assert good_file.read_bytes() == before  # the old file is untouched
+
+
+# ------------------------------------------------------------------ native size, 2D tables
+
+
+def test_learned_2d_tables_resize_per_axis_and_give_the_native_size(tmp_path):
+    model = get_model("testing", 5, posemb="learned_2d")
+    params = random_params(model, (32, 48))  # grid 2 x 3
+    path = tmp_path / "2d.npz"
+    checkpoint.save_npz(path, params)
+    loaded, back, size = checkpoint.load_model(path)
+    assert size == (32, 48) and loaded.posemb == "learned_2d"
+    row = params["Transformer"]["posembed_input"]["pos_embedding_row"]  # [1, 2, 16]
+    col = params["Transformer"]["posembed_input"]["pos_embedding_col"]  # [1, 3, 16]
+    np.testing.assert_array_equal(back["Transformer"]["posembed_input"]["pos_embedding_row"], row)
+    big = checkpoint.load_pretrained(path, model, (64, 48), reset_head=False)  # 4 x 3
+    pe = big["Transformer"]["posembed_input"]
+    assert pe["pos_embedding_row"].shape == (1, 4, 16)
+    np.testing.assert_array_equal(pe["pos_embedding_col"], col)  # its axis kept its size
+    # Linear on the line with the end points kept (scipy.ndimage.zoom order 1, as the
+    # original code resizes): 2 rows -> 4 at t = 0, 1/3, 2/3, 1.
+    t = np.arange(4)[:, None] / 3
+    want = row[0, 0] * (1 - t) + row[0, 1] * t
+    np.testing.assert_allclose(pe["pos_embedding_row"][0], want, atol=1e-6)
+
+
+def test_a_non_square_1d_grid_needs_the_image_size(tmp_path):
+    model = get_model("testing", 5)
+    path = tmp_path / "wide.npz"
+    checkpoint.save_npz(path, random_params(model, (32, 48)))  # 6 patch tokens: not square
+    with pytest.raises(CheckpointError, match="6 patch tokens, not a square grid.*--image_size"):
+        checkpoint.load_model(path)
+    _, params, size = checkpoint.load_model(path, image_size=(32, 48))
+    assert size == (32, 48)
+    assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 7, 32)
