@@ -83,6 +83,32 @@ def test_scanned_model_loads_the_same_file(tmp_path):
         np.testing.assert_array_equal(again[k], original[k])
 
 
+@pytest.mark.parametrize(
+    "stages,native,bigger",
+    [((), 64, 96), ((1, 1, 1), 64, 96), ((1, 1, 1, 1), 64, 128)],
+    ids=["root_only", "three_stages", "four_stages"],
+)
+def test_hybrid_stems_match_numpy_reference(stages, native, bigger, tmp_path):
+    """The root-only stem (R+ViT-Ti_16's) and stems of 3 and 4 stages (R50+ViT-B_16's,
+    R50+ViT-L_32's), small widths, at the native size and after a posemb resize."""
+    patch = 4 if not stages else 1
+    model = get_model("R50+B/16", 5, width=32, depth=1, num_heads=2, mlp_dim=16,
+                      resnet_stages=stages, patch_size=patch)  # fmt: skip
+    path = tmp_path / "hybrid.npz"
+    checkpoint.save_npz(path, random_params(model, native))
+    flat = dict(np.load(path))
+    for size in (native, bigger):
+        x = images(size)
+        params = checkpoint.load_pretrained(path, model, size, reset_head=False)
+        ref = dict(flat)
+        if size != native:
+            grid = model.grid((size, size))
+            ref[POSEMB] = ref_resize_posemb(flat[POSEMB], grid, True)
+        want = vit_logits(ref, x, num_heads=2, patch_size=patch, resnet_stages=stages)
+        assert np.abs(want).max() > 0.5
+        np.testing.assert_allclose(logits(model, params, x), want, atol=1e-4, rtol=0)
+
+
 # ------------------------------------------------------------------ layouts
 
 
@@ -114,6 +140,44 @@ LAYOUTS = {
         for k, v in f.items()
     },
 }
+
+
+def test_big_vision_files_written_by_hand_match_numpy_reference(tmp_path):
+    """big_vision's own key names, written out here (not by the code under test): per-type
+    numbering, a top-level pos_embedding without a class row, all blocks stacked under
+    Transformer/encoderblock/ (scan), and a gap model with no class token."""
+    for classifier in ("token", "gap"):
+        model = get_model("testing", 5, classifier=classifier, patch_size=8)
+        published = flatten(random_params(model, 32, seed=4))
+        bv = {"params/embedding/kernel": published["embedding/kernel"],
+              "params/embedding/bias": published["embedding/bias"],
+              "params/head/kernel": published["head/kernel"],
+              "params/head/bias": published["head/bias"]}  # fmt: skip
+        for name in ("scale", "bias"):
+            key = f"Transformer/encoder_norm/{name}"
+            bv[f"params/{key}"] = published[key]
+        pe = published[POSEMB]
+        if classifier == "token":
+            bv["params/cls"] = published["cls"]
+            pe = pe[:, 1:]  # big_vision's class token has no position embedding
+            published[POSEMB] = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+        bv["params/pos_embedding"] = pe
+        new_names = {"LayerNorm_0": "LayerNorm_0", "MultiHeadDotProductAttention_1":
+                     "MultiHeadDotProductAttention_0", "LayerNorm_2": "LayerNorm_1",
+                     "MlpBlock_3": "MlpBlock_0"}  # fmt: skip
+        for key in published:
+            if key.startswith("Transformer/encoderblock_0/"):
+                old = key.split("/", 2)[2]  # e.g. MlpBlock_3/Dense_0/kernel
+                module, rest = old.split("/", 1)
+                stacked = np.stack([published[f"Transformer/encoderblock_{i}/{old}"]
+                                    for i in range(model.depth)])  # fmt: skip
+                bv[f"params/Transformer/encoderblock/{new_names[module]}/{rest}"] = stacked
+        np.savez(tmp_path / "bv.npz", **bv)
+        params = checkpoint.load_pretrained(tmp_path / "bv.npz", model, 32, reset_head=False)
+        x = images(32)
+        want = vit_logits(published, x, num_heads=2, patch_size=8, classifier=classifier)
+        assert np.abs(want).max() > 0.5
+        np.testing.assert_allclose(logits(model, params, x), want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
