@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,9 +27,40 @@ def run(script, *args):
     return proc.stdout
 
 
+def within(value: float, f, ms: float, slack: float = 0.0) -> bool:
+    """`value` equals f(step ms) for some ms that prints as `ms` (one decimal), up to the
+    rounding of `value` itself: the table's columns agree with one another."""
+    lo, hi = sorted((f(ms + 0.05), f(max(ms - 0.05, 1e-3))))
+    return lo * 0.99 - 0.005 - slack <= value <= hi * 1.01 + 0.005 + slack
+
+
 def row(out, first):
     """The cells of the table row starting with `first`."""
     return next(line.split() for line in out.splitlines() if line.startswith(first))
+
+
+def analytic_flops(size: int, width=32, depth=2, mlp=64, patch=16, classes=1000) -> dict:
+    """Multiply-add FLOPs (2 per MAC) of the 'testing' ViT's matrix products per image,
+    counted by hand: patch embedding, per block q/k/v, the two attention products, the
+    output projection and the MLP, then the head. A training step does the forward
+    pass, and in the backward pass two products per forward one except for the patch
+    embedding, whose input (the image) needs no gradient."""
+    n = (size // patch) ** 2
+    t = n + 1  # with the class token
+    embed = n * patch * patch * 3 * width
+    block = t * width * 3 * width + 2 * t * t * width + t * width * width + 2 * t * width * mlp
+    forward = 2 * (embed + depth * block + width * classes)
+    return {"forward": forward, "train": 3 * forward - 2 * embed}
+
+
+def test_flops_match_the_analytic_count():
+    """XLA's cost analysis counts the matrix products plus the elementwise work (softmax,
+    LayerNorm, GELU, the optimizer), a few percent more than the products alone."""
+    want = analytic_flops(224)
+    out = run("inference.py", "--model=testing", "--batch=1", "--image_size=224", "--no-bound")
+    assert 1.0 < float(row(out, "testing")[5]) * 1e9 / want["forward"] < 1.1
+    out = run("train_step.py", "--model=testing", "--batch=2", "--image_size=224", "--no-bound")
+    assert 1.0 < float(row(out, "testing")[6]) * 1e9 / want["train"] < 1.1
 
 
 def test_inference_prints_speed_flops_and_bound():
@@ -36,7 +69,11 @@ def test_inference_prints_speed_flops_and_bound():
         cells = [c for c in out.splitlines() if c.startswith("testing") and f" {size} " in c]
         name, res, batch, dtype, ips, gflop, gflops, ms, bound_ms, ratio = cells[0].split()
         assert (res, batch, dtype) == (size, "2", "float32")
-        assert float(ips) > 0 and float(ms) > 0 and float(bound_ms) > 0 and float(ratio) > 0
+        # The columns agree with each other: img/s from the step time, GFLOP/s from both,
+        # the ratio from the bound's and the model's times (to their printed rounding).
+        assert within(float(ips), lambda m: 2e3 / m, float(ms))
+        assert float(gflops) == pytest.approx(float(gflop) * float(ips), rel=0.01, abs=0.1)
+        assert within(float(ratio), lambda m, b=float(bound_ms): b / m, float(ms), slack=0.05)
 
 
 def test_train_step_prints_the_ratio_for_both_optimizers():
@@ -45,7 +82,10 @@ def test_train_step_prints_the_ratio_for_both_optimizers():
             "train_step.py", "--model=testing", "--batch=2", "--image_size=32", f"--optimizer={opt}"
         )
         cells = row(out, "testing")
-        assert cells[3] == opt and float(cells[5]) > 0 and float(cells[-1]) > 0
+        ips, gflop, gflops, ms, bound_ms, ratio = map(float, cells[5:])
+        assert cells[3] == opt and within(ips, lambda m: 2e3 / m, ms)
+        assert gflops == pytest.approx(gflop * ips, rel=0.01, abs=0.1)
+        assert within(ratio, lambda m, b=bound_ms: b / m, ms, slack=0.05)
 
 
 def test_memory_prints_state_per_device_and_largest_batches():
