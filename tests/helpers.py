@@ -90,3 +90,20 @@ def run_command(module, *args: str) -> int:
             delattr(flags.FLAGS, name)
         flags.FLAGS.unparse_flags()
     return 0
+
+
+def tiny_config(**overrides):
+    """The `fashion_mnist:tiny` preset (20 steps of a 2-block model) with top-level fields
+    overridden."""
+    from vit_jax.configs import fashion_mnist
+
+    c = fashion_mnist.get_config("tiny")
+    c.update(overrides)
+    return c
+
+
+def batch(n: int, size: int = 28, k: int = 10, seed: int = 0) -> dict:
+    """A random training batch: images in [-1, 1], one-hot labels of k classes."""
+    rng = np.random.default_rng(seed)
+    labels = np.eye(k, dtype=np.float32)[rng.integers(0, k, n)]
+    return {"image": rng.uniform(-1, 1, (n, size, size, 3)).astype(np.float32), "label": labels}

@@ -8,25 +8,13 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from helpers import batch, tiny_config
 
 from vit_jax import optim, sharding, steps, train
 from vit_jax import state as state_lib
 from vit_jax import workdir as workdir_lib
-from vit_jax.configs import fashion_mnist
 
 NAN = float("nan")
-
-
-def tiny(**overrides):
-    c = fashion_mnist.get_config("tiny")
-    c.update(overrides)
-    return c
-
-
-def batch(n, seed=0):
-    rng = np.random.default_rng(seed)
-    labels = np.eye(10, dtype=np.float32)[rng.integers(0, 10, n)]
-    return {"image": rng.uniform(-1, 1, (n, 28, 28, 3)).astype(np.float32), "label": labels}
 
 
 def restore_all(config, workdir):
@@ -48,7 +36,9 @@ def restore_all(config, workdir):
 
 def test_nonfinite_run_stops_and_names_the_last_good_checkpoint(tmp_path):
     # SGD at lr 300 diverges within a few steps; checks at steps 1, 2, 4, 6, ...
-    c = tiny(total_steps=12, checkpoint_every=2, log_every=100, eval_every=0, export_npz=False)
+    c = tiny_config(
+        total_steps=12, checkpoint_every=2, log_every=100, eval_every=0, export_npz=False
+    )
     c.optimizer.update(name="sgd", lr=300.0, grad_clip=0.0, warmup_steps=0, decay="constant")
     with pytest.raises(FloatingPointError) as error:
         train.run(c, str(tmp_path))
@@ -67,7 +57,7 @@ def test_nonfinite_run_stops_and_names_the_last_good_checkpoint(tmp_path):
 
 
 def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
-    c = tiny()
+    c = tiny_config()
     c.optimizer.warmup_steps = 0
     mesh = sharding.make_mesh()
     model = state_lib.build_model(c, 10)
@@ -112,12 +102,12 @@ def test_small_disk_fails_before_training(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10_000))
     workdir = str(tmp_path / "run")
     with pytest.raises(OSError, match=rf"workdir {workdir} has 0.00 GiB free; .* needs about"):
-        train.run(tiny(), workdir)
+        train.run(tiny_config(), workdir)
     assert not os.path.exists(os.path.join(workdir, "checkpoints"))
 
 
 def test_disk_needed():
-    c = tiny(total_steps=100, checkpoint_every=10, keep_checkpoints=3, export_npz=True)
+    c = tiny_config(total_steps=100, checkpoint_every=10, keep_checkpoints=3, export_npz=True)
     # 10 saves: 3 kept, a 4th while a new one replaces the oldest; final.npz.
     assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 4 * 1000 + 10
     assert workdir_lib.disk_needed(c, 1000, 10, existing=3000) == 1000 + 10  # resuming

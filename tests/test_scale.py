@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import flat
+from helpers import batch, flat
 
 from vit_jax import checkpoint, optim, sharding, steps
 from vit_jax import state as state_lib
@@ -24,12 +24,6 @@ def config():
     return c
 
 
-def batch(n, seed):
-    rng = np.random.default_rng(seed)
-    labels = np.eye(10, dtype=np.float32)[rng.integers(0, 10, n)]
-    return {"image": rng.uniform(-1, 1, (n, 28, 28, 3)).astype(np.float32), "label": labels}
-
-
 def train_on(mesh):
     c = config()
     model = state_lib.build_model(c, 10)
@@ -39,7 +33,7 @@ def train_on(mesh):
     step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
     losses = []
     for _ in range(STEPS):  # the same batch: the loss must fall
-        state, m = step(state, sharding.global_batch(batch(64, 0), mesh))
+        state, m = step(state, sharding.global_batch(batch(64, seed=0), mesh))
         losses.append(float(m["loss"]))
     return {"losses": losses, "state": state, "shardings": shardings, "created": created}
 
@@ -79,7 +73,7 @@ def test_fsdp_trains_like_one_device(runs, name):
 
 def test_batch_is_split_over_data_and_fsdp():
     mesh = sharding.make_mesh(data=4, fsdp=2)
-    images = sharding.global_batch(batch(64, 0), mesh)["image"]
+    images = sharding.global_batch(batch(64, seed=0), mesh)["image"]
     assert images.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"))
     rows = sorted(s.index[0].start for s in images.addressable_shards)
     assert rows == list(range(0, 64, 8))  # eight distinct blocks of 8 examples

@@ -9,28 +9,16 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from helpers import run_command
+from helpers import batch, flat, run_command, tiny_config
 from PIL import Image
 
 from vit_jax import checkpoint, configs, optim, sharding, steps, train
 from vit_jax import state as state_lib
-from vit_jax.configs import common, fashion_mnist
+from vit_jax.configs import common
 from vit_jax.models import param_shapes
 from vit_jax.progress import Cadence, console_line, duration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def tiny_config(**kw):
-    c = fashion_mnist.get_config("tiny")
-    c.update(kw)
-    return c
-
-
-def batch(n, size=28, k=10, seed=0):
-    rng = np.random.default_rng(seed)
-    labels = np.eye(k, dtype=np.float32)[rng.integers(0, k, n)]
-    return {"image": rng.uniform(-1, 1, (n, size, size, 3)).astype(np.float32), "label": labels}
 
 
 def steps_on(mesh, config, batches, accum_steps=1):
@@ -69,6 +57,39 @@ def test_accumulation_equals_one_big_batch():
     accumulated = steps_on(mesh, config, big, accum_steps=4)
     np.testing.assert_allclose(whole[0], accumulated[0], rtol=1e-5)
     assert_trees_close(whole[1], accumulated[1], atol=2e-5)
+
+
+def test_bfloat16_training_steps_track_float32():
+    mesh = sharding.make_mesh()
+    batches = [batch(64, seed=i) for i in range(3)]
+    f32 = steps_on(mesh, tiny_config(), batches)
+    config = tiny_config()
+    config.model.dtype = "bfloat16"
+    bf16 = steps_on(mesh, config, batches)
+    assert all(p.dtype == np.float32 for p in jax.tree.leaves(bf16[1]))  # master weights
+    diffs = np.abs(np.array(bf16[0]) - np.array(f32[0]))
+    assert 0 < diffs.max() < 0.02, (bf16[0], f32[0])  # computed in bf16, close to f32
+
+
+def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
+    """From the same parameters (a scanned model initialises its own differently), a run
+    with remat and scan ends where the plain run does, and exports the published names."""
+    start = tiny_config()
+    plain_model = state_lib.build_model(start, 10)
+    checkpoint.save_npz(tmp_path / "init.npz", state_lib.initial_params(start, plain_model, 28))
+    finals = []
+    for switches in ({}, {"remat": True, "scan": True}):
+        config = tiny_config(total_steps=8, checkpoint_every=4, eval_every=8, log_every=4)
+        config.update(init_from=str(tmp_path / "init.npz"), reset_head=False)
+        config.model.update(switches)
+        summary = train.run(config, str(tmp_path / str(len(finals))))
+        finals.append((summary, checkpoint.load_npz(tmp_path / str(len(finals)) / "final.npz")))
+    (plain, plain_npz), (scanned, scanned_npz) = finals
+    assert flat(scanned_npz).keys() == flat(plain_npz).keys()  # published per-block names
+    for k, v in flat(plain_npz).items():
+        np.testing.assert_allclose(flat(scanned_npz)[k], v, atol=2e-5, err_msg=k)
+    assert scanned["train_loss"] == pytest.approx(plain["train_loss"], abs=1e-4)
+    assert scanned["accuracy"] == pytest.approx(plain["accuracy"], abs=2 / 256)
 
 
 def test_short_run_learns_and_resumes(tmp_path, capsys):
