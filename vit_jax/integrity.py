@@ -9,11 +9,14 @@ checkpoint that has a record is complete. It holds:
     arrays    {name: {'shape', 'dtype', 'shards': {'0:32,0:64': crc32}}}: a CRC-32 of
               the bytes of every shard that some process saved (each process hashes its
               own addressable shards, on the host, one copy of each replicated slice)
-    files     {path inside the checkpoint: bytes} of every file Orbax wrote for the state
+    files     {path inside the checkpoint: [bytes, CRC-32]} of every file Orbax wrote for
+              the state (read back once Orbax has written them)
 
 Names are Orbax's own ('opt_state.1.mu.head.kernel'). A checkpoint verifies when every
-file is there at its size, it restores without error, every slice hashes as recorded
-and every value is finite. `check_files` is the quick part (no array is read).
+file is there with its size and bytes (so that damage is named by file before Orbax
+reads it), it restores without error, every slice of every array hashes as recorded
+(end to end: what training held is what came back) and every value is finite.
+`quick_check` looks at the record and the file sizes only.
 """
 
 from __future__ import annotations
@@ -95,16 +98,26 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def list_files(step_dir: str) -> dict[str, int]:
-    """{relative path: bytes} of the files of the items under `step_dir` ('default/...'),
-    not the step's own files, which Orbax rewrites as it completes the checkpoint."""
+def file_crc(path: str) -> int:
+    """CRC-32 of a file's bytes, read in 16 MiB pieces."""
+    crc = 0
+    with open(path, "rb") as f:
+        while piece := f.read(16 * 2**20):
+            crc = zlib.crc32(piece, crc)
+    return crc
+
+
+def list_files(step_dir: str) -> dict[str, list[int]]:
+    """{relative path: [bytes, CRC-32]} of the files of the items under `step_dir`
+    ('default/...'), not the step's own files, which Orbax rewrites as it completes the
+    checkpoint."""
     out = {}
     for root, _, files in os.walk(step_dir):
         if os.path.samefile(root, step_dir):
             continue
         for f in files:
             path = os.path.join(root, f)
-            out[os.path.relpath(path, step_dir)] = os.path.getsize(path)
+            out[os.path.relpath(path, step_dir)] = [os.path.getsize(path), file_crc(path)]
     return out
 
 
@@ -142,15 +155,18 @@ def read_record(step_dir: str) -> dict[str, Any] | None:
         raise ValueError(f"its integrity record {RECORD} is unreadable ({e})") from None
 
 
-def check_files(step_dir: str, record: dict[str, Any]) -> list[str]:
-    """What is wrong with the files of `step_dir` (missing, another size); [] if none."""
+def check_files(step_dir: str, record: dict[str, Any], contents: bool = True) -> list[str]:
+    """What is wrong with the files of `step_dir`: missing, another size, or (with
+    `contents`) other bytes; [] if nothing."""
     problems = []
-    for rel, size in sorted(record["files"].items()):
+    for rel, (size, crc) in sorted(record["files"].items()):
         path = os.path.join(step_dir, rel)
         if not os.path.isfile(path):
             problems.append(f"file {rel} is missing")
         elif (now := os.path.getsize(path)) != size:
             problems.append(f"file {rel} has {now} bytes, {size} when written")
+        elif contents and file_crc(path) != crc:
+            problems.append(f"file {rel} fails its checksum")
     return problems
 
 
@@ -217,14 +233,14 @@ def step_dirs(directory: str) -> list[int]:
 
 def quick_check(step_dir: str) -> list[str]:
     """What the record and the file sizes say is wrong with `step_dir` ([] if nothing),
-    without reading an array."""
+    without reading the files."""
     try:
         record = read_record(step_dir)
     except ValueError as e:
         return [str(e)]
     if record is None:
         return [f"it has no integrity record {RECORD}"]
-    return check_files(step_dir, record)
+    return check_files(step_dir, record, contents=False)
 
 
 def newest_intact(directory: str) -> int | None:

@@ -22,7 +22,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from vit_jax import distributed, integrity
+from vit_jax import distributed, integrity, saver
 from vit_jax import workdir as workdir_lib
 from vit_jax.steps import all_finite
 
@@ -66,7 +66,8 @@ def check(manager: ocp.CheckpointManager, step: int, target: Any = None) -> Verd
         layout = target if target is not None else _as_saved(manager, step)
         state = manager.restore(step, args=ocp.args.StandardRestore(layout))
     except Exception as e:  # noqa: BLE001 (whatever Orbax or TensorStore raise: unreadable)
-        misfit = _metadata_misfits(manager, step, target) if record is None and target else []
+        unknown = record is None and target is not None  # damage, or another shape?
+        misfit = _metadata_misfits(manager, step, target) if unknown else []
         if misfit:
             raise workdir_lib.does_not_fit(step_dir, "; ".join(misfit[:3])) from e
         return Verdict(step, [f"it is unreadable ({_cause(e, step_dir)})"], record is not None)
@@ -92,6 +93,7 @@ def restore_newest(
         OSError: there are checkpoints, none verifies and not `from_scratch`: lists them.
     """
     directory, lead = str(manager.directory), distributed.is_lead()
+    saver.quiet_reported_failures()
     damaged = []
     for step in reversed(integrity.step_dirs(directory)):
         verdict = check(manager, step, target)
@@ -132,6 +134,7 @@ def verify_workdir(workdir: str) -> list[tuple[str, str]]:
     """[(checkpoint name, what it is)] for everything under `workdir/checkpoints`, each
     checkpoint restored on one device and checked; nothing is changed."""
     directory = os.path.join(workdir, "checkpoints")
+    saver.quiet_reported_failures()
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory} does not exist: is {workdir} a training workdir?")
     manager = ocp.CheckpointManager(  # it only restores

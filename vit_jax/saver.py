@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -47,6 +49,7 @@ class Saver:
     """The run's checkpoints: `save(step, state)`, `wait()`, and `manager` for restores."""
 
     def __init__(self, workdir: str, keep: int, description: dict[str, Any]):
+        quiet_reported_failures()
         self.description = description
         self.manager = workdir_lib.open_manager(workdir, keep, on_commit=self._write_record)
         self.directory = str(self.manager.directory)
@@ -144,6 +147,31 @@ class Saver:
             f"Nothing of step {step} was left behind. {where}: free space there (or restore "
             "access to it) and run the same command again"
         ) from error
+
+
+def quiet_reported_failures() -> None:
+    """Keeps a failed save or restore to the run's one message. Orbax logs the failures
+    it raises (with their tracebacks), and after a failed TensorStore write its pending
+    callbacks each print 'Event loop is closed' into a closed asyncio loop; both say
+    nothing that message does not. Other logs and errors are left alone. Idempotent."""
+    if getattr(sys.unraisablehook, "vit_jax_quiet", False):
+        return
+    previous = sys.unraisablehook
+
+    def unraisable(u: Any) -> None:
+        error = u.exc_value
+        if not (isinstance(error, RuntimeError) and "Event loop is closed" in str(error)):
+            previous(u)
+
+    unraisable.vit_jax_quiet = True
+    sys.unraisablehook = unraisable
+    logging.getLogger("absl").addFilter(_orbax_raised)
+
+
+def _orbax_raised(record: logging.LogRecord) -> bool:
+    """False for Orbax's error logs of an exception it hands on to the caller."""
+    from_orbax = f"{os.sep}orbax{os.sep}checkpoint{os.sep}" in record.pathname
+    return not (from_orbax and record.levelno >= logging.ERROR and record.exc_info)
 
 
 def reason(error: BaseException) -> str:

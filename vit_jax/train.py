@@ -163,11 +163,11 @@ def _export(path: str, params: Any, checkpoints: str) -> None:
         export_npz(path, params)
     except OSError as e:
         good = integrity.newest_intact(checkpoints)
+        where = f"step {good} ({checkpoints}/{good})" if good is not None else "none"
         raise OSError(
             f"could not write {path}: {e.strerror or e}. Nothing half-written was left; the "
-            f"newest intact checkpoint is step {good} ({checkpoints}/{good}): free space "
-            "there (or restore access to it) and run the same command again, which writes "
-            "it without training again"
+            f"newest intact checkpoint is {where}: free space there (or restore access to "
+            "it) and run the same command again, which writes it without training again"
         ) from e
 
 
