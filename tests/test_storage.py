@@ -216,6 +216,28 @@ def test_nonfinite_guard_names_only_a_checkpoint_that_verifies(reference, tmp_pa
         guard.check(metrics, 21)
 
 
+def test_benchmark_prints_the_cost_of_the_record():
+    script = os.path.join(ROOT, "benchmarks", "integrity.py")
+    done = subprocess.run(
+        [sys.executable, script, "--model=testing", "--image_size=32", "--repeats=1"],
+        cwd="/",  # the script finds the package itself
+        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    patterns = (
+        r"hash +\d+\.\d+ s",
+        r"save, plain +\d+\.\d+ s blocking +\d+\.\d+ s whole",
+        r"save, record +\d+\.\d+ s blocking +\d+\.\d+ s whole",
+        r"record adds +[-+]\d+\.\d+ s blocking",
+    )
+    for pattern in patterns:
+        assert re.search(pattern, out), out
+
+
 # ---------------------------------------------------------------- runs in subprocesses
 
 
