@@ -9,7 +9,10 @@ device and times, each the median of --repeats:
   save, plain   an Orbax save as before this record existed: the blocking part (until
                 training may go on) and the whole (until the checkpoint is complete)
   save, record  `saver.Saver.save`: the hashing runs beside Orbax's blocking copy and
-                the record is written before Orbax's rename
+                the record (with each file's CRC-32, read back) is written before
+                Orbax's rename
+  restore       plain (Orbax alone) and verified (`recovery.check`: files' CRCs,
+                restore, arrays' CRCs, finiteness), once each
 The checkpoints go to a temporary directory under --dir (default: the system's).
 """
 
@@ -34,7 +37,7 @@ import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from bound import machine  # noqa: E402
 
-from vit_jax import integrity, optim, sharding, workdir  # noqa: E402
+from vit_jax import integrity, optim, recovery, sharding, workdir  # noqa: E402
 from vit_jax.configs.common import base  # noqa: E402
 from vit_jax.saver import Saver  # noqa: E402
 from vit_jax.state import build_model, create_state  # noqa: E402
@@ -88,6 +91,13 @@ def main() -> None:
                     rows[name][0].append(time.perf_counter() - start)
                     saver.wait()
                 rows[name][1].append(time.perf_counter() - start)
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+        )
+        restore_s = {
+            "plain": timed(lambda: plain.restore(1, args=ocp.args.StandardRestore(target)), 1),
+            "verified": timed(lambda: recovery.check(saver.manager, 1, target), 1),
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = statistics.median
@@ -96,6 +106,8 @@ def main() -> None:
     print(f"hash          {med(hash_s):7.2f} s  ({gib / med(hash_s):.2f} GiB/s)")
     for name, (blocking, whole) in rows.items():
         print(f"save, {name:<7} {med(blocking):7.2f} s blocking  {med(whole):7.2f} s whole")
+    for name, seconds in restore_s.items():
+        print(f"restore, {name:<8} {med(seconds):5.2f} s")
     plain_whole = med(rows["plain"][1])
     blocking = med(rows["record"][0]) - med(rows["plain"][0])
     print(

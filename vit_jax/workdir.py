@@ -146,7 +146,9 @@ class FiniteGuard:
     ('finite' metric 0) stops the run. With `skip` (config.skip_nonfinite) such steps
     left the state unchanged inside the jitted step; the run stops only when at least
     SKIPPED_IN_A_ROW steps in a row were skipped (as far as the checks can tell: a
-    window between two checks with one good step in it breaks the row).
+    window between two checks with one good step in it breaks the row). The "last good
+    checkpoint" it names is the newest with a complete integrity record whose files are
+    all there at their sizes (`integrity.newest_intact`), never a damaged one.
     """
 
     manager: ocp.CheckpointManager
