@@ -1,11 +1,12 @@
 """Restoring only what verifies: damaged checkpoints are named, set aside, and skipped.
 
 A checkpoint verifies when its integrity record is readable, every file it lists is
-there at its size, Orbax restores it without error, every slice hashes as recorded and
-every value is finite (`integrity.py`). One that does not is renamed `<step>.damaged`
-(nothing is deleted: a person can look) and the run falls back to the next older one.
-A checkpoint without a record (an older vit_jax wrote it, or its run was killed after
-Orbax wrote the arrays and before the record) is used when it restores whole and
+there with its size and CRC-32, Orbax restores it without error, every slice of every
+array hashes as recorded and every value is finite (`integrity.py`). One that does not
+is renamed `<step>.damaged` (nothing is deleted: a person can look) and the run falls
+back to the next older one.
+A checkpoint without a record (an older vit_jax, or Orbax directly, wrote it; a save
+killed before its record never gets its final name) is used when it restores whole and
 finite, and said to be unchecked. A checkpoint of another shape is not damage: it stops
 the run with `workdir.does_not_fit`.
 """
@@ -100,9 +101,9 @@ def restore_newest(
         if _everywhere(not verdict.problems):
             if not verdict.recorded and lead:
                 print(
-                    f"checkpoint {directory}/{step} has no integrity record (the run that "
-                    "wrote it stopped before the record, or an older vit_jax wrote it): it "
-                    "restores whole and finite; its checksums cannot be checked",
+                    f"checkpoint {directory}/{step} has no integrity record (an older "
+                    "vit_jax, or Orbax directly, wrote it): it restores whole and finite; "
+                    "its checksums cannot be checked",
                     flush=True,
                 )
             _reload(manager, damaged)
