@@ -127,8 +127,6 @@ def reference(tmp_path_factory):
 def test_damaged_newest_checkpoint_is_set_aside_and_the_run_falls_back(
     reference, tmp_path, capsys, damage, mesh
 ):
-    if mesh == "fsdp" and damage != "flipped bytes":
-        pytest.skip("one damage is enough for the FSDP layout")
     ref, overrides = reference[mesh]
     workdir = finished_copy(ref, tmp_path / "run")
     checkpoints = f"{workdir}/checkpoints"
