@@ -62,7 +62,8 @@ def check(manager: ocp.CheckpointManager, step: int, target: Any = None) -> Verd
         if target is not None and (misfit := integrity.misfits(record, target)):
             raise workdir_lib.does_not_fit(step_dir, _misfit_text(record, misfit))
         if problems := integrity.check_files(step_dir, record):
-            return Verdict(step, problems, True)
+            more = [f"and {len(problems) - 3} more files"] if len(problems) > 3 else []
+            return Verdict(step, problems[:3] + more, True)
     try:
         layout = target if target is not None else _as_saved(manager, step)
         state = manager.restore(step, args=ocp.args.StandardRestore(layout))
