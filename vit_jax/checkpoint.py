@@ -157,7 +157,8 @@ def save_npz(path: str | os.PathLike, params: dict) -> None:
     """Write `params` in the original published layout (per-block names, float32).
 
     The file is written whole to a temporary name and then renamed, so a crash
-    never leaves a half-written checkpoint at `path`.
+    never leaves a half-written checkpoint at `path`; a failed write (a full disk)
+    removes the temporary file.
     """
     if set(params) == {"params"}:
         params = params["params"]
@@ -168,9 +169,13 @@ def save_npz(path: str | os.PathLike, params: dict) -> None:
         arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # ---------------------------------------------------------------- adapting to a model

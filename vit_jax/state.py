@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 
-from vit_jax import checkpoint, distributed, sharding
-from vit_jax import workdir as workdir_lib
+from vit_jax import checkpoint, distributed, integrity, recovery, sharding
 from vit_jax.models import get_model
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.steps import TrainState
@@ -79,19 +78,28 @@ def create_state(
 def restore_or_create(
     config: Any, model: VisionTransformer, tx: Any, mesh: Any, manager: ocp.CheckpointManager
 ) -> tuple[TrainState, Any]:
-    """The latest complete checkpoint in the workdir if there is one, laid out for
-    `mesh` (whatever mesh wrote it), else a new state."""
-    latest = manager.latest_step()
-    if latest is None:
+    """The newest checkpoint in the workdir that verifies, laid out for `mesh` (whatever
+    mesh wrote it), else a new state; damaged ones are named and set aside
+    (`recovery.restore_newest`).
+
+    Raises:
+        ValueError: a checkpoint of another model, optimizer or image size.
+        OSError: checkpoints, none of which verifies (and not
+            config.from_scratch_if_damaged).
+    """
+    if not integrity.step_dirs(str(manager.directory)):
         return create_state(config, model, tx, mesh)
     abstract = abstract_state(config, model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
-    state = workdir_lib.restore(manager, latest, target)
+    scratch = config.get("from_scratch_if_damaged", False)
+    state, step = recovery.restore_newest(manager, target, scratch)
+    if state is None:
+        return create_state(config, model, tx, mesh)
     if distributed.is_lead():
-        print(f"resuming from step {latest} (checkpoint {manager.directory}/{latest})", flush=True)
+        print(f"resuming from step {step} (checkpoint {manager.directory}/{step})", flush=True)
     return state, shardings
 
 

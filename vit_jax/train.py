@@ -19,13 +19,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import orbax.checkpoint as ocp
 
-from vit_jax import data, distributed, optim, progress, sharding
+from vit_jax import data, distributed, integrity, optim, progress, sharding
 from vit_jax import workdir as workdir_lib
 from vit_jax.evaluate import fewshot as fewshot_lib
 from vit_jax.models import count_params
 from vit_jax.models.vit import VisionTransformer
+from vit_jax.saver import Saver
 from vit_jax.state import abstract_state, build_model, export_npz, restore_or_create
 from vit_jax.steps import TrainState, all_finite, compile_steps
 
@@ -39,7 +39,7 @@ class Loop:
     model: VisionTransformer
     train_step: Any  # jitted (state, batch) -> (state, metrics); see steps.py
     eval_step: Any  # jitted (params, batch) -> sums
-    manager: ocp.CheckpointManager
+    saver: Saver  # checkpoints with their integrity records; .manager is Orbax's
     writer: Any = None  # clu MetricWriter on the lead process, else None
     fewshot: fewshot_lib.FewShotEvaluator | None = None
 
@@ -49,7 +49,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     latest checkpoint. Returns the final metrics, also written to workdir/summary.json.
 
     Raises:
-        OSError: the workdir is not writable or its disk too small (before training).
+        OSError: the workdir is not writable or its disk too small (before training);
+            no checkpoint verifies (recovery.py); a save or the export failed.
+        ValueError: the workdir's checkpoints are of another model or image size.
         FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
     """
     from clu import metric_writers  # imports TensorFlow, as the input pipeline does
@@ -63,20 +65,20 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     abstract = abstract_state(config, model, tx)
     state_bytes, npz_bytes = workdir_lib.tree_bytes(abstract), 4 * count_params(abstract.params)
     workdir_lib.check_free_space(workdir, config, state_bytes, npz_bytes)
-    manager = workdir_lib.open_manager(workdir, config.keep_checkpoints)
-    state, shardings = restore_or_create(config, model, tx, mesh, manager)
+    saver = Saver(workdir, config.keep_checkpoints, integrity.describe(config))
+    state, shardings = restore_or_create(config, model, tx, mesh, saver.manager)
     train_step, eval_step = compile_steps(
         model, tx, lr_fn, config.accum_steps, mesh, shardings, config.skip_nonfinite
     )
     writer = metric_writers.SummaryWriter(workdir) if distributed.is_lead() else None
     loop = Loop(
-        config, mesh, model, train_step, eval_step, manager, writer, fewshot_evaluator(config)
+        config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
     )
     state, metrics, evals = train_loop(loop, state)
     if "accuracy" not in evals:  # resumed after the last step: evaluate the final state again
         evals.update(evaluate(loop, state.params))
     if config.export_npz:
-        export_npz(os.path.join(workdir, "final.npz"), state.params)
+        _export(os.path.join(workdir, "final.npz"), state.params, saver.directory)
     summary = {
         "model": config.model.name,
         "steps": int(jax.device_get(state.step)),
@@ -118,7 +120,7 @@ def train_loop(loop: Loop, state: TrainState) -> tuple[TrainState, dict, dict]:
     )
     speed = progress.Throughput(config.total_steps, config.batch_size, jax.device_count(), start)
     guard = workdir_lib.FiniteGuard(
-        loop.manager, config.skip_nonfinite, start, int(jax.device_get(state.skipped))
+        loop.saver.manager, config.skip_nonfinite, start, int(jax.device_get(state.skipped))
     )
     metrics, evals = {}, {}
     if lead and start < config.total_steps:
@@ -146,13 +148,27 @@ def train_loop(loop: Loop, state: TrainState) -> tuple[TrainState, dict, dict]:
             evals.update(loop.fewshot.run(loop.model, state.params, mesh))
             _write_fewshot(loop.writer, step, evals)
         if save:
-            loop.manager.save(step, args=ocp.args.StandardSave(state))
+            loop.saver.save(step, state)
             if lead:
-                print(f"step {step}: saving checkpoint {loop.manager.directory}/{step}", flush=True)
+                print(f"step {step}: saving checkpoint {loop.saver.directory}/{step}", flush=True)
         if ev or few or save:  # the throughput clock counts training steps only
             speed.pause(step)
-    loop.manager.wait_until_finished()
+    loop.saver.wait()
     return state, metrics, evals
+
+
+def _export(path: str, params: Any, checkpoints: str) -> None:
+    """export_npz, with the run's one message when the file cannot be written."""
+    try:
+        export_npz(path, params)
+    except OSError as e:
+        good = integrity.newest_intact(checkpoints)
+        where = f"step {good} ({checkpoints}/{good})" if good is not None else "none"
+        raise OSError(
+            f"could not write {path}: {e.strerror or e}. Nothing half-written was left; the "
+            f"newest intact checkpoint is {where}: free space there (or restore access to "
+            "it) and run the same command again, which writes it without training again"
+        ) from e
 
 
 def evaluate(loop: Loop, params: Any) -> dict[str, float]:

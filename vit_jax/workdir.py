@@ -4,6 +4,8 @@ Checkpoints live in `workdir/checkpoints/<step>`. Orbax writes each save in the
 background to `<step>.orbax-checkpoint-tmp*` and renames it to `<step>` only once it
 is complete, so a run killed mid-save leaves a temporary directory that
 `latest_step()` never returns and that the next run deletes (and names in its log).
+A complete checkpoint also holds its integrity record (`integrity.py`, written by
+`saver.Saver`); restores verify it (`recovery.py`) and set aside what fails.
 Every process takes part in each save and restore; each writes the slices of the
 arrays its devices hold, and a restore lays the arrays out as the new run's mesh says,
 which need not be the mesh that wrote them.
@@ -15,11 +17,14 @@ import dataclasses
 import os
 import shutil
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from vit_jax import integrity
 
 TMP_MARK = ".orbax-checkpoint-tmp"
 GIB = 2**30
@@ -71,7 +76,8 @@ def check_free_space(workdir: str, config: Any, state_bytes: int, params_bytes: 
     Raises:
         OSError: naming the workdir, the free and the needed space, and the way out.
     """
-    existing = _dir_bytes(os.path.join(workdir, "checkpoints"))
+    directory = os.path.join(workdir, "checkpoints")  # set-aside ones stay: not counted
+    existing = sum(_dir_bytes(f"{directory}/{s}") for s in integrity.step_dirs(directory))
     need = disk_needed(config, state_bytes, params_bytes, existing)
     free = shutil.disk_usage(workdir).free
     if free < need:
@@ -84,9 +90,13 @@ def check_free_space(workdir: str, config: Any, state_bytes: int, params_bytes: 
         )
 
 
-def open_manager(workdir: str, keep: int) -> ocp.CheckpointManager:
+def open_manager(
+    workdir: str, keep: int, on_commit: Callable[[], None] | None = None
+) -> ocp.CheckpointManager:
     """The Orbax manager of `workdir/checkpoints` (asynchronous saves, the last `keep`
-    kept); it deletes what interrupted saves left, after naming it."""
+    kept); it deletes what interrupted saves left, after naming it. `on_commit` runs on
+    process 0 once a save's arrays are all written, before the rename that completes it;
+    an older checkpoint is deleted only after that."""
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     os.makedirs(directory, exist_ok=True)
     left = [n for n in sorted(os.listdir(directory)) if TMP_MARK in n]
@@ -96,9 +106,14 @@ def open_manager(workdir: str, keep: int) -> ocp.CheckpointManager:
             flush=True,
         )
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep or None, create=True, cleanup_tmp_directories=True
+        max_to_keep=keep or None,
+        create=True,
+        cleanup_tmp_directories=True,
+        async_options=ocp.AsyncOptions(post_finalization_callback=on_commit),
     )
-    return ocp.CheckpointManager(directory, options=options)
+    return ocp.CheckpointManager(
+        directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
+    )
 
 
 def restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
@@ -110,11 +125,16 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
     try:
         return manager.restore(step, args=ocp.args.StandardRestore(target))
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(
-            f"checkpoint {manager.directory}/{step} does not fit this run's state (another "
-            f"model, optimizer or image size?): {e}. Resume with the config that wrote it, "
-            "or start in another --workdir"
-        ) from e
+        raise does_not_fit(f"{manager.directory}/{step}", str(e)) from e
+
+
+def does_not_fit(path: str, detail: str) -> ValueError:
+    """The error of a checkpoint written by a state of another shape (not damage)."""
+    return ValueError(
+        f"checkpoint {path} does not fit this run's state (another model, optimizer or "
+        f"image size?): {detail}. Resume with the config that wrote it, or start in "
+        "another --workdir"
+    )
 
 
 @dataclasses.dataclass
@@ -126,7 +146,9 @@ class FiniteGuard:
     ('finite' metric 0) stops the run. With `skip` (config.skip_nonfinite) such steps
     left the state unchanged inside the jitted step; the run stops only when at least
     SKIPPED_IN_A_ROW steps in a row were skipped (as far as the checks can tell: a
-    window between two checks with one good step in it breaks the row).
+    window between two checks with one good step in it breaks the row). The "last good
+    checkpoint" it names is the newest with a complete integrity record whose files are
+    all there at their sizes (`integrity.newest_intact`), never a damaged one.
     """
 
     manager: ocp.CheckpointManager
@@ -156,8 +178,11 @@ class FiniteGuard:
         self.last_step, self.last_skipped = step, skipped
 
     def _stop(self, what: str) -> None:
-        self.manager.wait_until_finished()  # a save in flight holds a checked state
-        good = self.manager.latest_step()
+        try:
+            self.manager.wait_until_finished()  # a save in flight holds a checked state
+        except Exception:  # noqa: BLE001 (a failed save is not the checkpoint named)
+            pass
+        good = integrity.newest_intact(str(self.manager.directory))  # whole, with its record
         where = f"step {good} in {self.manager.directory}" if good is not None else "none yet"
         raise FloatingPointError(
             f"{what}. The last good checkpoint is {where} (a restart resumes there): "

@@ -1,0 +1,120 @@
+"""What the checkpoint integrity record costs: hashing the TrainState against saving it.
+
+    python benchmarks/integrity.py [--model=ViT-B_16] [--image_size=224] [--repeats=3]
+
+Builds the model's TrainState with Adam (parameters and two float32 moments) on one
+device and times, each the median of --repeats:
+  hash          CRC-32 of every shard on the host (`integrity.start_checksums` +
+                `collect`, on a thread pool of os.cpu_count() threads), alone
+  save, plain   an Orbax save as before this record existed: the blocking part (until
+                training may go on) and the whole (until the checkpoint is complete)
+  save, record  `saver.Saver.save`: the hashing runs beside Orbax's blocking copy and
+                the record (with each file's CRC-32, read back) is written before
+                Orbax's rename
+  restore       plain (Orbax alone) and verified (`recovery.check`: files' CRCs,
+                restore, arrays' CRCs, finiteness), once each
+The checkpoints go to a temporary directory under --dir (default: the system's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import concurrent.futures  # noqa: E402
+
+import jax  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+from bound import machine  # noqa: E402
+
+from vit_jax import integrity, optim, recovery, sharding, workdir  # noqa: E402
+from vit_jax.configs.common import base  # noqa: E402
+from vit_jax.saver import Saver  # noqa: E402
+from vit_jax.state import build_model, create_state  # noqa: E402
+
+
+def make_state(model_name: str, image_size: int):
+    c = base(model_name)
+    c.image_size = image_size
+    c.optimizer.update(name="adam", lr=1e-3)
+    model = build_model(c, 1000)
+    tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+    state, _ = create_state(c, model, tx, mesh)
+    return c, jax.block_until_ready(state)
+
+
+def timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="ViT-B_16")
+    p.add_argument("--image_size", type=int, default=224)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dir", default=None)
+    args = p.parse_args()
+    config, state = make_state(args.model, args.image_size)
+    gib = workdir.tree_bytes(state) / 2**30
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+        hash_s = timed(lambda: integrity.collect(integrity.start_checksums(state, pool)), 3)
+    root = tempfile.mkdtemp(dir=args.dir, prefix="integrity_bench_")
+    try:
+        plain = workdir.open_manager(os.path.join(root, "plain"), 0)
+        saver = Saver(os.path.join(root, "record"), 0, integrity.describe(config))
+        rows = {"plain": ([], []), "record": ([], [])}
+        for step in range(1, args.repeats + 1):
+            for name in rows:
+                start = time.perf_counter()
+                if name == "plain":
+                    plain.save(step, args=ocp.args.StandardSave(state))
+                    rows[name][0].append(time.perf_counter() - start)
+                    plain.wait_until_finished()
+                else:
+                    saver.save(step, state)
+                    rows[name][0].append(time.perf_counter() - start)
+                    saver.wait()
+                rows[name][1].append(time.perf_counter() - start)
+        target = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+        )
+        restore_s = {
+            "plain": timed(lambda: plain.restore(1, args=ocp.args.StandardRestore(target)), 1),
+            "verified": timed(lambda: recovery.check(saver.manager, 1, target), 1),
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    med = statistics.median
+    print(f"# {machine()}, {datetime.date.today()}")
+    print(f"# {args.model} at {args.image_size} px, Adam: TrainState {gib:.2f} GiB")
+    print(f"hash          {med(hash_s):7.2f} s  ({gib / med(hash_s):.2f} GiB/s)")
+    for name, (blocking, whole) in rows.items():
+        print(f"save, {name:<7} {med(blocking):7.2f} s blocking  {med(whole):7.2f} s whole")
+    for name, seconds in restore_s.items():
+        print(f"restore, {name:<8} {med(seconds):5.2f} s")
+    plain_whole = med(rows["plain"][1])
+    blocking = med(rows["record"][0]) - med(rows["plain"][0])
+    print(
+        f"record adds   {blocking:+7.2f} s blocking; hash alone is "
+        f"{med(hash_s) / plain_whole:.1%} of a plain save's whole time"
+    )
+
+
+if __name__ == "__main__":
+    main()

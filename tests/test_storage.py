@@ -1,0 +1,327 @@
+"""Storage faults: a damaged checkpoint is named, set aside and skipped, a failed save
+stops the run with one message, and nothing is lost: every rerun ends with a final.npz
+bit-identical to the undamaged run's.
+
+The damage tests run in this process on the 8 emulated devices (data-parallel, and FSDP
+over all 8); the kill and the full disk run `python -m vit_jax.main` on one device."""
+
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+from subprocesses import ROOT, Run, tiny_flags
+
+from configs import fashion_mnist
+from vit_jax import checkpoint, integrity, recovery, saver, train
+from vit_jax import workdir as workdir_lib
+
+# 20 steps with dropout on, a checkpoint every 5 (5 is deleted: 3 kept).
+RUN = {"checkpoint_every": 5, "eval_every": 0, "log_every": 5, "model.dropout": 0.1}
+
+
+def config(**overrides):
+    """The tiny config with RUN and `overrides` ('mesh.fsdp' for config.mesh.fsdp)."""
+    c = fashion_mnist.get_config("tiny")
+    for key, value in {**RUN, **overrides}.items():
+        *nodes, field = key.split(".")
+        node = c
+        for name in nodes:
+            node = node[name]
+        node[field] = value
+    return c
+
+
+def data_files(step_dir):
+    """The files holding array data (Orbax's OCDBT 'd' directories)."""
+    out = []
+    for root, _, files in os.walk(step_dir):
+        if os.path.basename(root) == "d":
+            out += [os.path.join(root, f) for f in files]
+    return sorted(out, key=os.path.getsize)
+
+
+def flip_bytes(step_dir):
+    for path in data_files(step_dir):  # 64 bytes in the middle of every data file
+        data = bytearray(open(path, "rb").read())
+        middle = len(data) // 2
+        data[middle - 32 : middle + 32] = bytes(b ^ 0xFF for b in data[middle - 32 : middle + 32])
+        open(path, "wb").write(data)
+
+
+def delete_data_file(step_dir):
+    os.remove(data_files(step_dir)[-1])
+
+
+def truncate_metadata(step_dir):
+    path = os.path.join(step_dir, "default", "_METADATA")
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def truncate_data_file(step_dir):
+    path = data_files(step_dir)[-1]
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+DAMAGES = {
+    "flipped bytes": flip_bytes,
+    "deleted data file": delete_data_file,
+    "truncated _METADATA": truncate_metadata,
+    "truncated data file": truncate_data_file,
+}
+
+
+def assert_same_npz(got, want):
+    flat_got = traverse_util.flatten_dict(checkpoint.load_npz(got), sep="/")
+    flat_want = traverse_util.flatten_dict(checkpoint.load_npz(want), sep="/")
+    assert flat_got.keys() == flat_want.keys()
+    for k in flat_want:  # bit-identical, not just close
+        np.testing.assert_array_equal(flat_got[k], flat_want[k], err_msg=k)
+
+
+def finished_copy(reference, path):
+    """A copy of the finished `reference` workdir without its final export."""
+    shutil.copytree(reference, path)
+    os.remove(os.path.join(path, "final.npz"))
+    return str(path)
+
+
+def test_array_checksums_catch_other_values_in_any_layout():
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("fsdp",))
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+    values = {"a": np.arange(512, dtype=np.float32).reshape(64, 8), "b": np.ones(3, np.int32)}
+    saved = {"a": jax.device_put(values["a"], split), "b": jax.device_put(values["b"])}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        record = {"arrays": integrity.collect(integrity.start_checksums(saved, pool))}
+    assert len(record["arrays"]["a"]["shards"]) == 8 and list(record["arrays"]["b"]["shards"]) == [
+        "0:3"
+    ]
+    assert integrity.mismatches(saved, record) == ([], 0)  # the layout that saved it
+    one = jax.device_put(values, jax.devices()[0])  # another layout: slices of the whole
+    assert integrity.mismatches(one, record) == ([], 0)
+    assert integrity.mismatches(dict(one, a=one["a"].at[40, 3].set(-1.0)), record) == (["a"], 0)
+    other = jax.device_put(values["a"] + 0, split).at[0, 0].set(7.0)
+    assert integrity.mismatches(dict(saved, a=other), record) == (["a"], 0)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Finished undamaged workdirs: data-parallel and FSDP, both on the 8 devices."""
+    out = {}
+    for name, mesh in (("data", {}), ("fsdp", {"mesh.fsdp": 8, "mesh.data": 1})):
+        workdir = str(tmp_path_factory.mktemp(f"reference_{name}"))
+        train.run(config(**mesh), workdir)
+        assert integrity.step_dirs(f"{workdir}/checkpoints") == [10, 15, 20]
+        out[name] = (workdir, mesh)
+    return out
+
+
+@pytest.mark.parametrize("mesh", ["data", "fsdp"])
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damaged_newest_checkpoint_is_set_aside_and_the_run_falls_back(
+    reference, tmp_path, capsys, damage, mesh
+):
+    ref, overrides = reference[mesh]
+    workdir = finished_copy(ref, tmp_path / "run")
+    checkpoints = f"{workdir}/checkpoints"
+    DAMAGES[damage](f"{checkpoints}/20")
+    capsys.readouterr()
+    train.run(config(**overrides), workdir)
+    out = capsys.readouterr().out
+    found = re.search(rf"checkpoint {checkpoints}/20 is damaged: (.*)\. Set aside as (\S+) ", out)
+    assert found, out
+    assert found[2] == f"{checkpoints}/20.damaged" and os.path.isdir(found[2])
+    assert f"resuming from step 15 (checkpoint {checkpoints}/15)" in out
+    print(f"{damage}: {found[1]}")
+    want = {
+        "flipped bytes": r"file default/\S+ fails its checksum(; file \S+ fails its checksum)*"
+        r"(; and \d+ more files)?",
+        "deleted data file": r"file default/\S+ is missing",
+        "truncated _METADATA": r"file default/_METADATA has \d+ bytes, \d+ when written",
+        "truncated data file": r"file default/\S+ has \d+ bytes, \d+ when written",
+    }
+    assert re.fullmatch(want[damage], found[1]), found[1]
+    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+    assert integrity.step_dirs(checkpoints) == [10, 15, 20]  # 20 written again, with a record
+    assert not integrity.quick_check(f"{checkpoints}/20")
+
+
+def test_damaged_older_checkpoint_is_reported_but_does_not_stop_the_run(reference, tmp_path):
+    ref, _ = reference["data"]
+    workdir = finished_copy(ref, tmp_path / "run")
+    flip_bytes(f"{workdir}/checkpoints/10")
+    rows = dict(recovery.verify_workdir(workdir))
+    assert re.fullmatch(r"DAMAGED: file default/\S+ fails its checksum.*", rows["10"]), rows
+    assert rows["15"] == rows["20"] == "verifies"
+    train.run(config(), workdir)  # resumes from 20: nothing to train, evaluates, exports
+    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+    # The command: a table and exit status 1; the FSDP-written record checks on one device.
+    fsdp = finished_copy(reference["fsdp"][0], tmp_path / "fsdp")
+    shutil.copytree(f"{workdir}/checkpoints/10", f"{fsdp}/checkpoints/10", dirs_exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "vit_jax.checkpoints", "verify", fsdp],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == ["checkpoint", "state"]
+    assert re.fullmatch(r"10 +DAMAGED: file .* fails its checksum.*", lines[1]), done.stdout
+    assert re.fullmatch(r"15 +verifies", lines[2]) and re.fullmatch(r"20 +verifies", lines[3])
+
+
+def test_with_no_intact_checkpoint_the_run_stops_unless_asked_to_start_again(
+    reference, tmp_path, capsys
+):
+    ref, _ = reference["data"]
+    workdir = finished_copy(ref, tmp_path / "run")
+    for step in (10, 15, 20):
+        truncate_data_file(f"{workdir}/checkpoints/{step}")
+    with pytest.raises(OSError, match="no checkpoint in .* verifies: step 20 .*step 15 .*step 10"):
+        train.run(config(), workdir)
+    assert sorted(os.listdir(f"{workdir}/checkpoints")) == [
+        "10.damaged", "15.damaged", "20.damaged"
+    ]  # fmt: skip
+    capsys.readouterr()
+    train.run(config(from_scratch_if_damaged=True), workdir)
+    assert "step 1/20" in capsys.readouterr().out
+    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+
+
+def test_a_checkpoint_of_another_shape_does_not_fit_and_is_not_set_aside(reference, tmp_path):
+    ref, _ = reference["data"]
+    workdir = finished_copy(ref, tmp_path / "run")
+    with pytest.raises(ValueError, match=r"checkpoints/20 does not fit this run's state .*Ti/4"):
+        train.run(config(**{"model.width": 64}), workdir)
+    assert integrity.step_dirs(f"{workdir}/checkpoints") == [10, 15, 20]
+
+
+def test_nonfinite_guard_names_only_a_checkpoint_that_verifies(reference, tmp_path):
+    ref, _ = reference["data"]
+    workdir = finished_copy(ref, tmp_path / "run")
+    delete_data_file(f"{workdir}/checkpoints/20")
+    guard = workdir_lib.FiniteGuard(workdir_lib.open_manager(workdir, 3), skip=False)
+    metrics = {"loss": float("nan"), "grad_norm": 1.0, "finite": 0.0, "skipped": 0}
+    with pytest.raises(FloatingPointError, match="last good checkpoint is step 15 in"):
+        guard.check(metrics, 21)
+
+
+def test_benchmark_prints_the_cost_of_the_record():
+    script = os.path.join(ROOT, "benchmarks", "integrity.py")
+    done = subprocess.run(
+        [sys.executable, script, "--model=testing", "--image_size=32", "--repeats=1"],
+        cwd="/",  # the script finds the package itself
+        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    patterns = (
+        r"hash +\d+\.\d+ s",
+        r"save, plain +\d+\.\d+ s blocking +\d+\.\d+ s whole",
+        r"save, record +\d+\.\d+ s blocking +\d+\.\d+ s whole",
+        r"record adds +[-+]\d+\.\d+ s blocking",
+    )
+    for pattern in patterns:
+        assert re.search(pattern, out), out
+
+
+# ---------------------------------------------------------------- runs in subprocesses
+
+
+CLI_RUN = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=0)
+CLI_RUN["model.dropout"] = 0.1
+
+
+@pytest.fixture(scope="module")
+def cli_reference(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("cli_reference"))
+    with Run(tiny_flags(workdir, **CLI_RUN), devices=1) as run:
+        assert run.finish(timeout=300) == 0, run.tail()
+    return workdir
+
+
+def test_killed_before_the_record_keeps_the_older_checkpoint(cli_reference, tmp_path):
+    workdir = str(tmp_path / "run")
+    flags = tiny_flags(workdir, keep_checkpoints=1, **CLI_RUN)
+    with Run(flags, devices=1, env={saver.HOLD_ENV: "10"}) as run:
+        run.wait_for(lambda line: "step 10: holding before its integrity record" in line, 300)
+        run.kill()
+    names = sorted(os.listdir(f"{workdir}/checkpoints"))
+    assert names == ["10.orbax-checkpoint-tmp", "5"], names  # 5 not yet deleted
+    assert not integrity.quick_check(f"{workdir}/checkpoints/5")
+    with Run(flags, devices=1) as run:
+        assert run.finish(timeout=300) == 0, run.tail()
+    log = "\n".join(run.log)
+    assert "ignoring incomplete checkpoint(s) 10.orbax-checkpoint-tmp" in log
+    assert f"resuming from step 5 (checkpoint {workdir}/checkpoints/5)" in log
+    assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["20"]  # keep_checkpoints=1
+    assert_same_npz(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1.5 MB tmpfs: room for the tiny run's first checkpoints, not for all of them."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mount)])
+    if done.returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield str(mount)
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_disk_full_during_a_save_stops_with_one_message_and_resumes(
+    cli_reference, small_disk, tmp_path
+):
+    workdir = f"{small_disk}/run"
+    flags = tiny_flags(workdir, **CLI_RUN)
+    with Run(flags, devices=1) as run:
+        assert run.finish(timeout=300) == 1, run.tail()
+    log = "\n".join(run.log)
+    found = re.search(
+        r"error: could not save checkpoint step (\d+) in (\S+): No space left on device\. "
+        r"Nothing of step \d+ was left behind\. The newest intact checkpoint is step (\d+) "
+        r"\((\S+)\); a rerun resumes there: free space there .* run the same command again",
+        log,
+    )
+    assert found, log
+    failed, good = int(found[1]), int(found[3])
+    assert found[2] == f"{workdir}/checkpoints" and found[4] == f"{workdir}/checkpoints/{good}"
+    assert "Traceback" not in log and good == failed - 5
+    assert integrity.step_dirs(found[2])[-1] == good  # nothing of the failed step
+    assert not [n for n in os.listdir(found[2]) if not n.isdigit()]
+    assert not integrity.quick_check(found[4])
+    subprocess.run(["mount", "-o", "remount,size=16m", small_disk], check=True)  # space freed
+    with Run(flags, devices=1) as run:
+        assert run.finish(timeout=300) == 0, run.tail()
+    assert f"resuming from step {good} " in "\n".join(run.log)
+    assert_same_npz(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
+
+
+def test_export_to_a_full_disk_leaves_nothing_half_written(small_disk, tmp_path):
+    kept = saver.Saver(str(tmp_path / "run"), 0, {})
+    kept.save(7, {"w": jax.numpy.arange(3.0)})
+    kept.wait()
+    params = {"w": jax.device_put(np.zeros((1024, 1024), np.float32))}  # 4 MB: does not fit
+    path = f"{small_disk}/final.npz"
+    with pytest.raises(OSError) as error:
+        train._export(path, params, kept.directory)
+    assert str(error.value) == (
+        f"could not write {path}: No space left on device. Nothing half-written was left; "
+        f"the newest intact checkpoint is step 7 ({kept.directory}/7): free space there (or "
+        "restore access to it) and run the same command again, which writes it without "
+        "training again"
+    )
+    assert os.listdir(small_disk) == []
