@@ -76,6 +76,7 @@ def test_inference_prints_speed_flops_and_bound():
         assert within(float(ratio), lambda m, b=float(bound_ms): b / m, float(ms), slack=0.05)
 
 
+@pytest.mark.slow
 def test_train_step_prints_the_ratio_for_both_optimizers():
     for opt in ("sgd", "adam"):
         out = run(
@@ -88,6 +89,7 @@ def test_train_step_prints_the_ratio_for_both_optimizers():
         assert within(ratio, lambda m, b=bound_ms: b / m, ms, slack=0.05)
 
 
+@pytest.mark.slow
 def test_memory_prints_state_per_device_and_largest_batches():
     out = run(
         "memory.py",

@@ -26,6 +26,7 @@ def trained(tmp_path_factory):
     return workdir / "final.npz", summary
 
 
+@pytest.mark.slow
 def test_accuracy_equals_the_training_loops_own(trained):
     path, summary = trained
     model, params, size = checkpoint.load_model(path)
@@ -36,6 +37,7 @@ def test_accuracy_equals_the_training_loops_own(trained):
     assert got["top1"] <= got["top5"] <= 1.0
 
 
+@pytest.mark.slow
 def test_command_prints_json_for_any_format(trained, tmp_path):
     path, summary = trained
     timm_file = tmp_path / "m.safetensors"

@@ -13,7 +13,7 @@ GAP = dict(
 CASES = [
     pytest.param(TINY, 48, id="tiny"),
     pytest.param(GAP, 40, id="gap_prelogits"),
-    pytest.param(TI16, 192, id="Ti16"),
+    pytest.param(TI16, 192, id="Ti16", marks=pytest.mark.slow),
 ]
 
 
@@ -40,7 +40,9 @@ def test_onnx_export_runs_in_onnxruntime(case, res, tmp_path):
             np.testing.assert_allclose(got, ours(x), atol=1e-4)
 
 
-@pytest.mark.parametrize("case, res", [*CASES, pytest.param(HYBRID, 48, id="hybrid")])
+@pytest.mark.parametrize(
+    "case, res", [*CASES, pytest.param(HYBRID, 48, id="hybrid", marks=pytest.mark.slow)]
+)
 def test_saved_model_serving_default(case, res, tmp_path):
     tf = pytest.importorskip("tensorflow")
     for out, r, ours in _exported(case, res, tmp_path, "saved_model", "_sm"):

@@ -53,6 +53,7 @@ def finish_pair(runs):
             run.kill()
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
     workdir = str(tmp_path / "two")
     cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}

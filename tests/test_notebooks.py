@@ -3,6 +3,7 @@
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
@@ -23,6 +24,9 @@ def text_of(nb):
         for o in cell.get("outputs", []):
             out.append(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")))
     return "\n".join(out)
+
+
+pytestmark = pytest.mark.slow  # minutes each: CI runs them with -m slow
 
 
 def test_tour(monkeypatch):

@@ -10,6 +10,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 from helpers import flat
 from subprocesses import Run, tiny_flags
 
@@ -33,6 +34,7 @@ def complete_steps(workdir):
     return sorted(int(n) for n in names if n.isdigit())
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_bit_identically(tmp_path):
     rng = random.Random(0)
     reference, killed = str(tmp_path / "reference"), str(tmp_path / "killed")

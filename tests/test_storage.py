@@ -113,17 +113,28 @@ def test_array_checksums_catch_other_values_in_any_layout():
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Finished undamaged workdirs: data-parallel and FSDP, both on the 8 devices."""
-    out = {}
-    for name, mesh in (("data", {}), ("fsdp", {"mesh.fsdp": 8, "mesh.data": 1})):
-        workdir = str(tmp_path_factory.mktemp(f"reference_{name}"))
-        train.run(config(**mesh), workdir)
-        assert integrity.step_dirs(f"{workdir}/checkpoints") == [10, 15, 20]
-        out[name] = (workdir, mesh)
-    return out
+    meshes = {"data": {}, "fsdp": {"mesh.fsdp": 8, "mesh.data": 1}}
+
+    class References(dict):
+        def __missing__(self, name):  # trained on first use: the fast tests need one
+            workdir = str(tmp_path_factory.mktemp(f"reference_{name}"))
+            train.run(config(**meshes[name]), workdir)
+            assert integrity.step_dirs(f"{workdir}/checkpoints") == [10, 15, 20]
+            self[name] = (workdir, meshes[name])
+            return self[name]
+
+    return References()
 
 
-@pytest.mark.parametrize("mesh", ["data", "fsdp"])
-@pytest.mark.parametrize("damage", list(DAMAGES))
+@pytest.mark.parametrize(
+    "damage,mesh",
+    [
+        (damage, mesh) if (damage, mesh) == (next(iter(DAMAGES)), "data")
+        else pytest.param(damage, mesh, marks=pytest.mark.slow)
+        for mesh in ("data", "fsdp")
+        for damage in DAMAGES
+    ],
+)  # fmt: skip
 def test_damaged_newest_checkpoint_is_set_aside_and_the_run_falls_back(
     reference, tmp_path, capsys, damage, mesh
 ):

@@ -323,6 +323,7 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
     assert path.endswith("vit_jax/configs/finetune.py:b16,cifar10") and os.path.isabs(path)
 
 
+@pytest.mark.slow
 def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     from vit_jax import fewshot as fewshot_command
     from vit_jax import figures, infer, miniature
