@@ -59,19 +59,10 @@ def parse_model_dataset(preset: str, arg: str, datasets: dict) -> tuple[str, Tfd
     return MODELS[model], datasets[dataset]
 
 
-def base(model: str) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    # '' trains from scratch; a published .npz (or a final.npz of an earlier run) is
-    # loaded with checkpoint.load_pretrained: position embeddings resized to image_size,
-    # pre_logits dropped unless model.representation_size is set, new zero head if
-    # reset_head. An interrupted run resumes from its workdir whatever this says.
-    c.init_from = ""
-    c.reset_head = True
-
-    # model.name is a published name ('ViT-B_16') or SIZE/PATCH ('B/16'); the other
-    # fields are VisionTransformer options. None keeps the variant's own value.
-    c.model = ml_collections.ConfigDict(
+def model_fields(model: str) -> ml_collections.ConfigDict:
+    """config.model: `name` is a published name ('ViT-B_16') or SIZE/PATCH ('B/16'); the
+    other fields are VisionTransformer options. None keeps the variant's own value."""
+    return ml_collections.ConfigDict(
         dict(
             name=model,
             representation_size=config_dict.placeholder(int),
@@ -90,14 +81,11 @@ def base(model: str) -> ml_collections.ConfigDict:
             patch_size=config_dict.placeholder(int),
         )
     )
-    c.dataset = data.default_config()
-    c.image_size = 384
-    c.batch_size = 512  # global, over all devices and processes
-    c.eval_batch_size = 512
-    c.accum_steps = 1  # gradient accumulation: micro-batches of batch_size / accum_steps
-    c.total_steps = 10_000
 
-    c.optimizer = ml_collections.ConfigDict(
+
+def optimizer_fields() -> ml_collections.ConfigDict:
+    """config.optimizer: the paper's fine-tuning SGD by default (vit_jax/optim.py)."""
+    return ml_collections.ConfigDict(
         dict(
             name="sgd",
             lr=0.03,
@@ -113,24 +101,13 @@ def base(model: str) -> ml_collections.ConfigDict:
         )
     )
 
-    # Parameters and optimizer state are replicated, or split over `fsdp` devices
-    # (vit_jax/sharding.py); the batch is split over all data x fsdp devices.
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: all devices left
-    # Multi-host: see vit_jax/distributed.py. Nothing set: one process.
-    c.distributed = ml_collections.ConfigDict(
-        dict(
-            coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
-        )
-    )
-    # A step whose loss, gradient or new state is not finite: False stops the run at
-    # the next log or save (nothing non-finite is ever saved); True skips the step
-    # inside the jitted update (state unchanged, counted in metrics 'skipped').
-    c.skip_nonfinite = False
-    # Linear few-shot accuracy of the frozen pre-logits on a cadence (pretraining runs;
-    # vit_jax/evaluate/fewshot.py): dataset names, comma-separated ('fashion_mnist'
-    # reads the idx files, any other name TFDS, unless `source` says otherwise); ''
-    # turns it off. `every` 0 runs it with each evaluation (eval_every).
-    c.fewshot = ml_collections.ConfigDict(
+
+def fewshot_fields() -> ml_collections.ConfigDict:
+    """config.fewshot: linear few-shot accuracy of the frozen pre-logits on a cadence
+    (pretraining runs; vit_jax/evaluate/fewshot.py): dataset names, comma-separated
+    ('fashion_mnist' reads the idx files, any other name TFDS, unless `source` says
+    otherwise); '' turns it off. `every` 0 runs it with each evaluation (eval_every)."""
+    return ml_collections.ConfigDict(
         dict(
             datasets="",
             source="",
@@ -144,6 +121,40 @@ def base(model: str) -> ml_collections.ConfigDict:
             every=0,
         )
     )
+
+
+def base(model: str) -> ml_collections.ConfigDict:
+    """Every field of a run config, with its default: the presets change a few."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    # '' trains from scratch; a checkpoint (published .npz, a final.npz of an earlier run,
+    # timm or HF) is loaded with checkpoint.load_pretrained: position embeddings resized
+    # to image_size, pre_logits dropped unless model.representation_size is set, new zero
+    # head if reset_head. An interrupted run resumes from its workdir whatever this says.
+    c.init_from = ""
+    c.reset_head = True
+    c.model = model_fields(model)
+    c.dataset = data.default_config()
+    c.image_size = 384
+    c.batch_size = 512  # global, over all devices and processes
+    c.eval_batch_size = 512
+    c.accum_steps = 1  # gradient accumulation: micro-batches of batch_size / accum_steps
+    c.total_steps = 10_000
+    c.optimizer = optimizer_fields()
+    # Parameters and optimizer state are replicated, or split over `fsdp` devices
+    # (vit_jax/sharding.py); the batch is split over all data x fsdp devices.
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: all devices left
+    # Multi-host: see vit_jax/distributed.py. Nothing set: one process.
+    c.distributed = ml_collections.ConfigDict(
+        dict(
+            coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
+        )
+    )
+    # A step whose loss, gradient or new state is not finite: False stops the run at
+    # the next log or save (nothing non-finite is ever saved); True skips the step
+    # inside the jitted update (state unchanged, counted in metrics 'skipped').
+    c.skip_nonfinite = False
+    c.fewshot = fewshot_fields()
     c.log_every = 50
     c.eval_every = 1000
     c.checkpoint_every = 1000
