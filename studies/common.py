@@ -125,6 +125,7 @@ def _run_cell(name: str, setting: str, seed: int, root: str, quick: bool, cell: 
     print(f"\n[{name}] {setting} seed {seed} in {workdir}", flush=True)
     start = time.time()
     out = cell(setting, seed, workdir, quick)
+    os.makedirs(workdir, exist_ok=True)
     record = {
         "study": name,
         "setting": setting,

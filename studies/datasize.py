@@ -47,7 +47,7 @@ def set_model(c, model: str):
 
 def pretrain_config(setting: str, seed: int, quick: bool = False):
     """The recipe's pretraining (classes 0-4, 28 px, Adam 2e-3, tanh pre-logits of
-    width 64) on a subset, 300 steps of batch 64 whatever its size."""
+    width 64) on a subset, 200 steps of batch 64 whatever its size."""
     from vit_jax.configs import fashion_mnist
 
     model, size = setting.split("_")
@@ -55,9 +55,9 @@ def pretrain_config(setting: str, seed: int, quick: bool = False):
     c.dataset.examples_per_class = SIZES[size]  # drawn with dataset.subset_seed 0
     c.fewshot.datasets = ""  # probed after training, on classes 5-9 only
     c.batch_size = 64
-    c.total_steps = 300
+    c.total_steps = 200
     c.log_every = 100
-    c.eval_every = c.checkpoint_every = 300
+    c.eval_every = c.checkpoint_every = 200
     c.seed = seed
     return common.quick(c) if quick else c
 
@@ -132,7 +132,7 @@ def plot(records: list[dict], path: str) -> None:
         ax.set_xlabel("pretraining images (classes 0-4)")
         ax.set_ylabel(f"{LABELS[metric]} (%)")
         ax.legend()
-    fig.suptitle("Data size against inductive bias: 300 pretraining steps", fontsize=10)
+    fig.suptitle("Data size against inductive bias: 200 pretraining steps", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
