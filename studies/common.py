@@ -106,6 +106,8 @@ def run_study(
     table = format_table(records, [s for s in settings if s in chosen], metrics, labels)
     with open(os.path.join(args.workdir, "table.txt"), "w") as f:
         f.write(table + "\n")
+    with open(os.path.join(args.workdir, "seeds.txt"), "w") as f:
+        f.write(seed_table(records, [s for s in settings if s in chosen], metrics[0]) + "\n")
     print("\n" + table, flush=True)
     if plot is not None:
         plot(records, os.path.join(args.workdir, f"{name}.png"))
@@ -189,6 +191,19 @@ def format_table(
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["| " + " | ".join(map(str.ljust, r, widths)) + " |" for r in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def seed_table(records: list[dict], settings: Sequence[str], metric: str = "accuracy") -> str:
+    """One row per setting, one column per seed: `metric` in % (what --only reproduces)."""
+    seeds = sorted({r["seed"] for r in records})
+    value = {(r["setting"], r["seed"]): r.get(metric) for r in records}
+    lines = ["| setting | " + " | ".join(f"seed {k}" for k in seeds) + " |"]
+    lines.append("|---|" + "---|" * len(seeds))
+    for s in settings:
+        cells = [value.get((s, k)) for k in seeds]
+        shown = ["-" if v is None else f"{100 * v:.2f}" for v in cells]
+        lines.append(f"| {s} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
 
 
