@@ -33,7 +33,7 @@ def parse_setting(setting: str) -> tuple[str, float]:
 
 def config(setting: str, seed: int, quick: bool = False):
     """Study 1's model and data (4 layers of width 64, 7x7 tokens of 28 px images,
-    batch 64) for 150 Adam steps, with the head and learning rate of `setting`."""
+    batch 64) for 200 Adam steps, with the head and learning rate of `setting`."""
     from studies import posemb
 
     head, lr = parse_setting(setting)
@@ -41,7 +41,7 @@ def config(setting: str, seed: int, quick: bool = False):
     c.model.classifier = head
     c.optimizer.lr = lr
     if not quick:
-        c.total_steps = c.eval_every = c.checkpoint_every = 150
+        c.total_steps = c.eval_every = c.checkpoint_every = 200
     return c
 
 
@@ -98,7 +98,7 @@ def plot(records: list[dict], path: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("Adam learning rate")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Class token or average pooling: ViT 4x64, 150 steps", fontsize=10)
+    ax.set_title("Class token or average pooling: ViT 4x64, 200 steps", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
