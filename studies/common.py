@@ -5,7 +5,8 @@ training loop (`vit_jax.train.run`). Each cell trains in its own directory,
 DIR/SETTING/seed_S, and leaves a record.json there when done, so rerunning a study
 skips the finished cells and resumes an interrupted one from its checkpoints.
 DIR/results.json holds every record, DIR/table.txt the mean and standard deviation
-over seeds, DIR/NAME.png the plot.
+over seeds, DIR/seeds.txt each cell's figure, DIR/NAME.png the plot. Compiled steps
+are cached in ~/.cache/vit_jax_studies (the seeds of a setting compile the same steps).
 
 `--only=SETTING --seeds=S` runs that one cell; when the study's reported records
 (studies/results/NAME.json, the figures STUDIES.md shows) hold it, the difference
