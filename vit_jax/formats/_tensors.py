@@ -64,6 +64,14 @@ def conv_from_torch(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(2, 3, 1, 0))
 
 
+def top_from_torch(key: str, a: np.ndarray) -> np.ndarray:
+    """A top-level tensor (embedding, head, norms, tokens) in this package's layout: the
+    patch-embedding conv and the head's Linear weight change layout, the rest do not."""
+    if key == "embedding/kernel":
+        return conv_from_torch(a)
+    return a.T if key == "head/kernel" else a
+
+
 def check_table(
     got: dict[str, Any], want: dict[str, Shape], source: str, layout: str, fix: str
 ) -> None:

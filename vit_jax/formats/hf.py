@@ -28,7 +28,12 @@ from flax import traverse_util
 
 from vit_jax.architecture import POSEMB, CheckpointError
 from vit_jax.formats import safetensors_io
-from vit_jax.formats._tensors import Shape, check_table, conv_from_torch, conv_to_torch
+from vit_jax.formats._tensors import (
+    Shape,
+    check_table,
+    conv_to_torch,
+    top_from_torch,
+)
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
 
@@ -226,12 +231,7 @@ def from_hf(tensors: dict[str, np.ndarray], num_heads: int) -> dict:
                 a = a.T
             flat[f"Transformer/encoderblock_{m[1]}/{name}"] = a
         elif key in top:
-            k = top[key]
-            flat[k] = (
-                conv_from_torch(a)
-                if k == "embedding/kernel"
-                else (a.T if k == "head/kernel" else a)
-            )
+            flat[top[key]] = top_from_torch(top[key], a)
         else:
             raise CheckpointError(f"tensor {key} {a.shape} is not in Hugging Face's ViT layout")
     return traverse_util.unflatten_dict(flat, sep="/")

@@ -35,7 +35,14 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax.architecture import POSEMB, CheckpointError
-from vit_jax.formats._tensors import Shape, check_table, concat, conv_from_torch, conv_to_torch
+from vit_jax.formats._tensors import (
+    Shape,
+    check_table,
+    concat,
+    conv_from_torch,
+    conv_to_torch,
+    top_from_torch,
+)
 from vit_jax.models import SIZES, param_shapes
 from vit_jax.models.vit import VisionTransformer
 
@@ -183,12 +190,7 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
                 else:
                     flat[enc + f"{_ATT}/{name}/bias"] = part.reshape(num_heads, -1)
         elif key in inverse:
-            k = inverse[key]
-            flat[k] = (
-                conv_from_torch(a)
-                if k == "embedding/kernel"
-                else (a.T if k == "head/kernel" else a)
-            )
+            flat[inverse[key]] = top_from_torch(inverse[key], a)
         elif key.startswith("patch_embed.backbone."):
             flat[_backbone_from(key)] = conv_from_torch(a) if a.ndim == 4 else a
         else:
