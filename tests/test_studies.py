@@ -42,8 +42,13 @@ def check_table(text: str, records: list[dict], settings, metrics) -> None:
     "study, seeds, metrics",
     [
         (posemb, (0,), ("accuracy",)),
-        (classifier, (0,), ("accuracy",)),
-        (datasize, (0,), ("accuracy", "finetune_accuracy", "pretrain_accuracy")),
+        pytest.param(classifier, (0,), ("accuracy",), marks=pytest.mark.slow),
+        pytest.param(
+            datasize,
+            (0,),
+            ("accuracy", "finetune_accuracy", "pretrain_accuracy"),
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["posemb", "classifier", "datasize"],
 )

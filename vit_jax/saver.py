@@ -166,12 +166,24 @@ def quiet_reported_failures() -> None:
     unraisable.vit_jax_quiet = True
     sys.unraisablehook = unraisable
     logging.getLogger("absl").addFilter(_orbax_raised)
+    # asyncio's "Task exception was never retrieved" for the same failed Orbax write.
+    logging.getLogger("asyncio").addFilter(_orbax_task_failed)
 
 
 def _orbax_raised(record: logging.LogRecord) -> bool:
     """False for Orbax's error logs of an exception it hands on to the caller."""
     from_orbax = f"{os.sep}orbax{os.sep}checkpoint{os.sep}" in record.pathname
     return not (from_orbax and record.levelno >= logging.ERROR and record.exc_info)
+
+
+def _orbax_task_failed(record: logging.LogRecord) -> bool:
+    """False for asyncio's report of an Orbax write task whose error was handed on."""
+    tb = record.exc_info[2] if record.exc_info else None
+    while tb is not None:
+        if f"{os.sep}orbax{os.sep}checkpoint{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return False
+        tb = tb.tb_next
+    return True
 
 
 def reason(error: BaseException) -> str:
