@@ -14,6 +14,7 @@ one is complete with its record. Processes other than 0 hand their checksums ove
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -122,6 +123,9 @@ class Saver:
         integrity.write_json(os.path.join(step_dir, integrity.RECORD), record)
         for path in others:
             os.remove(path)
+        if others:  # leave the checkpoints directory as Orbax left it
+            with contextlib.suppress(OSError):  # not empty: a part of a later save
+                os.rmdir(os.path.join(self.directory, PENDING))
 
     def _fail(self, step: int, error: BaseException) -> None:
         """Removes what the failed save of `step` left, then raises the run's one message.
