@@ -2,7 +2,7 @@
 
 import jax
 import numpy as np
-from flax import traverse_util
+from helpers import flat, images, unflat  # noqa: F401 (images: for the format tests)
 
 from vit_jax.models import get_model, param_shapes
 
@@ -15,8 +15,8 @@ def random_params(model, size, seed=0):
     """Every parameter random (a zero head or class token would hide mistakes), kernels
     scaled by 1/sqrt(fan-in) as in a trained model, so float32 logits are well conditioned."""
     rng = np.random.default_rng(seed)
-    flat = {}
-    for k, s in traverse_util.flatten_dict(param_shapes(model, size), sep="/").items():
+    out = {}
+    for k, s in flat(param_shapes(model, size)).items():
         std = 0.3
         if k.endswith("kernel"):
             qkv = k.endswith(("query/kernel", "key/kernel", "value/kernel"))
@@ -24,8 +24,8 @@ def random_params(model, size, seed=0):
         v = rng.normal(0.0, std, s.shape)
         if k.endswith("/scale"):
             v = 1.0 + 0.2 * v
-        flat[k] = v.astype(np.float32)
-    return traverse_util.unflatten_dict(flat, sep="/")
+        out[k] = v.astype(np.float32)
+    return unflat(out)
 
 
 def make(case, num_classes=7, seed=0):
@@ -34,17 +34,8 @@ def make(case, num_classes=7, seed=0):
     return model, random_params(model, case["size"], seed), case["size"]
 
 
-def images(size, n=2, seed=1):
-    h, w = (size, size) if isinstance(size, int) else size
-    return np.random.default_rng(seed).uniform(-1, 1, (n, h, w, 3)).astype(np.float32)
-
-
 def logits(model, params, x):
     return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x))(params, x))
-
-
-def flat(params):
-    return traverse_util.flatten_dict(params, sep="/")
 
 
 def assert_bit_exact(a, b):

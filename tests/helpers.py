@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import gzip
-import os
 
-import jax
 import numpy as np
 from flax import traverse_util
 
@@ -44,27 +42,10 @@ def write_idx(path: str, array: np.ndarray) -> None:
         f.write(header + array.tobytes())
 
 
-def write_fashion_mnist(root: str, n_train: int = 200, n_test: int = 100, seed: int = 0) -> str:
-    """A small Fashion-MNIST-shaped idx dataset in `root` (10 classes, 28x28 images whose
-    brightness depends on the class, so that a model can learn it); returns `root`."""
-    rng = np.random.default_rng(seed)
-    os.makedirs(root, exist_ok=True)
-    for split, n in (("train", n_train), ("t10k", n_test)):
-        labels = np.arange(n) % 10
-        images = rng.integers(0, 60, (n, 28, 28)) + (labels * 19)[:, None, None]
-        write_idx(os.path.join(root, f"{split}-images-idx3-ubyte.gz"), images)
-        write_idx(os.path.join(root, f"{split}-labels-idx1-ubyte.gz"), labels)
-    return root
-
-
 def images(size, n: int = 2, seed: int = 1) -> np.ndarray:
     """Random images in [-1, 1].  # [n, H, W, 3]"""
     h, w = (size, size) if isinstance(size, int) else size
     return np.random.default_rng(seed).uniform(-1, 1, (n, h, w, 3)).astype(np.float32)
-
-
-def keys(seed: int = 0):
-    return jax.random.key(seed)
 
 
 def run_command(module, *args: str) -> int:
