@@ -1,7 +1,8 @@
 """Every test sees 8 emulated CPU devices (multi-device code is tested this way) and shares
-one persistent JAX compilation cache for the session, subprocesses included: the same
-tiny models compile in many tests. Tests marked `slow` (the notebooks, long end-to-end
-runs) are skipped unless `-m slow` or `--run-slow` asks for them; CI runs both."""
+one persistent JAX compilation cache, parallel workers and subprocesses included: the
+same tiny models compile in many tests. Tests marked `slow` (the notebooks, long
+end-to-end runs) are skipped unless `-m slow` or `--run-slow` asks for them; CI runs both.
+pyproject.toml's addopts spread the files over pytest-xdist workers (`-n0`: one process)."""
 
 import os
 import sys

@@ -293,6 +293,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.slow  # three command runs; the export test below fills a tmpfs in the default set
 def test_disk_full_during_a_save_stops_with_one_message_and_resumes(
     cli_reference, small_disk, tmp_path
 ):

@@ -41,7 +41,7 @@ def check_table(text: str, records: list[dict], settings, metrics) -> None:
 @pytest.mark.parametrize(
     "study, seeds, metrics",
     [
-        (posemb, (0,), ("accuracy",)),
+        pytest.param(posemb, (0,), ("accuracy",), marks=pytest.mark.slow),
         pytest.param(classifier, (0,), ("accuracy",), marks=pytest.mark.slow),
         pytest.param(
             datasize,
