@@ -1,8 +1,7 @@
-"""Helpers of the format tests: models with every parameter random, their logits."""
+"""Helpers of the format tests: small and published-size models with every parameter random."""
 
-import jax
 import numpy as np
-from helpers import flat, images, unflat  # noqa: F401 (images: for the format tests)
+from helpers import flat, unflat
 
 from vit_jax.models import get_model, param_shapes
 
@@ -32,10 +31,6 @@ def make(case, num_classes=7, seed=0):
     """(model, params, size) of a test case."""
     model = get_model(case["name"], num_classes, **case["overrides"])
     return model, random_params(model, case["size"], seed), case["size"]
-
-
-def logits(model, params, x):
-    return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x))(params, x))
 
 
 def assert_bit_exact(a, b):

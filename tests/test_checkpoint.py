@@ -1,10 +1,9 @@
 """Published .npz checkpoints: every layout, exact logits against NumPy, resizing, errors."""
 
-import jax
 import numpy as np
 import pytest
 from helpers import flat as flatten
-from helpers import images, random_params, unflat
+from helpers import images, logits, random_params, unflat
 from numpy_reference import resize_posemb as ref_resize_posemb
 from numpy_reference import vit_logits
 
@@ -13,10 +12,6 @@ from vit_jax.checkpoint import CheckpointError
 from vit_jax.models import get_model, param_shapes
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
-
-
-def logits(model, params, x):
-    return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x))(params, x))
 
 
 # ------------------------------------------------------------------ exact numerics

@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from format_helpers import HYBRID, TI16, TINY, images, logits, make
+from format_helpers import HYBRID, TI16, TINY, make
+from helpers import images, logits
 
 from vit_jax import checkpoint
 from vit_jax.formats import convert

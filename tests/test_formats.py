@@ -6,7 +6,8 @@ import sys
 
 import numpy as np
 import pytest
-from format_helpers import HYBRID, TI16, TINY, assert_bit_exact, flat, images, logits, make
+from format_helpers import HYBRID, TI16, TINY, assert_bit_exact, make
+from helpers import flat, images, logits
 
 from vit_jax import checkpoint, formats
 from vit_jax.architecture import CheckpointError

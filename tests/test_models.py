@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import flat, unflat
+from helpers import flat, logits, unflat
 
 from vit_jax import checkpoint
 from vit_jax.models import VARIANTS, apply_with_intermediates, count_params, get_model, param_shapes
@@ -121,11 +121,6 @@ def test_short_names_and_overrides():
         get_model("R50+B/8", 10)
 
 
-def apply(model, params, x, **kw):
-    """Jitted apply: eager op-by-op dispatch is far slower on CPU."""
-    return jax.jit(lambda p, x: model.apply({"params": p}, x, **kw))(params, x)
-
-
 def _init(model, size=32, batch=2, seed=0):
     x = jax.random.uniform(
         jax.random.key(seed + 1), (batch, size, size, model.channels), minval=-1, maxval=1
@@ -141,8 +136,8 @@ def _loss_grads(model, params, x):
     labels = jax.nn.one_hot(jnp.arange(x.shape[0]) % 5, 5)
 
     def loss(p):
-        logits = model.apply({"params": p}, x, train=False)
-        return optax.softmax_cross_entropy(logits, labels).mean()
+        out = model.apply({"params": p}, x, train=False)
+        return optax.softmax_cross_entropy(out, labels).mean()
 
     grads = jax.jit(jax.grad(loss))(params)
     return flat(unflat(checkpoint.unstack_blocks(flat(jax.device_get(grads)))))
@@ -151,11 +146,11 @@ def _loss_grads(model, params, x):
 def test_scan_and_remat_compute_the_same_function_and_gradients():
     model = get_model("testing", 5)
     params, x = _init(model)
-    want, want_grads = apply(model, params, x), _loss_grads(model, params, x)
+    want, want_grads = logits(model, params, x), _loss_grads(model, params, x)
     for kw in (dict(scan=True), dict(remat=True), dict(scan=True, remat=True)):
         other = get_model("testing", 5, **kw)
         p = checkpoint.adapt(params, other, 32, reset_head=False)
-        np.testing.assert_allclose(apply(other, p, x), want, atol=1e-5)
+        np.testing.assert_allclose(logits(other, p, x), want, atol=1e-5)
         # Checkpoints see the same names whatever the switches.
         assert set(flat(unflat(checkpoint.unstack_blocks(flat(p))))) == set(flat(params))
         grads = _loss_grads(other, p, x)
@@ -167,7 +162,7 @@ def test_scan_and_remat_compute_the_same_function_and_gradients():
 def test_intermediates():
     model = get_model("testing", 5)
     params, x = _init(model)
-    logits, inter = apply_with_intermediates(model, params, x)
+    out, inter = apply_with_intermediates(model, params, x)
     n = 1 + 2 * 2
     assert inter["blocks"].shape == (2, 2, n, 32)
     assert inter["attention"].shape == (2, 2, 2, n, n)
@@ -179,7 +174,7 @@ def test_intermediates():
     normed = (last - mu) / jnp.sqrt(var + 1e-6) * enc["scale"] + enc["bias"]
     np.testing.assert_allclose(inter["pre_logits"], normed, atol=1e-5)
     head = params["head"]
-    np.testing.assert_allclose(logits, normed @ head["kernel"] + head["bias"], atol=1e-4)
+    np.testing.assert_allclose(out, normed @ head["kernel"] + head["bias"], atol=1e-4)
 
 
 def test_classifier_and_representation_options():
@@ -191,7 +186,7 @@ def test_classifier_and_representation_options():
     assert np.all(np.abs(inter["pre_logits"]) <= 1.0)  # tanh
     unpooled = get_model("testing", 5, classifier="unpooled")
     p, x = _init(unpooled)
-    assert apply(unpooled, p, x).shape == (2, 4, 5)
+    assert logits(unpooled, p, x).shape == (2, 4, 5)
 
 
 def test_position_embedding_kinds():
@@ -203,7 +198,7 @@ def test_position_embedding_kinds():
         model = get_model("testing", 5, posemb=kind)
         params, x = _init(model, size=48)
         assert set(params["Transformer"].get("posembed_input", {})) == keys
-        assert apply(model, params, x).shape == (2, 5)
+        assert logits(model, params, x).shape == (2, 5)
     row = params["Transformer"]["posembed_input"]["pos_embedding_row"]
     assert row.shape == (1, 3, 16)
     pe = sincos_2d((2, 3), 8)  # [gh*gw, D]: sin/cos of x then of y, omega = 1, 1/100
@@ -229,16 +224,16 @@ def test_posemb_none_is_permutation_equivariant():
     model = get_model("testing", 5, posemb="none")
     params, x = _init(model, size=32)
     swapped = jnp.concatenate([x[:, 16:], x[:, :16]], axis=1)  # swap the patch rows
-    np.testing.assert_allclose(apply(model, params, x), apply(model, params, swapped), atol=1e-5)
+    np.testing.assert_allclose(logits(model, params, x), logits(model, params, swapped), atol=1e-5)
     learned = get_model("testing", 5)
     p, _ = _init(learned)
-    assert not np.allclose(apply(learned, p, x), apply(learned, p, swapped))
+    assert not np.allclose(logits(learned, p, x), logits(learned, p, swapped))
 
 
 def test_dropout_needs_rng_only_in_training():
     model = get_model("testing", 5, dropout=0.5, attention_dropout=0.5, stochastic_depth=0.5)
     params, x = _init(model)
-    a = apply(model, params, x, train=False)  # no rng needed
+    a = logits(model, params, x, train=False)  # no rng needed
     train = jax.jit(lambda p, x, r: model.apply({"params": p}, x, train=True, rngs={"dropout": r}))
     b, b2 = train(params, x, jax.random.key(1)), train(params, x, jax.random.key(1))
     c = train(params, x, jax.random.key(2))
@@ -252,8 +247,8 @@ def test_bfloat16_compute_keeps_float32_params():
     model = get_model("testing", 5, dtype="bfloat16")
     params, x = _init(model)
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
-    ref = apply(get_model("testing", 5), params, x)
-    out = apply(model, params, x)
+    ref = logits(get_model("testing", 5), params, x)
+    out = logits(model, params, x)
     assert out.dtype == jnp.float32
     # The blocks really compute in bfloat16 (a dtype ignored would pass a loose margin) ...
     _, inter = jax.jit(lambda p, x: apply_with_intermediates(model, p, x))(params, x)
@@ -270,8 +265,8 @@ def test_param_dtype_stores_parameters_in_bfloat16():
     assert {p.dtype for p in jax.tree.leaves(shapes)} == {jnp.dtype(jnp.bfloat16)}
     params, x = _init(model)
     ref = get_model("testing", 5)
-    out = apply(model, params, x)
-    want = apply(ref, jax.tree.map(lambda p: p.astype(jnp.float32), params), x)
+    out = logits(model, params, x)
+    want = logits(ref, jax.tree.map(lambda p: p.astype(jnp.float32), params), x)
     np.testing.assert_allclose(out, want, atol=1e-5)  # float32 compute on the same values
 
 
@@ -283,9 +278,9 @@ def test_hybrid_runs_and_checks_sizes():
     assert params["block2"]["unit1"]["conv1"]["kernel"].shape == (1, 1, 256, 128)
     assert params["block2"]["unit1"]["conv2"]["kernel"].shape == (3, 3, 128, 128)
     assert float(jnp.abs(params["block1"]["unit1"]["gn3"]["scale"]).max()) == 0.0
-    assert apply(model, params, x).shape == (2, 3)
+    assert logits(model, params, x).shape == (2, 3)
     with pytest.raises(ValueError, match="not a multiple of the patch size 16"):
-        apply(model, params, x[:, :24])
+        logits(model, params, x[:, :24])
 
 
 def test_bad_input_errors():

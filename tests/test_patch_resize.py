@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from format_helpers import TINY, images, logits, make
+from format_helpers import TINY, make
+from helpers import images, logits
 
 from vit_jax import checkpoint, state
 from vit_jax.models import get_model
