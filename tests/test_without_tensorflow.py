@@ -1,6 +1,7 @@
 """Models, checkpoints, the jitted steps, the classify command and the benchmarks run where
 TensorFlow is absent (accelerator machines often lack it): each runs in a subprocess in
-which importing tensorflow fails."""
+which importing tensorflow fails. A pipeline then names the extra to install; where
+TensorFlow is present, its start-up notes stay off stderr (vit_jax/quiet_tf.py)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,15 @@ import importlib.abc, sys
 class NoTensorFlow(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] == "tensorflow":
-            raise ImportError("tensorflow is blocked in this test")
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
 sys.meta_path.insert(0, NoTensorFlow())
 """
 
 
-def run_without_tf(code: str, *args: str, cwd: str = "/") -> str:
+def run_without_tf(code: str, *args: str, cwd: str = "/", block: str = BLOCK) -> str:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.run(
-        [sys.executable, "-c", BLOCK + code, *args],
+        [sys.executable, "-c", block + code, *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -44,7 +45,7 @@ def test_the_block_works():
     out = run_without_tf(
         "try:\n    import tensorflow\nexcept ImportError as e:\n    print('blocked:', e)"
     )
-    assert "blocked: tensorflow is blocked" in out
+    assert "blocked: No module named 'tensorflow' (blocked)" in out
 
 
 def test_library_and_train_step_without_tensorflow():
@@ -89,3 +90,51 @@ def test_benchmarks_without_tensorflow():
         out = run_without_tf(code, "--model=testing", "--image_size=32", extra, "--no-bound")
         row = next(line.split() for line in out.splitlines() if line.startswith("testing"))
         assert row[-1] == "-" and float(row[5 if script == "train_step.py" else 4]) > 0
+
+
+def test_a_pipeline_without_tensorflow_names_the_extra():
+    out = run_without_tf("""
+from vit_jax import data
+try:
+    data.train_iterator
+except ImportError as e:
+    print(e)
+""")
+    assert out.strip() == (
+        "TensorFlow is needed here (tf.data input pipelines, TensorBoard files, SavedModel): "
+        "pip install 'vit_jax[data]'"
+    )
+
+
+def test_tensorflow_start_up_notes_are_kept_off_stderr(tmp_path):
+    """A stand-in `tensorflow` writes TensorFlow's start-up lines (and two others) to file
+    descriptor 2 as its C++ does: only the others reach stderr."""
+    fake = tmp_path / "tensorflow"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("""
+import os, sys
+os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written "
+            b"to STDERR\\n")
+os.write(2, b"I0000 00:00:1795454621.024016   28100 port.cc:153] oneDNN custom operations are on. "
+            b"You may see slightly different numerical results.\\n")
+os.write(2, b"a C++ warning that matters\\n")
+os.write(2, b"To enable the following instructions: AVX2 FMA, in other operations, rebuild "
+            b"TensorFlow with the appropriate compiler flags.\\n")
+print("a Python warning that matters", file=sys.stderr)
+VERSION = "stand-in"
+""")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from vit_jax import quiet_tf; print(quiet_tf.tensorflow().VERSION)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env=dict(os.environ, PYTHONPATH=str(tmp_path)),  # the stand-in shadows TensorFlow
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "stand-in\n"
+    assert proc.stderr == "a C++ warning that matters\na Python warning that matters\n"

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import data, distributed, integrity, optim, progress, sharding
+from vit_jax import data, distributed, integrity, optim, progress, quiet_tf, sharding
 from vit_jax import workdir as workdir_lib
 from vit_jax.evaluate import fewshot as fewshot_lib
 from vit_jax.models import count_params
@@ -54,7 +54,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         ValueError: the workdir's checkpoints are of another model or image size.
         FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
     """
-    from clu import metric_writers  # imports TensorFlow, as the input pipeline does
+    quiet_tf.tensorflow()  # as the input pipeline does; clu's writers import it too
+    from clu import metric_writers
 
     workdir_lib.check_writable(workdir)
     start_time = time.time()

@@ -22,9 +22,9 @@ import os
 import re
 
 import numpy as np
-import tensorflow as tf
 
 from vit_jax.data import preprocess
+from vit_jax.data._tf import tf
 
 EXTENSIONS = (".jpg", ".jpeg", ".png")
 

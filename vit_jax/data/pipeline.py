@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import ml_collections
 import numpy as np
-import tensorflow as tf
 
 from vit_jax.data import config as config_lib
 from vit_jax.data import folder_source, preprocess, splits, streams, tables, tfds_source
+from vit_jax.data._tf import tf
 
 Batch = dict[str, np.ndarray]
 

@@ -9,7 +9,8 @@ seed always gives the same crop, flip and mixup weight.
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
+
+from vit_jax.data._tf import tf
 
 # Salts that fold different uses of the run seed apart.
 SHUFFLE_SALT, AUGMENT_SALT, MIXUP_SALT = 0, 1, 2

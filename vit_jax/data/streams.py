@@ -19,9 +19,8 @@ Eval streams give each process a contiguous share of the split, in order.
 
 from __future__ import annotations
 
-import tensorflow as tf
-
 from vit_jax.data import preprocess, splits, tfds_source
+from vit_jax.data._tf import tf
 from vit_jax.data.tables import Table
 
 _FOREVER = 2**62

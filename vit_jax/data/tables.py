@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import ml_collections
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from vit_jax.data import config as config_lib
 from vit_jax.data import folder_source, idx_source, splits, subsets
+from vit_jax.data._tf import tf
 
 
 @dataclasses.dataclass(frozen=True)

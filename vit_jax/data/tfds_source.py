@@ -16,7 +16,10 @@ import difflib
 import functools
 
 import numpy as np
-import tensorflow as tf
+
+from vit_jax.data._tf import tf  # before tensorflow_datasets, which imports TensorFlow
+
+# isort: split
 import tensorflow_datasets as tfds
 
 from vit_jax.data import splits, subsets

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from vit_jax import quiet_tf
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -75,8 +76,9 @@ def export_saved_model(
       ImportError: no TensorFlow (pip install 'vit_jax[data]').
     """
     try:
-        import tensorflow as tf
         from jax.experimental import jax2tf
+
+        tf = quiet_tf.tensorflow()
     except ImportError as e:
         raise ImportError(
             "the saved_model export needs TensorFlow: pip install 'vit_jax[data]'"

@@ -12,6 +12,8 @@ import os
 import socket
 from pathlib import Path
 
+from vit_jax import quiet_tf
+
 SCHEMES = ("gs://", "http://", "https://", "s3://")
 _HOSTS = {"gs://": "storage.googleapis.com", "s3://": "s3.amazonaws.com"}
 
@@ -57,7 +59,7 @@ def fetch(path: str) -> Path:
         return local
     check_network(path)
     try:
-        import tensorflow as tf
+        tf = quiet_tf.tensorflow()
     except ImportError as e:
         raise ImportError(
             f"reading {path} needs TensorFlow's filesystem layer: pip install 'vit_jax[data]'"

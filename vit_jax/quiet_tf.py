@@ -1,0 +1,58 @@
+"""TensorFlow, imported without the lines its C++ start-up writes to stderr.
+
+Importing TensorFlow prints, before any logging is set up and whatever
+TF_CPP_MIN_LOG_LEVEL says, absl's "All log messages before absl::InitializeLog() is called
+are written to STDERR", the oneDNN note and the CPU-instructions note. Every command
+that builds an input pipeline or writes TensorBoard files would start with them (the
+only switch, TF_ENABLE_ONEDNN_OPTS=0, changes the numerics). `tensorflow()` imports it
+with file descriptor 2 captured and writes every other line back.
+
+The library imports TensorFlow through here (the tf.data pipeline, the TensorBoard
+writer, SavedModel export, gs:// reads); a module that then says `import tensorflow`
+gets the module already loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from types import ModuleType
+
+NOISE = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|oneDNN custom operations are on"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+    r"|To enable the following instructions: .* rebuild TensorFlow"
+)
+
+
+def tensorflow() -> ModuleType:
+    """`import tensorflow`, minus its start-up notes on stderr. Raises ImportError as
+    the import does (the message of a missing TensorFlow names the extra to install)."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+        except ImportError as e:
+            if e.name and e.name.split(".")[0] == "tensorflow":
+                raise ImportError(
+                    "TensorFlow is needed here (tf.data input pipelines, TensorBoard files, "
+                    "SavedModel): pip install 'vit_jax[data]'"
+                ) from e
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode(errors="replace")
+            sys.stderr.write("".join(
+                line for line in text.splitlines(keepends=True) if not NOISE.search(line)
+            ))  # fmt: skip
+    return tf
