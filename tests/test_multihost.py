@@ -1,7 +1,8 @@
 """Two processes on one machine (loopback, JAX's distributed runtime, Gloo collectives
 on CPU), 4 emulated devices each, train as one process with all 8 devices does: each
 process reads its half of every batch, the state is split over both by FSDP, Orbax
-saves and restores from both, and process 0 exports the gathered parameters."""
+saves and restores from both (each hashing its own shards for the integrity record), and
+process 0 exports the gathered parameters."""
 
 import os
 import socket
@@ -12,7 +13,7 @@ import pytest
 from helpers import flat
 from subprocesses import Run, tiny_flags
 
-from vit_jax import checkpoint, distributed, train
+from vit_jax import checkpoint, distributed, integrity, recovery, train
 from vit_jax.configs import common, fashion_mnist
 
 # FSDP over all 8 devices: the large arrays are split across the two processes. SGD,
@@ -68,7 +69,14 @@ def test_two_processes_train_like_one(tmp_path):
     assert "process 0 of 2: 4 of 8 devices" in logs[0]
     assert "process 1 of 2: 4 of 8 devices" in logs[1]
     assert "step 8/8" in logs[0] and "step 8/8" not in logs[1]  # process 0 logs
-    assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["8"]
+    assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["8"]  # .pending merged, removed
+    # The integrity record merges both processes' checksums: an array FSDP splits over the
+    # 8 devices has 8 slices, 4 hashed by each process; read back here, the step verifies.
+    record = integrity.read_record(f"{workdir}/checkpoints/8")
+    assert record["process_count"] == 2
+    split = [name for name, a in record["arrays"].items() if len(a["shards"]) == 8]
+    assert any("MlpBlock" in name and name.endswith("kernel") for name in split), record
+    assert recovery.verify_workdir(workdir) == [("8", "verifies")]
     want = flat(checkpoint.load_npz(tmp_path / "one" / "final.npz"))
     got = flat(checkpoint.load_npz(f"{workdir}/final.npz"))
     assert got.keys() == want.keys()
