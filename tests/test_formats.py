@@ -178,18 +178,22 @@ def test_timm_export_runs_in_torch_and_imports_back(case, tmp_path):
     )
 
 
-@pytest.mark.parametrize("case", [TINY, HYBRID], ids=["tiny", "hybrid"])
-def test_npz_timm_npz_is_bit_exact(case, tmp_path):
-    model, params, size = make(case)
+@pytest.mark.parametrize(
+    "case, fmt, middle",
+    [(TINY, "timm", "b.safetensors"), (HYBRID, "timm", "b.safetensors"), (TINY, "hf", "hf")],
+    ids=["timm-tiny", "timm-hybrid", "hf-tiny"],
+)
+def test_npz_to_format_and_back_is_bit_exact(case, fmt, middle, tmp_path):
+    _, params, _ = make(case)
     checkpoint.save_npz(tmp_path / "a.npz", params)
-    convert.convert(tmp_path / "a.npz", "timm", tmp_path / "b.safetensors")
-    convert.convert(tmp_path / "b.safetensors", "npz", tmp_path / "c.npz")
+    convert.convert(tmp_path / "a.npz", fmt, tmp_path / middle)
+    convert.convert(tmp_path / middle, "npz", tmp_path / "c.npz")
     a, c = np.load(tmp_path / "a.npz"), np.load(tmp_path / "c.npz")
     assert sorted(a.files) == sorted(c.files)
     for k in a.files:
         np.testing.assert_array_equal(a[k], c[k], err_msg=k)
         assert a[k].dtype == c[k].dtype
-    assert_bit_exact(params, formats.read_checkpoint(tmp_path / "b.safetensors"))
+    assert_bit_exact(params, formats.read_checkpoint(tmp_path / middle))
 
 
 # ------------------------------------------------------------------ Hugging Face
@@ -245,17 +249,6 @@ def test_hf_import_matches_transformers(tmp_path):
     with torch.no_grad():
         theirs = src(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits.numpy()
     np.testing.assert_allclose(logits(model, params, x), theirs, atol=1e-4)
-
-
-def test_npz_hf_npz_is_bit_exact(tmp_path):
-    model, params, size = make(TINY)
-    checkpoint.save_npz(tmp_path / "a.npz", params)
-    convert.convert(tmp_path / "a.npz", "hf", tmp_path / "hf")
-    convert.convert(tmp_path / "hf", "npz", tmp_path / "c.npz")
-    a, c = np.load(tmp_path / "a.npz"), np.load(tmp_path / "c.npz")
-    assert sorted(a.files) == sorted(c.files)
-    for k in a.files:
-        np.testing.assert_array_equal(a[k], c[k], err_msg=k)
 
 
 # ------------------------------------------------------------------ bad input
