@@ -1,15 +1,22 @@
 """ONNX and SavedModel exports: run by their own runtimes, the logits are this package's."""
 
+import jax
 import numpy as np
 import pytest
 from format_helpers import HYBRID, TI16, TINY, make
 from helpers import images, logits
 
 from vit_jax import checkpoint
-from vit_jax.formats import convert
+from vit_jax.formats import convert, export
 
 GAP = dict(
     name="testing", overrides=dict(patch_size=8, classifier="gap", representation_size=24), size=32
+)
+# Three stages (strided units, projections): the stem's every kind of unit.
+R50 = dict(
+    name="R50+B/16",
+    overrides=dict(width=64, depth=1, num_heads=2, mlp_dim=32, resnet_stages=(1, 2, 1)),
+    size=32,
 )
 CASES = [
     pytest.param(TINY, 48, id="tiny"),
@@ -29,7 +36,9 @@ def _exported(case, res, tmp_path, fmt, suffix):
         yield out, r, ours
 
 
-@pytest.mark.parametrize("case, res", CASES)
+@pytest.mark.parametrize(
+    "case, res", [*CASES, pytest.param(HYBRID, 48, id="hybrid"), pytest.param(R50, 64, id="r50")]
+)
 def test_onnx_export_runs_in_onnxruntime(case, res, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
@@ -54,10 +63,19 @@ def test_saved_model_serving_default(case, res, tmp_path):
             np.testing.assert_allclose(got, ours(x), atol=1e-4)
 
 
-def test_onnx_of_a_hybrid_is_refused_and_leaves_nothing(tmp_path):
+def test_onnx_weights_over_the_limit_go_to_a_data_file(tmp_path):
+    """ViT-H/14's 2.5 GB do not fit one protobuf: the same path, with the limit at 0."""
+    ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    model, params, _ = make(HYBRID)
-    checkpoint.save_npz(tmp_path / "h.npz", params)
-    with pytest.raises(ValueError, match="plain ViTs only.*saved_model"):
-        convert.convert(tmp_path / "h.npz", "onnx", tmp_path / "h.onnx")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.npz"]
+    model, params, size = make(TINY)
+    out = tmp_path / "m.onnx"
+    export.export_onnx(params, model, (size, size), str(out), external_above=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
+    weights = sum(np.asarray(v).nbytes for v in jax.tree.leaves(params))
+    # Tensors under 1 KB (biases, norms, shapes) stay in the graph; the data file has the rest.
+    data = (tmp_path / "m.onnx.data").stat().st_size
+    assert out.stat().st_size < weights / 4 and 0.9 * weights < data <= weights
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    x = images(size, n=2)
+    (got,) = session.run(["logits"], {"images": x})
+    np.testing.assert_allclose(got, logits(model, params, x), atol=1e-4)

@@ -13,7 +13,7 @@ Routes, chosen by what is maintained today and gives exact logits:
                netron and more; tf2onnx cannot read jax2tf's XlaCallModule op and lags
                TensorFlow releases. Written-out equations are exact (tested with
                onnxruntime within 1e-4) and need only the `onnx` package. Plain ViTs
-               (hybrids: saved_model).
+               and hybrids (the ResNet stem in NCHW convs).
 Both take images float32 [N, H, W, C] in [-1, 1] and return `logits`; H, W are fixed at
 export (position embeddings resized to them first). Output is written under a
 temporary name and renamed when complete.
@@ -44,12 +44,20 @@ def export(
     raise ValueError(f"unknown export format {fmt!r}: use onnx or saved_model")
 
 
-def export_onnx(params: dict, model: VisionTransformer, size: tuple[int, int], out: str) -> None:
-    """An ONNX model with a dynamic batch dimension at `out`.
+def export_onnx(
+    params: dict,
+    model: VisionTransformer,
+    size: tuple[int, int],
+    out: str,
+    external_above: int | None = None,
+) -> None:
+    """An ONNX model with a dynamic batch dimension at `out`. Weights over
+    `external_above` bytes (default onnx_graph.EXTERNAL_ABOVE, under protobuf's 2 GiB)
+    go to `out`.data beside it, which onnxruntime reads from the same directory.
 
     Raises:
       ImportError: no `onnx` package (pip install 'vit_jax[convert]').
-      ValueError: a hybrid model (see onnx_graph.build).
+      ValueError: position embeddings the graph does not build (see onnx_graph.build).
     """
     try:
         import onnx
@@ -57,14 +65,24 @@ def export_onnx(params: dict, model: VisionTransformer, size: tuple[int, int], o
         raise ImportError("the onnx export needs the onnx package: pip install onnx") from e
     from vit_jax.formats import onnx_graph
 
+    limit = onnx_graph.EXTERNAL_ABOVE if external_above is None else external_above
     proto = onnx_graph.build(params, model, size)
     path = Path(out)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + ".tmp")  # a directory: the graph and its data file
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an export that was killed
     try:
-        onnx.save_model(proto, str(tmp))
-        os.replace(tmp, path)
+        tmp.mkdir()
+        if onnx_graph.weight_bytes(proto) > limit:
+            data = path.name + ".data"  # the graph names it: written under its final name
+            onnx.save_model(proto, str(tmp / path.name), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=data)  # fmt: skip
+            onnx.checker.check_model(str(tmp / path.name))  # by path: with its data
+            os.replace(tmp / data, path.with_name(data))
+        else:
+            onnx.save_model(proto, str(tmp / path.name))
+        os.replace(tmp / path.name, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def export_saved_model(

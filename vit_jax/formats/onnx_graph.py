@@ -7,8 +7,11 @@ The graph is the model's equations written in ONNX's standard operators:
      -> out (MatMul) -> residual; LayerNormalization -> MatMul -> GELU (tanh
      approximation, written out) -> MatMul -> residual
   -> LayerNormalization -> class token or mean -> [tanh pre_logits] -> head: logits [N, K].
-The batch dimension is dynamic (N); H and W are fixed at export. Hybrids (ResNet stem)
-are not built here: export them as saved_model.
+Hybrids first run their ResNet stem in NCHW: weight-standardised convs (the kernels
+standardised at export) with 'SAME' padding (SAME_UPPER, as XLA pads), GroupNorm(32) as
+InstanceNormalization over [N, 32, C/32*H*W], ReLU and a 3x3/2 max-pool; the feature map
+then goes through the same patch embedding.
+The batch dimension is dynamic (N); H and W are fixed at export.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from flax import traverse_util
 from vit_jax.models.vit import VisionTransformer
 
 OPSET = 17
+# A protobuf message holds at most 2 GiB: above this many bytes of weights (ViT-H/14 has
+# 2.5 GB) they go to a file beside the graph, ONNX's external data.
+EXTERNAL_ABOVE = 1_800_000_000
 
 
 class _Graph:
@@ -88,11 +94,60 @@ def _attention(g: _Graph, x: str, p: dict, tokens: int, heads: int, name: str) -
     return g.dense(y, p["out"]["kernel"], p["out"]["bias"], f"{name}_out")
 
 
+def _std_conv(g: _Graph, x: str, kernel: np.ndarray, stride: int, name: str) -> str:
+    """A StdConv: the HWIO kernel standardised as resnet.standardize does, as OIHW."""
+    w = kernel.astype(np.float64)
+    w = w - w.mean(axis=(0, 1, 2), keepdims=True)
+    w = w / (w.std(axis=(0, 1, 2), keepdims=True) + 1e-5)
+    k = kernel.shape[0]
+    w = g.const(w.astype(np.float32).transpose(3, 2, 0, 1), name)
+    return g.op("Conv", x, w, kernel_shape=[k, k], strides=[stride, stride], auto_pad="SAME_UPPER")
+
+
+def _group_norm(g: _Graph, x: str, p: dict, name: str, groups: int = 32) -> str:
+    """GroupNorm (eps 1e-6) of x [N, C, H, W]: each group normalised as one instance."""
+    c = p["scale"].size
+    shape = g.op("Shape", x)
+    y = g.op("Reshape", x, g.const(np.array([0, groups, -1], np.int64)))
+    ones, zeros = np.ones(groups, np.float32), np.zeros(groups, np.float32)
+    y = g.op("InstanceNormalization", y, g.const(ones), g.const(zeros), epsilon=1e-6)
+    y = g.op("Reshape", y, shape)
+    y = g.op("Mul", y, g.const(p["scale"].reshape(c, 1, 1), name + "_scale"))
+    return g.op("Add", y, g.const(p["bias"].reshape(c, 1, 1), name + "_bias"))
+
+
+def _stem(g: _Graph, x: str, tree: dict, stages: tuple[int, ...]) -> str:
+    """The hybrids' ResNet stem (models/resnet.py): x [N, C, H, W] -> features NCHW."""
+    x = _std_conv(g, x, tree["conv_root"]["kernel"], 2, "conv_root")
+    x = g.op("Relu", _group_norm(g, x, tree["gn_root"], "gn_root"))
+    x = g.op("MaxPool", x, kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER")
+    for s, units in enumerate(stages):
+        for u in range(units):
+            name = f"block{s + 1}/unit{u + 1}"
+            p = tree[f"block{s + 1}"][f"unit{u + 1}"]
+            stride = 2 if s > 0 and u == 0 else 1
+
+            def conv_gn(y, conv, gn, stride=1, p=p, name=name):
+                y = _std_conv(g, y, p[conv]["kernel"], stride, f"{name}/{conv}")
+                return _group_norm(g, y, p[gn], f"{name}/{gn}")
+
+            residual = conv_gn(x, "conv_proj", "gn_proj", stride) if "conv_proj" in p else x
+            y = g.op("Relu", conv_gn(x, "conv1", "gn1"))
+            y = g.op("Relu", conv_gn(y, "conv2", "gn2", stride))
+            x = g.op("Relu", g.op("Add", residual, conv_gn(y, "conv3", "gn3")))
+    return x
+
+
 def _embed(g: _Graph, tree: dict, model: VisionTransformer, size: tuple[int, int]) -> str:
     """images [N, H, W, C] -> tokens [N, T, D] with class token and position embeddings."""
     p, c, dim = model.patch_size, model.channels, model.width
-    gh, gw = size[0] // p, size[1] // p
-    x = g.op("Reshape", "images", g.const(np.array([-1, gh, p, gw, p, c], np.int64)))
+    gh, gw = model.grid(size)
+    x = "images"
+    if model.resnet_stages is not None:  # NHWC -> stem (NCHW) -> NHWC feature map
+        x = _stem(g, g.op("Transpose", x, perm=[0, 3, 1, 2]), tree, tuple(model.resnet_stages))
+        x = g.op("Transpose", x, perm=[0, 2, 3, 1])
+        c = tree["embedding"]["kernel"].shape[2]
+    x = g.op("Reshape", x, g.const(np.array([-1, gh, p, gw, p, c], np.int64)))
     x = g.op("Transpose", x, perm=[0, 1, 3, 2, 4, 5])  # [N, gh, gw, P, P, C]
     x = g.op("Reshape", x, g.const(np.array([-1, gh * gw, p * p * c], np.int64)))
     x = g.dense(x, tree["embedding"]["kernel"], tree["embedding"]["bias"], "embedding")
@@ -134,16 +189,11 @@ def _pool_head(g: _Graph, x: str, tree: dict, model: VisionTransformer) -> str:
 
 
 def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
-    """The onnx.ModelProto of `model` (plain ViT, scan=False layout) at `size`.
+    """The onnx.ModelProto of `model` (plain or hybrid, scan=False layout) at `size`.
 
     Raises:
-      ValueError: a hybrid, or position embeddings other than 'learned' / 'none'.
+      ValueError: position embeddings other than 'learned' / 'none'.
     """
-    if model.resnet_stages is not None:
-        raise ValueError(
-            "the ONNX export builds plain ViTs only; this checkpoint is a hybrid (ResNet "
-            "stem): export it with --format=saved_model, or to timm and use torch.onnx"
-        )
     if model.posemb not in ("learned", "none"):
         raise ValueError(
             f"the ONNX export supports posemb 'learned' and 'none', not {model.posemb!r}"
@@ -174,5 +224,11 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
     opset = [g.helper.make_opsetid("", OPSET)]
     proto = g.helper.make_model(graph, opset_imports=opset, producer_name="vit_jax")
     proto.ir_version = min(proto.ir_version, 8)  # readable by older runtimes too
-    g.onnx.checker.check_model(proto)
+    if weight_bytes(proto) <= EXTERNAL_ABOVE:  # a larger one is checked once written
+        g.onnx.checker.check_model(proto)
     return proto
+
+
+def weight_bytes(proto: Any) -> int:
+    """Bytes of the graph's initialisers."""
+    return sum(len(t.raw_data) for t in proto.graph.initializer)
