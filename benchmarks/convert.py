@@ -2,11 +2,13 @@
 exports (images/s) beside the JAX model.
 
     python benchmarks/convert.py [--model=ViT-B_16] [--image_size=224] [--batch=8]
+        [--formats=npz,timm,hf,onnx,saved_model]
 
 The checkpoint is the variant with random parameters written as .npz (the published
 files have the same shapes), so the figures need no download. Each format is converted
 from that .npz by `vit_jax.formats.convert.convert`, timed end to end (reading,
-adapting, writing). Throughput: the median of 3 timed batches after one warm-up batch.
+adapting, writing). Throughput: the median of 3 timed batches after one warm-up batch;
+each runtime's largest logit difference from the JAX model on that batch beside it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, quiet_tf
 from vit_jax.formats import convert
 from vit_jax.models import get_model, param_shapes
 
@@ -49,10 +51,16 @@ def main() -> None:
     parser.add_argument("--model", default="ViT-B_16")
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--formats", default="npz,timm,hf,onnx,saved_model")
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="convert_bench"))
+    formats = args.formats.split(",")
+    with tempfile.TemporaryDirectory(prefix="convert_bench") as tmp:  # GBs, removed after
+        run_all(args.model, args.image_size, args.batch, formats, Path(tmp))
+
+
+def run_all(name: str, image_size: int, batch: int, formats: list[str], tmp: Path) -> None:
     src = tmp / "src.npz"
-    _random_npz(args.model, args.image_size, src)
+    _random_npz(name, image_size, src)
     outs = {
         "npz": "m.npz",
         "timm": "m.safetensors",
@@ -60,34 +68,40 @@ def main() -> None:
         "onnx": "m.onnx",
         "saved_model": "sm",
     }
-    print(f"{args.model} at {args.image_size}, {os.cpu_count()} cores")
+    print(f"{name} at {image_size}, {os.cpu_count()} cores")
     print("| format | convert s | size MB |")
     print("|---|---|---|")
     for fmt, name in outs.items():
+        if fmt not in formats:
+            continue
         start = time.perf_counter()
         done = convert.convert(src, fmt, tmp / name)
         seconds = time.perf_counter() - start
         out = Path(done.out)
         files = [out] if out.is_file() else [p for p in out.rglob("*") if p.is_file()]
-        print(f"| {fmt} | {seconds:.1f} | {sum(p.stat().st_size for p in files) / 1e6:.0f} |")
+        files += [p for p in [out.with_name(out.name + ".data")] if p.is_file()]  # ONNX > 2 GB
+        print(f"| {fmt} | {seconds:.1f} | {sum(p.stat().st_size for p in files) / 1e6:.1f} |")
 
-    x = np.random.default_rng(1).uniform(-1, 1, (args.batch, args.image_size, args.image_size, 3))
+    x = np.random.default_rng(1).uniform(-1, 1, (batch, image_size, image_size, 3))
     x = x.astype(np.float32)
     model, params, _ = convert.load(src)
     apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
-    speeds = {"JAX (jit)": _speed(lambda x: np.asarray(apply(params, x)), x)}
-    import onnxruntime as ort
+    want = np.asarray(apply(params, x))
+    runs = {"JAX (jit)": lambda x: np.asarray(apply(params, x))}
+    if "onnx" in formats:
+        import onnxruntime as ort
 
-    session = ort.InferenceSession(str(tmp / "m.onnx"), providers=["CPUExecutionProvider"])
-    speeds["ONNX (onnxruntime)"] = _speed(lambda x: session.run(["logits"], {"images": x}), x)
-    import tensorflow as tf
-
-    serve = tf.saved_model.load(str(tmp / "sm")).signatures["serving_default"]
-    speeds["SavedModel (TensorFlow)"] = _speed(lambda x: serve(images=tf.constant(x)), x)
-    print(f"\n| runtime | img/s (batch {args.batch}) |")
-    print("|---|---|")
-    for runtime, speed in speeds.items():
-        print(f"| {runtime} | {speed:.2f} |")
+        session = ort.InferenceSession(str(tmp / "m.onnx"), providers=["CPUExecutionProvider"])
+        runs["ONNX (onnxruntime)"] = lambda x: session.run(["logits"], {"images": x})[0]
+    if "saved_model" in formats:
+        tf = quiet_tf.tensorflow()
+        serve = tf.saved_model.load(str(tmp / "sm")).signatures["serving_default"]
+        runs["SavedModel (TensorFlow)"] = lambda x: serve(images=tf.constant(x))["logits"].numpy()
+    print(f"\n| runtime | img/s (batch {batch}) | max abs logit diff from JAX |")
+    print("|---|---|---|")
+    for runtime, run in runs.items():
+        diff = float(np.abs(run(x) - want).max())
+        print(f"| {runtime} | {_speed(run, x):.2f} | {diff:.1e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from vit_jax import quiet_tf
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -25,6 +27,8 @@ def run(script, *args):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    noise = [line for line in proc.stderr.splitlines() if quiet_tf.NOISE.search(line)]
+    assert not noise, noise  # TensorFlow's start-up notes stay off (vit_jax/quiet_tf.py)
     return proc.stdout
 
 
@@ -109,3 +113,19 @@ def test_memory_prints_state_per_device_and_largest_batches():
     rows = [line.split() for line in out.splitlines() if line.startswith("testing")]
     assert [r[2] for r in rows] == ["replicated", "fsdp"]
     assert all(int(r[4]) >= 1 and float(r[6]) <= 0.05 for r in rows)  # fits the budget
+
+
+@pytest.mark.slow
+def test_convert_prints_sizes_speeds_and_agreement():
+    out = run("convert.py", "--model=testing", "--image_size=32", "--batch=2",
+              "--formats=npz,onnx,saved_model")  # fmt: skip
+    sizes = {r[1]: float(r[5]) for r in (line.split() for line in out.splitlines()) if len(r) > 5
+             and r[1] in ("npz", "onnx", "saved_model")}  # fmt: skip
+    # 74,952 float32 parameters at 32 px; SavedModel adds its graph.
+    assert sizes["npz"] == sizes["onnx"] == 0.3 and 0.3 <= sizes["saved_model"] < 1, out
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in out.splitlines()
+            if line.startswith(("| JAX", "| ONNX", "| SavedModel"))}  # fmt: skip
+    assert set(rows) == {"JAX (jit)", "ONNX (onnxruntime)", "SavedModel (TensorFlow)"}, out
+    assert float(rows["JAX (jit)"][1]) == 0.0
+    assert float(rows["ONNX (onnxruntime)"][1]) < 1e-4
+    assert float(rows["SavedModel (TensorFlow)"][1]) < 1e-4

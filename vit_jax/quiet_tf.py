@@ -5,7 +5,8 @@ TF_CPP_MIN_LOG_LEVEL says, absl's "All log messages before absl::InitializeLog()
 are written to STDERR", the oneDNN note and the CPU-instructions note. Every command
 that builds an input pipeline or writes TensorBoard files would start with them (the
 only switch, TF_ENABLE_ONEDNN_OPTS=0, changes the numerics). `tensorflow()` imports it
-with file descriptor 2 captured and writes every other line back.
+with file descriptor 2 captured and writes every other line back; `quiet_stderr()` does
+the same around later TensorFlow work that loads more of its libraries.
 
 The library imports TensorFlow through here (the tf.data pipeline, the TensorBoard
 writer, SavedModel export, gs:// reads); a module that then says `import tensorflow`
@@ -14,10 +15,12 @@ gets the module already loaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from types import ModuleType
 
 NOISE = re.compile(
@@ -28,24 +31,17 @@ NOISE = re.compile(
 )
 
 
-def tensorflow() -> ModuleType:
-    """`import tensorflow`, minus its start-up notes on stderr. Raises ImportError as
-    the import does (the message of a missing TensorFlow names the extra to install)."""
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Runs the block with file descriptor 2 captured, then writes back every line that
+    is not one of TensorFlow's start-up notes. For imports, and for TensorFlow work that
+    loads more of its libraries (each prints the notes again: SavedModel export)."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            import tensorflow as tf
-        except ImportError as e:
-            if e.name and e.name.split(".")[0] == "tensorflow":
-                raise ImportError(
-                    "TensorFlow is needed here (tf.data input pipelines, TensorBoard files, "
-                    "SavedModel): pip install 'vit_jax[data]'"
-                ) from e
-            raise
+            yield
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
@@ -55,4 +51,21 @@ def tensorflow() -> ModuleType:
             sys.stderr.write("".join(
                 line for line in text.splitlines(keepends=True) if not NOISE.search(line)
             ))  # fmt: skip
+
+
+def tensorflow() -> ModuleType:
+    """`import tensorflow`, minus its start-up notes on stderr. Raises ImportError as
+    the import does (the message of a missing TensorFlow names the extra to install)."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    try:
+        with quiet_stderr():
+            import tensorflow as tf
+    except ImportError as e:
+        if e.name is not None and e.name.split(".")[0] == "tensorflow":
+            raise ImportError(
+                "TensorFlow is needed here (tf.data input pipelines, TensorBoard files, "
+                "SavedModel): pip install 'vit_jax[data]'"
+            ) from e
+        raise
     return tf

@@ -94,13 +94,19 @@ def export_saved_model(
       ImportError: no TensorFlow (pip install 'vit_jax[data]').
     """
     try:
+        tf = quiet_tf.tensorflow()  # before jax2tf, which imports it too
         from jax.experimental import jax2tf
-
-        tf = quiet_tf.tensorflow()
     except ImportError as e:
         raise ImportError(
             "the saved_model export needs TensorFlow: pip install 'vit_jax[data]'"
         ) from e
+    with quiet_tf.quiet_stderr():  # saving loads more of TensorFlow's libraries
+        _write_saved_model(tf, jax2tf, params, model, size, out)
+
+
+def _write_saved_model(
+    tf: Any, jax2tf: Any, params: dict, model: VisionTransformer, size: tuple[int, int], out: str
+) -> None:
     h, w = size
     c = model.channels
     fn = jax2tf.convert(
