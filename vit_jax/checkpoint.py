@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import architecture
+from vit_jax import architecture, files
 from vit_jax.architecture import POSEMB, CheckpointError, guess_variant
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.patch_resize import resample_kernel
@@ -167,15 +167,8 @@ def save_npz(path: str | os.PathLike, params: dict) -> None:
     for k, v in flat.items():
         a = np.asarray(v)
         arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with files.atomic_write(path) as f:
+        np.savez(f, **arrays)
 
 
 # ---------------------------------------------------------------- adapting to a model

@@ -30,6 +30,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from vit_jax import files
+
 RECORD = "integrity.json"
 SET_ASIDE = ".damaged"  # checkpoints/20 -> checkpoints/20.damaged; Orbax never lists it
 FORMAT = 1
@@ -112,10 +114,10 @@ def list_files(step_dir: str) -> dict[str, list[int]]:
     ('default/...'), not the step's own files, which Orbax rewrites as it completes the
     checkpoint."""
     out = {}
-    for root, _, files in os.walk(step_dir):
+    for root, _, names in os.walk(step_dir):
         if os.path.samefile(root, step_dir):
             continue
-        for f in files:
+        for f in names:
             path = os.path.join(root, f)
             out[os.path.relpath(path, step_dir)] = [os.path.getsize(path), file_crc(path)]
     return out
@@ -123,17 +125,8 @@ def list_files(step_dir: str) -> dict[str, list[int]]:
 
 def write_json(path: str, value: Any) -> None:
     """Writes `value` to `path` whole or not at all (temporary name, fsync, rename)."""
-    tmp = f"{path}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(value, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with files.atomic_write(path, "w", sync=True) as f:
+        json.dump(value, f)
 
 
 def read_record(step_dir: str) -> dict[str, Any] | None:

@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from vit_jax import files
+
 T = TypeVar("T")
 
 
@@ -117,7 +119,6 @@ def write_summary(workdir: str, summary: dict[str, Any]) -> str:
         k: (None if isinstance(v, float) and not math.isfinite(v) else v)
         for k, v in summary.items()
     }
-    with open(path + ".tmp", "w") as f:
+    with files.atomic_write(path, "w") as f:
         json.dump(clean, f, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
     return path

@@ -19,6 +19,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from vit_jax import files
 from vit_jax.architecture import CheckpointError
 
 _DTYPES: dict[str, np.dtype] = {
@@ -131,14 +132,8 @@ def write(
         offset += a.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            for a in arrays:
-                f.write(a.tobytes())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with files.atomic_write(path) as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for a in arrays:
+            f.write(a.tobytes())
