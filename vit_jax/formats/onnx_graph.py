@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
+from vit_jax.models import resnet
 from vit_jax.models.vit import VisionTransformer
 
 OPSET = 17
@@ -95,12 +96,9 @@ def _attention(g: _Graph, x: str, p: dict, tokens: int, heads: int, name: str) -
 
 
 def _std_conv(g: _Graph, x: str, kernel: np.ndarray, stride: int, name: str) -> str:
-    """A StdConv: the HWIO kernel standardised as resnet.standardize does, as OIHW."""
-    w = kernel.astype(np.float64)
-    w = w - w.mean(axis=(0, 1, 2), keepdims=True)
-    w = w / (w.std(axis=(0, 1, 2), keepdims=True) + 1e-5)
+    """A StdConv: the HWIO kernel standardised by the model's own function, as OIHW."""
     k = kernel.shape[0]
-    w = g.const(w.astype(np.float32).transpose(3, 2, 0, 1), name)
+    w = g.const(np.asarray(resnet.standardize(kernel)).transpose(3, 2, 0, 1), name)
     return g.op("Conv", x, w, kernel_shape=[k, k], strides=[stride, stride], auto_pad="SAME_UPPER")
 
 
