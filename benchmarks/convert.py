@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
+from bound import timeit  # this script's directory
 
 from vit_jax import checkpoint, quiet_tf
 from vit_jax.formats import convert
@@ -37,13 +37,8 @@ def _random_npz(name: str, size: int, path: Path) -> None:
 
 
 def _speed(fn, x: np.ndarray) -> float:
-    fn(x)  # warm-up (compilation, session set-up)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - start)
-    return len(x) / statistics.median(times)
+    """Images/s: the median of 3 batches after one warm-up (compilation, session set-up)."""
+    return len(x) / timeit(lambda: fn(x), warmup=1, repeats=3, min_time=0)
 
 
 def main() -> None:

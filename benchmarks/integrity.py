@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import shutil
 import statistics
@@ -35,7 +36,7 @@ import concurrent.futures  # noqa: E402
 
 import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
-from bound import machine  # noqa: E402
+from bound import machine, timeit  # noqa: E402
 
 from vit_jax import integrity, optim, recovery, sharding, workdir  # noqa: E402
 from vit_jax.configs.common import base  # noqa: E402
@@ -54,15 +55,6 @@ def make_state(model_name: str, image_size: int):
     return c, jax.block_until_ready(state)
 
 
-def timed(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="ViT-B_16")
@@ -73,7 +65,8 @@ def main() -> None:
     config, state = make_state(args.model, args.image_size)
     gib = workdir.tree_bytes(state) / 2**30
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        hash_s = timed(lambda: integrity.collect(integrity.start_checksums(state, pool)), 3)
+        hash_s = timeit(lambda: integrity.collect(integrity.start_checksums(state, pool)),
+                        warmup=0, repeats=args.repeats, min_time=0)  # fmt: skip
     root = tempfile.mkdtemp(dir=args.dir, prefix="integrity_bench_")
     try:
         plain = workdir.open_manager(os.path.join(root, "plain"), 0)
@@ -94,25 +87,26 @@ def main() -> None:
         target = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
         )
+        once = functools.partial(timeit, warmup=0, repeats=1, min_time=0)
         restore_s = {
-            "plain": timed(lambda: plain.restore(1, args=ocp.args.StandardRestore(target)), 1),
-            "verified": timed(lambda: recovery.check(saver.manager, 1, target), 1),
+            "plain": once(lambda: plain.restore(1, args=ocp.args.StandardRestore(target))),
+            "verified": once(lambda: recovery.check(saver.manager, 1, target)),
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
     med = statistics.median
     print(f"# {machine()}, {datetime.date.today()}")
     print(f"# {args.model} at {args.image_size} px, Adam: TrainState {gib:.2f} GiB")
-    print(f"hash          {med(hash_s):7.2f} s  ({gib / med(hash_s):.2f} GiB/s)")
+    print(f"hash          {hash_s:7.2f} s  ({gib / hash_s:.2f} GiB/s)")
     for name, (blocking, whole) in rows.items():
         print(f"save, {name:<7} {med(blocking):7.2f} s blocking  {med(whole):7.2f} s whole")
     for name, seconds in restore_s.items():
-        print(f"restore, {name:<8} {med(seconds):5.2f} s")
+        print(f"restore, {name:<8} {seconds:5.2f} s")
     plain_whole = med(rows["plain"][1])
     blocking = med(rows["record"][0]) - med(rows["plain"][0])
     print(
         f"record adds   {blocking:+7.2f} s blocking; hash alone is "
-        f"{med(hash_s) / plain_whole:.1%} of a plain save's whole time"
+        f"{hash_s / plain_whole:.1%} of a plain save's whole time"
     )
 
 
