@@ -80,12 +80,17 @@ def run_command(module, *args: str) -> int:
 
 
 def tiny_config(**overrides):
-    """The `fashion_mnist:tiny` preset (20 steps of a 2-block model) with top-level fields
-    overridden."""
+    """The `fashion_mnist:tiny` preset (20 steps of a 2-block model) with fields
+    overridden; 'model.dropout' names a nested one, as --config.model.dropout does."""
     from vit_jax.configs import fashion_mnist
 
     c = fashion_mnist.get_config("tiny")
-    c.update(overrides)
+    for key, value in overrides.items():
+        *sections, field = key.split(".")
+        node = c
+        for name in sections:
+            node = node[name]
+        node[field] = value
     return c
 
 

@@ -10,11 +10,11 @@ import socket
 import jax
 import numpy as np
 import pytest
-from helpers import flat
+from helpers import flat, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax import checkpoint, distributed, integrity, recovery, train
-from vit_jax.configs import common, fashion_mnist
+from vit_jax.configs import common
 
 # FSDP over all 8 devices: the large arrays are split across the two processes. SGD,
 # whose updates follow the gradients' float noise linearly (Adam's do not near 0).
@@ -60,11 +60,7 @@ def test_two_processes_train_like_one(tmp_path):
     cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
     first = launch_pair(workdir, cache)
     # Meanwhile, the reference: this process, all 8 devices.
-    config = fashion_mnist.get_config("tiny")
-    for key, value in RUN.items():
-        section, _, field = key.rpartition(".")
-        (config[section] if section else config)[field] = value
-    train.run(config, str(tmp_path / "one"))
+    train.run(tiny_config(**RUN), str(tmp_path / "one"))
     logs = finish_pair(first)
     assert "process 0 of 2: 4 of 8 devices" in logs[0]
     assert "process 1 of 2: 4 of 8 devices" in logs[1]

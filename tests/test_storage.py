@@ -16,9 +16,9 @@ import jax
 import numpy as np
 import pytest
 from flax import traverse_util
+from helpers import tiny_config
 from subprocesses import ROOT, Run, tiny_flags
 
-from configs import fashion_mnist
 from vit_jax import checkpoint, integrity, recovery, saver, train
 from vit_jax import workdir as workdir_lib
 
@@ -28,14 +28,7 @@ RUN = {"checkpoint_every": 5, "eval_every": 0, "log_every": 5, "model.dropout": 
 
 def config(**overrides):
     """The tiny config with RUN and `overrides` ('mesh.fsdp' for config.mesh.fsdp)."""
-    c = fashion_mnist.get_config("tiny")
-    for key, value in {**RUN, **overrides}.items():
-        *nodes, field = key.split(".")
-        node = c
-        for name in nodes:
-            node = node[name]
-        node[field] = value
-    return c
+    return tiny_config(**{**RUN, **overrides})
 
 
 def data_files(step_dir):
