@@ -37,11 +37,9 @@ def config(setting: str, seed: int, quick: bool = False):
     from studies import posemb
 
     head, lr = parse_setting(setting)
-    c = posemb.config("learned", seed, quick)
+    c = posemb.config("learned", seed, quick, steps=200)
     c.model.classifier = head
     c.optimizer.lr = lr
-    if not quick:
-        c.total_steps = c.eval_every = c.checkpoint_every = 200
     return c
 
 

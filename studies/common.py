@@ -64,6 +64,17 @@ def quick(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
+def schedule(
+    config: ml_collections.ConfigDict, steps: int, log_every: int, seed: int, quick_run: bool
+) -> ml_collections.ConfigDict:
+    """A study's run: `steps` steps logged every `log_every`, evaluated and saved once at
+    the end, with `seed`; cut to seconds by `quick` when `quick_run`."""
+    config.total_steps = config.eval_every = config.checkpoint_every = steps
+    config.log_every = log_every
+    config.seed = seed
+    return quick(config) if quick_run else config
+
+
 def train_cell(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """`vit_jax.train.run` without progress bars; returns its summary."""
     from vit_jax import train

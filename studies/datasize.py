@@ -55,11 +55,7 @@ def pretrain_config(setting: str, seed: int, quick: bool = False):
     c.dataset.examples_per_class = SIZES[size]  # drawn with dataset.subset_seed 0
     c.fewshot.datasets = ""  # probed after training, on classes 5-9 only
     c.batch_size = 64
-    c.total_steps = 200
-    c.log_every = 100
-    c.eval_every = c.checkpoint_every = 200
-    c.seed = seed
-    return common.quick(c) if quick else c
+    return common.schedule(c, 200, 100, seed, quick)
 
 
 def finetune_config(setting: str, seed: int, init_from: str, quick: bool = False):
@@ -70,13 +66,9 @@ def finetune_config(setting: str, seed: int, init_from: str, quick: bool = False
     c = set_model(fashion_mnist.get_config("finetune"), setting.split("_")[0])
     c.init_from = init_from
     c.image_size = 28
-    c.total_steps = 60
     c.optimizer.warmup_steps = 6
-    c.log_every = 30
-    c.eval_every = c.checkpoint_every = 60
-    c.seed = seed
+    c = common.schedule(c, 60, 30, seed, quick)
     if quick:
-        c = common.quick(c)
         c.dataset.examples_per_class = 8
     return c
 

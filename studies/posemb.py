@@ -22,7 +22,7 @@ NAME = "posemb"
 SETTINGS = ("none", "learned", "learned_2d", "sincos_2d")  # model.posemb values
 
 
-def config(posemb: str, seed: int, quick: bool = False):
+def config(posemb: str, seed: int, quick: bool = False, steps: int = 400):
     """4 layers of width 64 on 4x4 patches of 28 px images (7x7 tokens), class token;
     Adam at 2e-3, batch 64, 400 steps (about half an epoch)."""
     from vit_jax.configs import fashion_mnist
@@ -33,11 +33,7 @@ def config(posemb: str, seed: int, quick: bool = False):
     c.model.representation_size = None
     c.model.posemb = posemb
     c.batch_size = 64
-    c.total_steps = 400
-    c.log_every = 100
-    c.eval_every = c.checkpoint_every = 400
-    c.seed = seed
-    return common.quick(c) if quick else c
+    return common.schedule(c, steps, 100, seed, quick)
 
 
 def cell(setting: str, seed: int, workdir: str, quick: bool) -> dict:
