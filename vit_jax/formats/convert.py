@@ -95,15 +95,9 @@ def write(
         checkpoint.save_npz(out, params)
         how = f"vit_jax.checkpoint.load_model({out!r})  # or the original code's np.load"
     elif fmt == "timm":
-        name, kwargs = timm.create_model_args(model, size)
         tensors = {k: np.asarray(v, np.float32) for k, v in timm.to_timm(params).items()}
-        meta = {"format": "pt", "num_heads": str(model.num_heads), "timm_model": name}
-        safetensors_io.write(out, tensors, meta)
-        args = "".join(f", {k}={v!r}" for k, v in kwargs.items())
-        how = (
-            f"timm.create_model({name!r}{args}, pretrained=True,\n"
-            f"    pretrained_cfg_overlay=dict(file={out!r}))"
-        )
+        how = timm.recipe(model, size, os.path.abspath(out))
+        safetensors_io.write(out, tensors, {"format": "pt", "num_heads": str(model.num_heads)})
     elif fmt == "hf":
         tensors = {k: np.asarray(v, np.float32) for k, v in hf.to_hf(params).items()}
         hf.write_dir(out, tensors, hf.config(model, size))

@@ -17,17 +17,22 @@ Hybrids (timm's ResNetV2 stem, `patch_embed.backbone.` + ...):
   block{s}/unit{u}/conv{r}, gn{r}        stages.{s-1}.blocks.{u-1}.conv{r}, norm{r}
   block{s}/unit{u}/conv_proj, gn_proj    stages.{s-1}.blocks.{u-1}.downsample.conv, .norm
 
-timm's VisionTransformer has no representation ('pre_logits') layer, and its default
-GELU is the exact one: `create_model_args` names act_layer='gelu_tanh' so that timm's
-logits are this package's (and class_token=False, global_pool='avg', fc_norm=False for
-the 'gap' variants, which apply the final norm before pooling). timm's hybrid stem
-standardises conv weights as (w - mean) / sqrt(var + 1e-8) and uses GroupNorm eps 1e-5
-where the original (and this package) uses (w - mean) / (std + 1e-5) and 1e-6: the same
-weights, with hybrid logits in timm a little off this package's (plain ViTs: exact).
+timm's VisionTransformer has no representation ('pre_logits') layer. Its named models
+(`timm.create_model`) cover the published sizes only, and their pretrained configs replace
+a head that is not 1000-class, so `recipe` prints lines that build timm's
+`VisionTransformer` class itself with every argument this package's model needs (the
+tanh GELU, LayerNorm eps 1e-6, mlp_ratio, image size, pooling: class token, or 'avg' with
+the final norm before pooling; a hybrid's ResNetV2 stem with GroupNorm eps 1e-6) and
+load the file with a strict `load_state_dict`. A hybrid's recipe also subclasses timm's
+StdConv2dSame: timm standardises conv weights as (w - mean) / sqrt(var + eps), the
+original (and this package) as (w - mean) / (std + 1e-5), a difference of ~1e-5 in the
+logits that the subclass removes. timm's logits are then this package's to float32
+round-off (~1e-6) for plain ViTs and hybrids alike.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -68,6 +73,11 @@ _TOP = {
     "head/kernel": "head.weight",
     "head/bias": "head.bias",
 }
+_PRE_LOGITS = (
+    "the checkpoint has a representation layer (pre_logits) under its head; timm's "
+    "VisionTransformer has none. Convert with --num_classes=K for a new head "
+    "(the layer is dropped), or use the npz format"
+)
 _GN = {"scale": "weight", "bias": "bias"}
 
 
@@ -97,11 +107,7 @@ def to_timm(params: dict) -> dict[str, Any]:
     """
     flat = traverse_util.flatten_dict(params, sep="/")
     if "pre_logits/kernel" in flat:
-        raise CheckpointError(
-            "the checkpoint has a representation layer (pre_logits) under its head; timm's "
-            "VisionTransformer has none. Convert with --num_classes=K for a new head "
-            "(the layer is dropped), or use the npz format"
-        )
+        raise CheckpointError(_PRE_LOGITS)
     root_only = "block1/unit1/conv1/kernel" not in flat
     out: dict[str, Any] = {}
     qkv: dict[str, dict[str, Any]] = {}
@@ -234,69 +240,95 @@ def check(
     )
 
 
-_TIMM_SIZES = {
-    (192, 12, 3, 768): "tiny",
-    (384, 12, 6, 1536): "small",
-    (768, 12, 12, 3072): "base",
-    (1024, 24, 16, 4096): "large",
-    (1280, 32, 16, 5120): "huge",
-}
-_PLAIN = {
-    "tiny16": (224, 384),
-    "small16": (224, 384),
-    "small32": (224, 384),
-    "base8": (224,),
-    "base16": (224, 384),
-    "base32": (224, 384),
-    "large16": (224, 384),
-    "large32": (224, 384),
-    "huge14": (224,),
-}
-_HYBRID = {
-    ("tiny", ()): ("vit_tiny_r_s16_p8", (224, 384)),
-    ("small", (2, 2, 2, 2)): ("vit_small_r26_s32", (224, 384)),
-    ("base", (2, 2, 2, 2)): ("vit_base_r26_s32", (224,)),
-    ("base", (3, 4, 9)): ("vit_base_r50_s16", (224, 384)),
-    ("large", (3, 4, 6, 3)): ("vit_large_r50_s32", (224, 384)),
-}
+def _mlp_ratio(width: int, mlp_dim: int) -> float:
+    """The float timm multiplies by the width: int(width * ratio) must be mlp_dim."""
+    ratio = mlp_dim / width
+    while int(width * ratio) < mlp_dim:  # 1 ulp up where the product rounds below
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
 
 
-def create_model_args(model: VisionTransformer, image_size: tuple[int, int]) -> tuple[str, dict]:
-    """(timm model name, `timm.create_model` keyword arguments) whose model loads the
-    converted file with `strict=True` and computes this package's logits."""
-    dims = (model.width, model.depth, model.num_heads, model.mlp_dim)
-    size = _TIMM_SIZES.get(dims)
-    kwargs: dict[str, Any] = {}
-    stages = None if model.resnet_stages is None else tuple(model.resnet_stages)
-    if stages is not None:
-        if (size, stages) not in _HYBRID:  # timm builds it, but has no name for it
-            kwargs.update(
-                embed_dim=model.width,
-                depth=model.depth,
-                num_heads=model.num_heads,
-                mlp_ratio=model.mlp_dim / model.width,
-                patch_size=model.patch_size,
+def _call(head: str, args: list[str], width: int = 92) -> list[str]:
+    """`head(` and its keyword arguments, wrapped at `width`, then `)`."""
+    lines, line = [head + "("], "   "
+    for a in args:
+        if len(line) + len(a) + 2 > width:
+            lines.append(line)
+            line = "   "
+        line += f" {a},"
+    return [*lines, line, ")"]
+
+
+def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> str:
+    """Python lines that build timm's own `VisionTransformer` for `model` at `image_size`
+    and load the converted file at `path` with a strict `load_state_dict`.
+
+    Every argument is spelled out: sizes, mlp_ratio, patch, image size, channels, classes,
+    pooling (class token; 'avg' or none with the final norm before pooling), the tanh
+    GELU, LayerNorm eps 1e-6 and, for hybrids, the ResNetV2 stem with GroupNorm eps 1e-6
+    and the original weight standardisation. Pasted into Python (or exec'd), the lines
+    leave `model` in eval mode: float32 [N, C, H, W] in [-1, 1] -> this package's logits.
+
+    Raises:
+      CheckpointError: a model timm's VisionTransformer cannot compute (2D or sin-cos
+        position embeddings, a representation layer).
+    """
+    if model.representation_size:
+        raise CheckpointError(_PRE_LOGITS)
+    if model.posemb not in ("learned", "none"):
+        raise CheckpointError(
+            f"position embeddings {model.posemb!r} have no timm VisionTransformer "
+            "equivalent (it learns one [1, N, D] table or has none): use --format=npz or onnx"
+        )
+    h, w = image_size
+    pool = {"token": "'token'", "gap": "'avg'", "unpooled": "''"}[model.classifier]
+    args = [
+        f"img_size={(h, w)!r}",
+        f"patch_size={model.patch_size}",
+        f"in_chans={model.channels}",
+        f"embed_dim={model.width}",
+        f"depth={model.depth}",
+        f"num_heads={model.num_heads}",
+        f"mlp_ratio={_mlp_ratio(model.width, model.mlp_dim)!r}",
+        f"num_classes={model.num_classes or 0}",
+        f"class_token={model.has_class_token}",
+        f"global_pool={pool}",
+        "fc_norm=False",
+    ]
+    if model.posemb == "none":
+        args.append("pos_embed='none'")
+    args += ["act_layer='gelu_tanh'", "norm_layer=partial(torch.nn.LayerNorm, eps=1e-6)"]
+    lines = [
+        "from functools import partial",
+        "import safetensors.torch, torch",
+        "from timm.models.vision_transformer import VisionTransformer",
+    ]
+    if model.resnet_stages is not None:
+        stages = tuple(model.resnet_stages)
+        lines += [
+            "from timm.layers import GroupNormAct, HybridEmbed, StdConv2dSame",
+            "from timm.layers.padding import pad_same",
+            f"from timm.models.resnetv2 import {'ResNetV2' if stages else 'create_resnetv2_stem'}",
+            "class StdConv(StdConv2dSame):  # the original's standardisation: / (std + 1e-5)",
+            "    def forward(self, x):",
+            "        w = self.weight - self.weight.mean((1, 2, 3), keepdim=True)",
+            "        w = w / (w.std((1, 2, 3), correction=0, keepdim=True) + 1e-5)",
+            "        x = pad_same(x, self.kernel_size, self.stride) if self.same_pad else x",
+            "        return torch.nn.functional.conv2d(x, w, None, self.stride, self.padding)",
+            "",
+            "norm = partial(GroupNormAct, num_groups=32, eps=1e-6)",
+        ]
+        common = ["stem_type='same'", "preact=False", "conv_layer=StdConv", "norm_layer=norm"]
+        if stages:
+            lines += _call(
+                "backbone = ResNetV2",
+                [f"layers={stages!r}", f"in_chans={model.channels}", "num_classes=0"]
+                + ["global_pool=''", *common],
             )
-            kwargs["embed_layer"] = f"HybridEmbed with backbone _resnetv2(layers={stages})"
-        base, sizes = _HYBRID.get((size, stages), ("vit_base_r50_s16", (224,)))
-    else:
-        if size is None or f"{size}{model.patch_size}" not in _PLAIN:
-            size, sizes = size or "base", (224,)
-            kwargs.update(
-                patch_size=model.patch_size,
-                embed_dim=model.width,
-                depth=model.depth,
-                num_heads=model.num_heads,
-                mlp_ratio=model.mlp_dim / model.width,
-            )
-        else:
-            sizes = _PLAIN[f"{size}{model.patch_size}"]
-        base = f"vit_{size}_patch{model.patch_size}"
-    res = image_size[0] if image_size[0] == image_size[1] and image_size[0] in sizes else 224
-    if tuple(image_size) != (res, res):
-        kwargs["img_size"] = tuple(image_size) if image_size[0] != image_size[1] else image_size[0]
-    kwargs["num_classes"] = model.num_classes or 0
-    if not model.has_class_token:
-        kwargs.update(class_token=False, global_pool="avg", fc_norm=False)
-    kwargs["act_layer"] = "gelu_tanh"
-    return f"{base}_{res}", kwargs
+        else:  # the root alone (conv, norm, pool)
+            lines += _call("backbone = create_resnetv2_stem", [str(model.channels), *common])
+        args.append("embed_layer=partial(HybridEmbed, backbone=backbone)")
+    lines += _call("model = VisionTransformer", args)
+    lines.append(f"model.load_state_dict(safetensors.torch.load_file({path!r}))  # strict")
+    lines.append(f"model.eval()  # takes float32 [N, {model.channels}, {h}, {w}] in [-1, 1]")
+    return "\n".join(lines)
