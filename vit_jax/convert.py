@@ -1,15 +1,19 @@
 """Convert a checkpoint to another format: npz, timm, hf, onnx or saved_model.
 
     python -m vit_jax.convert --checkpoint=IN --format=FORMAT --out=OUT [--model=NAME] \\
-        [--image_size=N] [--num_classes=K] [--patch_size=P]
+        [--image_size=N] [--num_classes=K] [--patch_size=P] [--labels=FILE]
 
 IN is a published .npz (any layout), a timm .safetensors file or a Hugging Face model
 directory (config.json + model.safetensors); its format is recognised from the file.
 Without --model the architecture is read from the file; without --image_size the
 output keeps the file's resolution (position embeddings are resized to any other);
 --num_classes replaces the head by a new zero one; --patch_size resamples the patch
-embedding (FlexiViT). The last lines say how to load OUT (for timm: the model name and
-the create_model arguments). See vit_jax/formats/.
+embedding (FlexiViT). The last lines say how to load OUT, as Python to paste: for timm,
+lines that build timm's VisionTransformer with every argument and load OUT strictly;
+for hf, from_pretrained and pipeline('image-classification'). An hf directory carries
+the class names (--labels=FILE, one a line as for vit_jax.infer; a 1000-class head gets
+the ImageNet names) and preprocessor_config.json (the resize and [-1, 1] scaling of
+vit_jax.infer). See vit_jax/formats/.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ def define_flags() -> None:
     flags.DEFINE_enum("format", None, list(FORMATS), "Output format.", required=True)
     flags.DEFINE_string("out", None, "Output file (npz, timm, onnx) or directory.", required=True)
     flags.DEFINE_integer("num_classes", None, "New zero head of K classes (0: none).")
+    flags.DEFINE_string(
+        "labels", None, "hf only: class names, one a line (default: ImageNet's for 1000)."
+    )
 
 
 def main() -> None:
@@ -37,7 +44,15 @@ def main() -> None:
     size = images.parse_image_size(f.image_size)
     try:
         done = convert.convert(
-            f.checkpoint, f.format, f.out, f.model, size, f.num_classes, f.patch_size, **overrides
+            f.checkpoint,
+            f.format,
+            f.out,
+            f.model,
+            size,
+            f.num_classes,
+            f.patch_size,
+            labels=f.labels,
+            **overrides,
         )
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None

@@ -1,13 +1,17 @@
 """One converter: any checkpoint this package reads -> any format it writes.
 
     convert(checkpoint, fmt, out, model=None, image_size=None, num_classes=None,
-            patch_size=None) -> Converted
+            patch_size=None, labels=None) -> Converted
 
 Formats written:
   npz          the published layout (older numbering), read by the original code and
                timm's npz loader
-  timm         a .safetensors state dict for timm's VisionTransformer (`strict=True`)
+  timm         a .safetensors state dict for timm's VisionTransformer; `how_to_load` is
+               Python lines that build timm's VisionTransformer and load it strictly
   hf           a directory for transformers' ViTForImageClassification.from_pretrained
+               and pipeline('image-classification'): config.json (class names: `labels`,
+               or the ImageNet names for a 1000-class head), model.safetensors and
+               preprocessor_config.json (this package's resize and [-1, 1] scaling)
   onnx         an ONNX model with a dynamic batch dimension (see export.py)
   saved_model  a TensorFlow SavedModel, signature serving_default: images -> logits
 Every output is written under a temporary name and renamed when complete.
@@ -17,12 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, images
 from vit_jax.formats import hf, safetensors_io, timm
 from vit_jax.models.vit import VisionTransformer
 
@@ -67,24 +72,44 @@ def convert(
     image_size: int | tuple[int, int] | None = None,
     num_classes: int | None = None,
     patch_size: int | None = None,
+    labels: Sequence[str] | str | os.PathLike | None = None,
     **overrides: Any,
 ) -> Converted:
     """Read `path` (any format read), write it as `fmt` at `out`.
 
+    `labels`, the class names of an hf export's config.json: one per output of the head,
+    or the path of a text file with one a line (as `python -m vit_jax.infer --labels`).
+
     Raises:
-      ValueError: an unknown format, or one that cannot hold the model (named).
+      ValueError: an unknown format, one that cannot hold the model, or labels for a
+        format without class names or that do not fit the head (named).
       FileNotFoundError, CheckpointError: an unreadable input.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if labels is not None and fmt != "hf":
+        raise ValueError(
+            f"class names (--labels) are carried by --format=hf only; {fmt} has no place "
+            "for them: leave --labels out, and pass it to python -m vit_jax.infer instead"
+        )
+    if isinstance(labels, (str, os.PathLike)) and not os.path.isfile(labels):
+        raise FileNotFoundError(f"labels file not found: {labels}")  # before the slow load
     m, params, size = load(path, model, image_size, num_classes, patch_size, **overrides)
-    return write(params, m, size, fmt, out)
+    if isinstance(labels, (str, os.PathLike)):
+        labels = images.class_names(m.num_classes or 0, str(labels))
+    return write(params, m, size, fmt, out, labels)
 
 
 def write(
-    params: dict, model: VisionTransformer, size: tuple[int, int], fmt: str, out: str | os.PathLike
+    params: dict,
+    model: VisionTransformer,
+    size: tuple[int, int],
+    fmt: str,
+    out: str | os.PathLike,
+    labels: Sequence[str] | None = None,
 ) -> Converted:
-    """Write a model's parameters (original layout) as `fmt` at `out`."""
+    """Write a model's parameters (original layout) as `fmt` at `out`; `labels`: the class
+    names of an hf export (None: ImageNet's for a 1000-class head, else LABEL_i)."""
     out = str(out)
     if model.scan:
         params = traverse_util.unflatten_dict(
@@ -100,8 +125,17 @@ def write(
         safetensors_io.write(out, tensors, {"format": "pt", "num_heads": str(model.num_heads)})
     elif fmt == "hf":
         tensors = {k: np.asarray(v, np.float32) for k, v in hf.to_hf(params).items()}
-        hf.write_dir(out, tensors, hf.config(model, size))
-        how = f"transformers.ViTForImageClassification.from_pretrained({out!r})"
+        if labels is None and model.num_classes == 1000:
+            labels = images.imagenet_class_names()
+        cfg = hf.config(model, size, labels)  # before writing: it checks the labels
+        hf.write_dir(out, tensors, cfg, hf.preprocessor_config(size))
+        d = os.path.abspath(out)
+        how = (
+            "import transformers\n"
+            f"model = transformers.ViTForImageClassification.from_pretrained({d!r})\n"
+            f"classify = transformers.pipeline('image-classification', model={d!r})\n"
+            "# classify('cat.jpg') -> the top 5 classes with their probabilities"
+        )
     else:
         from vit_jax.formats import export
 

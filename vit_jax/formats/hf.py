@@ -13,6 +13,9 @@ agree. Files converted by others from the original checkpoints (e.g. google/vit-
 patch16-224) often say 'gelu' and 1e-12: their weights are the original ones, and this
 package computes them as the original code did. Plain ViTs with a class token only:
 transformers' ViT has no hybrid stem, no 'gap' pooling and no representation layer.
+`preprocessor_config` writes this package's image preprocessing for transformers'
+image processors, so that `pipeline('image-classification', model=DIR)` runs, and
+`config(labels=...)` the class names pipelines print.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from vit_jax.models.vit import VisionTransformer
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
+PREPROCESSOR = "preprocessor_config.json"
 TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 _ATT = "MultiHeadDotProductAttention_1"
 _TOP = {
@@ -123,11 +127,27 @@ def _block_to(name: str, a: Any) -> Any:
 
 
 def config(model: VisionTransformer, image_size: tuple[int, int], labels=None) -> dict:
-    """transformers' ViTConfig fields for `model` at `image_size` (square sizes only)."""
+    """transformers' ViTConfig fields for `model` at `image_size` (square sizes only).
+
+    `labels` (one name per class) become id2label / label2id, which pipelines print;
+    None: transformers' default names, LABEL_0, LABEL_1, ...
+
+    Raises:
+      ValueError: a non-square size, or labels that do not fit the head (names repeated
+        or not one per class).
+    """
     if image_size[0] != image_size[1]:
         raise ValueError(f"transformers' ViT takes square images; got {image_size}")
     k = model.num_classes or 0
     names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(k)]
+    if len(names) != k:
+        raise ValueError(f"{len(names)} class names for a head of {k} classes: give one a class")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(
+            f"class names must differ (label2id maps each name to one class); repeated: "
+            f"{', '.join(map(repr, twice[:5]))}"
+        )
     return {
         "architectures": ["ViTForImageClassification"],
         "model_type": "vit",
@@ -147,6 +167,25 @@ def config(model: VisionTransformer, image_size: tuple[int, int], labels=None) -
         "id2label": {str(i): n for i, n in enumerate(names)},
         "label2id": {n: i for i, n in enumerate(names)},
         "torch_dtype": "float32",
+    }
+
+
+def preprocessor_config(image_size: tuple[int, int]) -> dict:
+    """`preprocessor_config.json` for transformers' ViTImageProcessor: the preprocessing of
+    `vit_jax.images.load_image` (RGB, PIL bilinear resize to `image_size` without a crop,
+    x / 255 then (x - 0.5) / 0.5, i.e. [-1, 1]), so that `pipeline('image-classification')`
+    feeds the model what `python -m vit_jax.infer` does."""
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_convert_rgb": True,
+        "do_resize": True,
+        "size": {"height": image_size[0], "width": image_size[1]},
+        "resample": 2,  # PIL.Image.Resampling.BILINEAR, as images.load_image
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
     }
 
 
@@ -237,9 +276,15 @@ def from_hf(tensors: dict[str, np.ndarray], num_heads: int) -> dict:
     return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def write_dir(path: str | os.PathLike, tensors: dict[str, np.ndarray], cfg: dict) -> None:
-    """Write config.json and model.safetensors into a new directory `path`, built under a
-    temporary name and renamed, so nothing half-written is left at `path`."""
+def write_dir(
+    path: str | os.PathLike,
+    tensors: dict[str, np.ndarray],
+    cfg: dict,
+    preprocessor: dict | None = None,
+) -> None:
+    """Write config.json, model.safetensors and (given) preprocessor_config.json into a
+    new directory `path`, built under a temporary name and renamed, so nothing
+    half-written is left at `path`."""
     import shutil
     import tempfile
 
@@ -250,6 +295,8 @@ def write_dir(path: str | os.PathLike, tensors: dict[str, np.ndarray], cfg: dict
     try:
         safetensors_io.write(tmp / WEIGHTS, tensors, {"format": "pt"})
         (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+        if preprocessor is not None:
+            (tmp / PREPROCESSOR).write_text(json.dumps(preprocessor, indent=2) + "\n")
         if path.exists():
             path.rmdir()
         os.replace(tmp, path)
