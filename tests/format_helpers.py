@@ -39,3 +39,47 @@ def assert_bit_exact(a, b):
     for k in fa:
         assert fa[k].dtype == fb[k].dtype, k
         np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+
+
+# A script run by a fresh Python with real timm: for each job, exec the printed recipe
+# lines as they are, then save the model's outputs on the job's images. torchvision,
+# which timm imports at start-up, comes from tests/stubs only where a real one does not
+# import (no registry build loads against the CPU torch of the tests).
+TIMM_DRIVER = """
+import json, sys
+try:
+    import torchvision  # noqa: F401
+except Exception:
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    sys.path.insert(0, sys.argv[2])
+import numpy as np, torch
+for job in json.load(open(sys.argv[1])):
+    scope = {}
+    exec(job["recipe"], scope)
+    x = torch.from_numpy(np.load(job["images"])).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        np.save(job["logits"], scope["model"](x).numpy())
+"""
+
+
+def run_in_timm(jobs, tmp_path):
+    """Runs each job's `recipe` (Python text) in one subprocess with real timm; returns
+    the outputs of its `model` on `images` (NHWC, one array per job)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    for i, job in enumerate(jobs):
+        job["logits"] = str(tmp_path / f"timm_logits{i}.npy")
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    stubs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")
+    run = subprocess.run(
+        [sys.executable, "-c", TIMM_DRIVER, str(tmp_path / "jobs.json"), stubs],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [np.load(job["logits"]) for job in jobs]

@@ -1,12 +1,13 @@
 """safetensors, timm and Hugging Face formats: layouts, fidelity, round trips, bad input."""
 
 import json
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from format_helpers import HYBRID, TI16, TINY, assert_bit_exact, make
+from format_helpers import HYBRID, TI16, TINY, assert_bit_exact, make, run_in_timm
 from helpers import flat, images, logits
 
 from vit_jax import checkpoint, formats
@@ -109,73 +110,117 @@ def test_timm_table_plain_and_hybrid():
     assert _shapes(timm.timm_shapes(gap, (224, 224))) == timm_table(
         384, 12, 1536, 32, 49, 10, cls=False
     )
-    assert timm.create_model_args(r50, (384, 384)) == (
-        "vit_base_r50_s16_384",
-        {"num_classes": 1000, "act_layer": "gelu_tanh"},
-    )
-    assert timm.create_model_args(ti, (256, 256)) == (
-        "vit_tiny_patch16_224",
-        {"img_size": 256, "num_classes": 1000, "act_layer": "gelu_tanh"},
-    )
     root = get_model("R+ViT-Ti_16", 10)  # root-only stem: backbone is the stem itself
     keys = timm.timm_shapes(root, (224, 224))
     assert "patch_embed.backbone.conv.weight" in keys and "patch_embed.backbone.norm.bias" in keys
 
 
-# ------------------------------------------------------------------ timm's semantics
+# ------------------------------------------------------------------ timm itself
+
+# Every kind of model the converter writes for timm: (case, classes, convert flags).
+TIMM_CASES = {
+    "tiny_resized": (TINY, 7, ["--image_size=48"]),
+    "patch4_1000": (dict(name="testing", overrides=dict(patch_size=4), size=16), 1000, []),
+    "gap_odd_mlp_nonsquare": (
+        dict(
+            name="testing",
+            overrides=dict(patch_size=4, classifier="gap", width=48, num_heads=3, mlp_dim=100),
+            size=16,
+        ),
+        5,
+        ["--image_size=12,20"],
+    ),
+    "hybrid": (HYBRID, 7, []),
+    "root_only_hybrid": (
+        dict(name="testing", overrides=dict(resnet_stages=(), patch_size=2, width=64), size=32),
+        3,
+        [],
+    ),
+}
 
 
-def timm_forward(sd, x_nhwc, heads):
-    """timm VisionTransformer.forward on its state dict, in torch (plain ViTs), with
-    act_layer='gelu_tanh' and LayerNorm eps 1e-6 as create_model_args names."""
-    torch = pytest.importorskip("torch")
-    F = torch.nn.functional
-    t = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in sd.items()}
-    x = torch.from_numpy(x_nhwc).permute(0, 3, 1, 2)
-    w = t["patch_embed.proj.weight"]
-    x = F.conv2d(x, w, t["patch_embed.proj.bias"], stride=w.shape[-1]).flatten(2).transpose(1, 2)
-    x = torch.cat([t["cls_token"].expand(x.shape[0], -1, -1), x], 1) + t["pos_embed"]
-    b, n, d = x.shape
-    ln = lambda x, p: F.layer_norm(x, (d,), t[p + ".weight"], t[p + ".bias"], 1e-6)
-    lin = lambda x, p: F.linear(x, t[p + ".weight"], t[p + ".bias"])
-    i = 0
-    while f"blocks.{i}.norm1.weight" in t:
-        p = f"blocks.{i}."
-        qkv = lin(ln(x, p + "norm1"), p + "attn.qkv").reshape(b, n, 3, heads, d // heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        a = torch.softmax(q @ k.transpose(-2, -1) * (d // heads) ** -0.5, -1) @ v
-        x = x + lin(a.transpose(1, 2).reshape(b, n, d), p + "attn.proj")
-        h = F.gelu(lin(ln(x, p + "norm2"), p + "mlp.fc1"), approximate="tanh")
-        x = x + lin(h, p + "mlp.fc2")
-        i += 1
-    return lin(ln(x, "norm")[:, 0], "head").numpy()
+@pytest.fixture(scope="module")
+def timm_installed():
+    import importlib.util
+
+    if importlib.util.find_spec("timm") is None:
+        pytest.skip("timm is not installed (setup.sh: pip install --no-deps timm)")
 
 
-@pytest.mark.parametrize("case", [TINY, TI16], ids=["tiny", "Ti16"])
-def test_timm_export_runs_in_torch_and_imports_back(case, tmp_path):
-    model, params, size = make(case)
-    src = tmp_path / "src.npz"
-    checkpoint.save_npz(src, params)
-    for res in (size, size + 2 * model.patch_size):  # native, then a resolution change
-        out = tmp_path / f"m{res}.safetensors"
-        done = convert.convert(src, "timm", out, image_size=res)
-        sd, meta = safetensors_io.read(out)
-        assert _shapes(sd) == _shapes(timm.timm_shapes(done.model, (res, res)))
-        ours = logits(done.model, convert.load(src, image_size=res)[1], images(res))
-        np.testing.assert_allclose(timm_forward(sd, images(res), model.num_heads), ours, atol=1e-4)
-    # import: a timm file (written by torch's reference writer when present) -> same logits
-    sd = {
-        k: np.random.default_rng(3).normal(0, 0.2, v.shape).astype(np.float32)
-        for k, v in timm.timm_shapes(model, (size, size)).items()
-    }
-    path = tmp_path / "timm.safetensors"
-    st = pytest.importorskip("safetensors.numpy")
-    st.save_file(sd, str(path))
+def _printed_recipe(capsys, *args):
+    """`python -m vit_jax.convert ARGS` run in-process; the Python lines it prints."""
+    from helpers import run_command
+
+    from vit_jax import convert as command
+
+    capsys.readouterr()
+    assert run_command(command, *args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "load it with:\n" in out, out
+    return out.split("load it with:\n", 1)[1]
+
+
+def test_timm_printed_recipe_runs_in_timm_with_our_logits(timm_installed, capsys, tmp_path):
+    """The lines the converter prints, executed as printed by real timm, build a model that
+    loads the file strictly and computes this package's logits (1e-5), for class-token and
+    mean-pooled models, patch 4, odd MLP ratios, non-square images, any number of classes,
+    hybrids with stages and with the root alone."""
+    from vit_jax.images import parse_image_size
+
+    jobs, ours = [], []
+    for name, (case, classes, flags) in TIMM_CASES.items():
+        _, params, _ = make(case, num_classes=classes)
+        src, out = tmp_path / f"{name}.npz", tmp_path / f"{name}.safetensors"
+        checkpoint.save_npz(src, params)
+        recipe = _printed_recipe(
+            capsys, f"--checkpoint={src}", "--format=timm", f"--out={out}", *flags
+        )
+        assert "create_model" not in recipe and "load_state_dict(" in recipe
+        size = [parse_image_size(f[len("--image_size=") :]) for f in flags if "image_size" in f]
+        model, p, size = convert.load(src, image_size=size[0] if size else None)
+        x = images(size, n=3, seed=len(jobs))
+        np.save(tmp_path / f"{name}_x.npy", x)
+        jobs.append(dict(recipe=recipe, images=str(tmp_path / f"{name}_x.npy")))
+        ours.append(logits(model, p, x))
+    for name, theirs, want in zip(TIMM_CASES, run_in_timm(jobs, tmp_path), ours, strict=True):
+        assert theirs.shape == want.shape == (3, TIMM_CASES[name][1]), name
+        assert np.abs(want).max() > 0.5, name  # not a zero head
+        np.testing.assert_allclose(theirs, want, atol=1e-5, err_msg=name)
+
+
+def test_timm_made_file_imports_with_timm_logits(timm_installed, tmp_path):
+    """A state dict saved by timm's own VisionTransformer (tanh GELU, as the original)
+    loads here, sizes and heads read from the file, with timm's logits."""
+    path = tmp_path / "from_timm.safetensors"
+    made = f"""
+from functools import partial
+import safetensors.torch, torch
+from timm.models.vision_transformer import VisionTransformer
+torch.manual_seed(0)
+model = VisionTransformer(img_size=32, patch_size=8, embed_dim=192, depth=1, num_heads=3,
+                          mlp_ratio=2.0, num_classes=5, act_layer='gelu_tanh').eval()
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(0.1 * torch.randn_like(p))
+safetensors.torch.save_file(model.state_dict(), {str(path)!r})
+"""
+    x = images(32, n=3)
+    np.save(tmp_path / "x.npy", x)
+    (theirs,) = run_in_timm([dict(recipe=made, images=str(tmp_path / "x.npy"))], tmp_path)
     m, p, s = checkpoint.load_model(path)
-    assert s == (size, size) and m.num_heads == model.num_heads
-    np.testing.assert_allclose(
-        logits(m, p, images(size)), timm_forward(sd, images(size), m.num_heads), atol=1e-4
-    )
+    assert s == (32, 32) and (m.width, m.depth, m.num_heads, m.mlp_dim) == (192, 1, 3, 384)
+    assert m.patch_size == 8 and m.num_classes == 5
+    assert np.abs(theirs).max() > 0.5
+    np.testing.assert_allclose(logits(m, p, x), theirs, atol=1e-5)
+
+
+def test_timm_recipe_refuses_what_timm_cannot_compute():
+    model = get_model("testing", 3, patch_size=8, posemb="sincos_2d")
+    with pytest.raises(CheckpointError, match="'sincos_2d' have no timm.*--format=npz"):
+        timm.recipe(model, (32, 32), "m.safetensors")
+    with pytest.raises(CheckpointError, match="pre_logits.*--num_classes"):
+        timm.recipe(model.clone(posemb="learned", representation_size=8), (32, 32), "m")
+    assert timm._mlp_ratio(48, 100) * 48 >= 100 and int(48 * timm._mlp_ratio(48, 100)) == 100
 
 
 @pytest.mark.parametrize(
@@ -221,6 +266,77 @@ def test_hf_export_loads_in_transformers_with_same_logits(case, tmp_path):
         ours = logits(done.model, convert.load(src, image_size=res)[1], x)
         np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4)
     assert_bit_exact(params, formats.read_checkpoint(tmp_path / f"hf{size}"))
+
+
+def _png(path, h, w, seed=0):
+    """A real image file: random RGB pixels, not the model's size."""
+    from PIL import Image
+
+    rgb = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("classes, labelled", [(7, True), (1000, False)], ids=["labels", "in1k"])
+def test_hf_pipeline_classifies_files_as_infer_does(classes, labelled, capsys, tmp_path):
+    """transformers.pipeline('image-classification', model=DIR) on an image file: the
+    preprocessor config resizes and scales as vit_jax.infer, so top labels and
+    probabilities are this package's; class names come from --labels or ImageNet's."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from vit_jax import images as vit_images
+    from vit_jax import predict
+
+    model, params, _ = make(dict(name="testing", overrides=dict(patch_size=8), size=48), classes)
+    src, out = tmp_path / "a.npz", tmp_path / "hf"
+    checkpoint.save_npz(src, params)
+    flags = [f"--checkpoint={src}", "--format=hf", f"--out={out}"]
+    names = vit_images.imagenet_class_names()
+    if labelled:
+        names = [f"kind {chr(65 + i)}" for i in range(classes)]
+        (tmp_path / "labels.txt").write_text("\n".join(names) + "\n")
+        flags.append(f"--labels={tmp_path / 'labels.txt'}")
+    printed = _printed_recipe(capsys, *flags)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["id2label"] == {str(i): n for i, n in enumerate(names)}
+    assert cfg["label2id"] == {n: i for i, n in enumerate(names)}
+    exec(printed, scope := {})  # the printed lines, as a user pastes them
+    image = _png(tmp_path / "photo.png", 37, 61)
+    got = scope["classify"](image, top_k=5)
+    probs = predict.predict(model, params, vit_images.load_images([image], (48, 48)))[0]
+    top = np.argsort(-probs)[:5]
+    assert [g["label"] for g in got] == [names[i] for i in top]
+    np.testing.assert_allclose([g["score"] for g in got], probs[top], atol=1e-5)
+    assert isinstance(scope["model"], transformers.ViTForImageClassification)
+
+
+def test_hf_labels_that_do_not_fit_are_named(capsys, tmp_path):
+    from helpers import run_command
+
+    from vit_jax import convert as command
+
+    _, params, _ = make(TINY)
+    checkpoint.save_npz(tmp_path / "a.npz", params)
+    (tmp_path / "three.txt").write_text("a\nb\nc\n")
+    (tmp_path / "twice.txt").write_text("a\nb\nc\nd\ne\nf\na\n")
+    cases = [
+        ("hf", "three.txt", r"labels file .*three\.txt has 3 lines but the model has 7 classes"),
+        ("hf", "twice.txt", r"class names must differ.*repeated: 'a'"),
+        ("hf", "none.txt", r"labels file not found: .*none\.txt"),
+        ("timm", "three.txt", r"--format=hf only; timm has no place for them"),
+    ]
+    for fmt, labels, message in cases:
+        capsys.readouterr()
+        code = run_command(
+            command,
+            f"--checkpoint={tmp_path / 'a.npz'}",
+            f"--format={fmt}",
+            f"--out={tmp_path / 'out'}",
+            f"--labels={tmp_path / labels}",
+        )
+        err = capsys.readouterr().err
+        assert code == 1 and err.startswith("error: ") and re.search(message, err), err
+        assert not list(tmp_path.glob("out*"))
 
 
 def test_hf_import_matches_transformers(tmp_path):
@@ -336,7 +452,7 @@ def test_convert_command(tmp_path):
         env={**__import__("os").environ, "PYTHONPATH": "."},
     )
     assert run.returncode == 0, run.stderr
-    assert "timm.create_model('vit_base_patch8_224'" in run.stdout
+    assert "model = VisionTransformer(" in run.stdout and "strict" in run.stdout
     assert "num_classes=3" in run.stdout and "act_layer='gelu_tanh'" in run.stdout
     assert safetensors_io.read(out)[0]["head.weight"].shape == (3, 32)
     bad = subprocess.run(
