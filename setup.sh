@@ -12,6 +12,11 @@ if ! python3 -c "import torch" 2>/dev/null; then
     || echo "setup.sh: no CPU build of torch found; the torch/transformers tests will skip" >&2
 fi
 $PIP -e ".[all]"
+# timm for the format tests (the timm export's printed lines run in real timm). --no-deps:
+# timm requires torchvision, whose registry builds pull CUDA torch over the CPU build
+# above; its light deps (pyyaml, huggingface_hub, safetensors) come with ".[all]", and
+# the tests stand in a minimal torchvision (tests/stubs) where none imports.
+$PIP --no-deps timm || echo "setup.sh: timm not installed; the timm format tests will skip" >&2
 
 FMNIST=/usr/share/datasets/fashion-mnist
 if [ -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then
