@@ -405,8 +405,33 @@ def tfds_ids(images: np.ndarray) -> list[int]:
 
 
 def test_tfds_not_prepared_says_how(tmp_path):
-    with pytest.raises(FileNotFoundError, match="tfds build tiny_shapes"):
-        data.num_examples(tfds_cfg("tiny_shapes", str(tmp_path)), "train")
+    """The hint's --data_dir is the root TFDS reads: preparing there makes the same
+    config work (a versioned directory would nest as tiny_shapes/1.0.0/tiny_shapes/...)."""
+    import re
+
+    from vit_jax.data import tfds_source
+
+    root = str(tmp_path / "tfds")
+    cfg = tfds_cfg("tiny_shapes", root)
+    with pytest.raises(FileNotFoundError) as raised:
+        data.num_examples(cfg, "train")
+    message = str(raised.value)
+    assert f"not prepared in {root}/tiny_shapes/1.0.0. " in message, message
+    found = re.search(r"`tfds build tiny_shapes --data_dir=(\S+)`", message)
+    assert found and found[1] == root, message
+    assert f"archives in {root}/downloads/manual first" in message
+    config = tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP)
+    TinyShapes(data_dir=found[1]).download_and_prepare(download_config=config)  # = tfds build
+    tfds_source.open_builder.cache_clear()  # a new process: nothing cached from the failure
+    tfds_source.split_size.cache_clear()
+    assert data.num_examples(cfg, "train") == 24
+    # Without a data_dir, the hint names TFDS's default root: where tfds.builder looks.
+    default = tfds.builder("tiny_shapes")
+    with pytest.raises(FileNotFoundError) as raised:
+        data.num_examples(tfds_cfg("tiny_shapes"), "train")
+    assert f"not prepared in {default.data_dir}. " in str(raised.value)
+    assert f"--data_dir={default.data_dir_root}`" in str(raised.value)
+    assert os.path.join(default.data_dir_root, "tiny_shapes", "1.0.0") == str(default.data_dir)
 
 
 def test_tfds_slices_shares_subsets_and_resume(tiny_tfds):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -263,6 +264,20 @@ def test_command_prints_the_table(idx_dir, testing_checkpoint, independent, caps
     assert "INFO" not in captured.err and "TPU" not in captured.err  # no library log noise
     assert run_command(fewshot, *args, "--shots=1,five") == 1
     assert "error: --shots=1,five: expected integers" in capsys.readouterr().err
+
+
+def test_table_columns_align_for_wide_shot_counts():
+    from vit_jax.fewshot import format_table
+
+    results = {"fashion_mnist": {10: 0.5, 5000: 1.0}, "x": {10: 0.0625}}  # x: no 5000-shot
+    lines = format_table(results).splitlines()
+    assert lines[0].split() == ["dataset", "10-shot", "5000-shot"]  # not '10-shot5000-shot'
+    assert lines[1].split() == ["fashion_mnist", "50.00%", "100.00%"]
+    assert lines[2].split() == ["x", "6.25%", "-"]
+    # right-aligned: every cell ends where its header ends; columns two spaces apart or more
+    ends = [[m.end() for m in re.finditer(r"\S+", line)][1:] for line in lines]
+    assert ends[0] == ends[1] == ends[2]
+    assert min(len(gap) for line in lines for gap in re.findall(r"(?<=\S) +(?=\S)", line)) >= 2
 
 
 def test_metric_names_round_trip_per_dataset():

@@ -189,8 +189,13 @@ def test_format_predictions():
     )
     blocks = text.split("\n\n")
     assert blocks[0].splitlines()[0] == "a.jpg"
-    assert "dog" in blocks[0].splitlines()[1] and "75.00%" in blocks[0].splitlines()[1]
+    assert blocks[0].splitlines()[1] == "   1. dog   75.00%  (class 1)"
     assert blocks[1].splitlines()[1].split()[1] == "cat"
+    # Without class names a class is named once, not `class 1  75.00%  (class 1)`.
+    generic = predict.format_predictions(
+        ["a.jpg"], np.array([[1, 10]]), np.array([[0.75, 0.25]]), images_lib.class_names(11)
+    )
+    assert generic.splitlines()[1:] == ["   1. class 1    75.00%", "   2. class 10   25.00%"]
 
 
 # ---------------------------------------------------------------- the command
@@ -210,7 +215,7 @@ def _blocks(out: str) -> list[tuple[str, list[tuple[str, float]]]]:
     result = []
     for block in out.strip().split("\n\n"):
         first, *rows = block.splitlines()
-        matches = [re.fullmatch(r"\s*\d+\. (.*?)\s+([\d.]+)%  \(class \d+\)", r) for r in rows]
+        matches = [re.fullmatch(r"\s*\d+\. (.*?)\s+([\d.]+)%(  \(class \d+\))?", r) for r in rows]
         result.append((first, [(m[1], float(m[2]) / 100) for m in matches]))
     return result
 
@@ -237,7 +242,9 @@ def test_command_matches_direct_apply_per_image(tmp_path, capsys, size):
     assert run_command(infer, *args) == 0
     want = _direct(model, params, paths, (size or 32, size or 32))
     assert np.abs(want[0] - want[1]).max() > 0.02  # the two images differ
-    blocks = _blocks(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert "(class" not in out  # a class without a name is named once
+    blocks = _blocks(out)
     assert [b[0] for b in blocks] == paths
     for (_, rows), probs in zip(blocks, want, strict=True):
         order = np.argsort(-probs, kind="stable")[:3]

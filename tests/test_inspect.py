@@ -238,6 +238,19 @@ def test_command_writes_the_figures_and_numbers(command_run):
     summary = json.loads((out / report.SUMMARY).read_text())
     assert summary["grid"] == [4, 4] and summary["token_stride"] == 16
     assert summary["num_images"] == 2 and not summary["skipped"]
+    assert summary["images"] == ["noise.png", "square.jpg"]  # the files' names, not 'image 1'
+    assert summary["title"] == "testing at 64x64"
+
+
+def test_rollout_rows_are_labelled_with_the_names(monkeypatch):
+    pytest.importorskip("matplotlib")
+    figures_drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures_drawn.append(fig))
+    x, maps = np.zeros((2, 8, 8, 3)), np.ones((2, 8, 8))
+    plots.plot_rollout(x, maps, "unused.png", "t", ["cat.jpg", "dog.png"])
+    plots.plot_rollout(x, maps, "unused.png", "t")
+    named, default = ([ax.get_ylabel() for ax in fig.axes[:4:2]] for fig in figures_drawn)
+    assert named == ["cat.jpg", "dog.png"] and default == ["image 1", "image 2"]
 
 
 def test_command_numbers_match_a_direct_computation(command_run):
@@ -266,8 +279,16 @@ def test_command_numbers_match_a_direct_computation(command_run):
     assert numbers["filters_pca_components"].shape == (28, 16, 16, 3)
 
 
-def test_run_without_images_uses_the_first_test_images(tmp_path, capsys):
+def test_run_without_images_uses_the_first_test_images(tmp_path, capsys, monkeypatch):
     pytest.importorskip("matplotlib")
+    drawn = {}  # png name -> the figure, as the command drew it
+    save = plots._save
+
+    def keep(fig, path):
+        drawn[os.path.basename(path)] = (fig.get_suptitle(), [ax.get_ylabel() for ax in fig.axes])
+        save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
     pytest.importorskip("tensorflow")
     for prefix, n in (("train", 4), ("t10k", 5)):  # test image i is flat grey 40 * i
         flat = np.broadcast_to((40 * np.arange(n))[:, None, None], (n, 8, 8))
@@ -289,7 +310,12 @@ def test_run_without_images_uses_the_first_test_images(tmp_path, capsys):
     assert run_command(figures, *args) == 0
     numbers = np.load(out / report.NUMBERS)
     assert numbers["rollout"].shape == (3, 2, 2)
-    assert json.loads((out / report.SUMMARY).read_text())["num_images"] == 3
+    summary = json.loads((out / report.SUMMARY).read_text())
+    assert summary["num_images"] == 3 and summary["title"] == "t.npz at 32x32"
+    assert summary["images"] == ["test image 0", "test image 1", "test image 2"]
+    title, labels = drawn[report.PNG["rollout"]]
+    assert title == "t.npz at 32x32"  # the checkpoint's file name, not 'model'
+    assert labels[:6:2] == summary["images"]  # each row's input image (then a colorbar)
     headless = get_model("testing", None)  # as the command builds it: same compiled analysis
     direct = report.compute(headless, params, sample)
     np.testing.assert_allclose(

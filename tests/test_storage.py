@@ -181,6 +181,69 @@ def test_damaged_older_checkpoint_is_reported_but_does_not_stop_the_run(referenc
     assert lines[0].split() == ["checkpoint", "state"]
     assert re.fullmatch(r"10 +DAMAGED: file .* fails its checksum.*", lines[1]), done.stdout
     assert re.fullmatch(r"15 +verifies", lines[2]) and re.fullmatch(r"20 +verifies", lines[3])
+    state = lines[0].index("state")  # the states start under the header's, not at column 4
+    assert [line[state - 2 : state + 1] for line in lines[1:]] == ["  D", "  v", "  v"]
+
+
+def test_verify_a_recipe_workdir_checks_each_run_below_it(reference, tmp_path):
+    """`verify workdirs/recipe` (pretrain/, finetune/, scratch/ each a run's workdir):
+    every run's checkpoints, named by run, in one aligned table."""
+    ref, _ = reference["data"]
+    recipe = tmp_path / "recipe"
+    for run in ("pretrain", "finetune"):
+        finished_copy(ref, recipe / run)
+    os.makedirs(recipe / "scratch" / "checkpoints")  # started, nothing saved yet
+    (recipe / "recipe.json").write_text("{}")
+    flip_bytes(f"{recipe}/finetune/checkpoints/15")
+    done = subprocess.run(
+        [sys.executable, "-m", "vit_jax.checkpoints", "verify", f"{recipe}/"],
+        cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr  # a damaged checkpoint under its final name
+    lines = done.stdout.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert names == ["checkpoint"] + [
+        f"{r}/{s}" for r in ("finetune", "pretrain") for s in (10, 15, 20)
+    ] + ["scratch/"]
+    state = lines[0].index("state")
+    assert lines[0][state - 2 : state] == "  "
+    for line in lines[1:]:  # every state starts under the header's, after two spaces
+        assert line[state - 2 : state] == "  " and line[state] != " ", done.stdout
+    states = {line.split()[0]: line[state:] for line in lines[1:]}
+    assert re.fullmatch(r"DAMAGED: file default/\S+ fails its checksum.*", states["finetune/15"])
+    assert {states[f"pretrain/{s}"] for s in (10, 15, 20)} == {"verifies"}
+    assert states["finetune/10"] == states["finetune/20"] == "verifies"
+    assert states["scratch/"] == "no checkpoints"
+    # One run's workdir is listed as before.
+    rows = recovery.verify_workdir(f"{recipe}/pretrain")
+    assert [name for name, _ in rows] == ["10", "15", "20"]
+    assert recovery.run_workdirs(str(recipe)) == [
+        f"{recipe}/{r}" for r in ("finetune", "pretrain", "scratch")
+    ]
+    assert recovery.run_workdirs(f"{recipe}/pretrain") == [f"{recipe}/pretrain"]
+    assert recovery.run_workdirs(str(tmp_path / "nothing")) == []
+
+
+def test_verify_a_directory_without_workdirs_says_what_it_expects(tmp_path):
+    os.makedirs(tmp_path / "a" / "b")
+    for path, what in (
+        (tmp_path, "has no checkpoints/ directory"),
+        (tmp_path / "c", "does not exist"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "vit_jax.checkpoints", "verify", str(path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 1 and not done.stdout
+        assert done.stderr.startswith(f"error: {path} {what}"), done.stderr
+        assert "a run's workdir (with checkpoints/) or a directory of them" in done.stderr
 
 
 def test_with_no_intact_checkpoint_the_run_stops_unless_asked_to_start_again(

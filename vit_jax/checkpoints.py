@@ -1,15 +1,19 @@
 """List a workdir's checkpoints and whether each verifies, without training.
 
-    python -m vit_jax.checkpoints verify WORKDIR
+    python -m vit_jax.checkpoints verify WORKDIR [--json]
 
 Each checkpoint is restored on one device and checked against its integrity record:
 every file there at its size, readable, every array hashing as saved, every value
 finite (vit_jax/recovery.py). Nothing is changed; a training run sets aside what fails.
-Exits 1 when a checkpoint under its final name fails.
+WORKDIR is a run's workdir (it holds checkpoints/) or a directory of them, such as the
+recipe's (pretrain/, finetune/, scratch/): then every run workdir found up to two
+levels below it is checked, its checkpoints named `pretrain/400`. Exits 1 when a
+checkpoint under its final name fails.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
@@ -29,17 +33,41 @@ def main(args: list[str]) -> None:
 
     if len(args) != 2 or args[0] != "verify":
         raise ValueError(f"expected: python -m vit_jax.checkpoints verify WORKDIR, got {args}")
-    workdir = args[1]
-    rows = recovery.verify_workdir(workdir)
+    workdir = args[1].rstrip("/") or "/"
+    runs = recovery.run_workdirs(workdir)
+    if not runs:
+        where = (
+            "has no checkpoints/ directory, and no directory up to two levels below it has one"
+            if os.path.isdir(workdir)
+            else "does not exist"
+        )
+        raise FileNotFoundError(
+            f"{workdir} {where}: expected a run's workdir (with checkpoints/) or a directory "
+            "of them, e.g. the recipe's workdir with pretrain/, finetune/ and scratch/"
+        )
+    rows = []
+    for run in runs:
+        prefix = "" if run == workdir else os.path.relpath(run, workdir) + "/"
+        found = recovery.verify_workdir(run)
+        rows += [(prefix + name, what) for name, what in found]
+        if prefix and not found:
+            rows.append((prefix, "no checkpoints"))
     if flags.FLAGS.json:
         print(json.dumps(dict(rows)))
+    elif not rows:
+        print(f"no checkpoints in {workdir}")
     else:
-        width = max((len(name) for name, _ in rows), default=4)
-        print(f"{'checkpoint':<{width}}  state" if rows else f"no checkpoints in {workdir}")
+        width = max(len(name) for name, _ in [("checkpoint", ""), *rows])
+        print(f"{'checkpoint':<{width}}  state")
         for name, what in rows:
             print(f"{name:<{width}}  {what}", flush=True)
-    if any(name.isdigit() and what.startswith(recovery.DAMAGED) for name, what in rows):
+    if any(_final(name) and what.startswith(recovery.DAMAGED) for name, what in rows):
         sys.exit(1)
+
+
+def _final(name: str) -> bool:
+    """Whether a row names a checkpoint under its final name ('200', 'pretrain/200')."""
+    return os.path.basename(name).isdigit()
 
 
 if __name__ == "__main__":

@@ -38,13 +38,22 @@ def define_flags() -> None:
 
 
 def format_table(results: dict[str, dict[int, float]]) -> str:
-    """{dataset: {k: accuracy}} -> one row per dataset, one column per k, in percent."""
+    """{dataset: {k: accuracy}} -> one row per dataset, one column per k, in percent.
+
+    Columns are two spaces apart and right-aligned, each as wide as its header
+    ('5000-shot') or its numbers ('100.00%'), whichever is wider.
+    """
     shots = sorted({k for row in results.values() for k in row})
     width = max([len("dataset")] + [len(name) for name in results])
-    lines = [f"{'dataset':<{width}}" + "".join(f"{f'{k}-shot':>9}" for k in shots)]
-    for name, row in results.items():
-        cells = "".join(f"{100 * row[k]:8.2f}%" if k in row else f"{'-':>9}" for k in shots)
-        lines.append(f"{name:<{width}}{cells}")
+    header = {k: f"{k}-shot" for k in shots}
+    cells = {
+        name: {k: f"{100 * row[k]:.2f}%" if k in row else "-" for k in shots}
+        for name, row in results.items()
+    }
+    col = {k: max([len(header[k])] + [len(c[k]) for c in cells.values()]) for k in shots}
+    lines = [f"{'dataset':<{width}}" + "".join(f"  {header[k]:>{col[k]}}" for k in shots)]
+    for name, row in cells.items():
+        lines.append(f"{name:<{width}}" + "".join(f"  {row[k]:>{col[k]}}" for k in shots))
     return "\n".join(lines)
 
 

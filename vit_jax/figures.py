@@ -10,9 +10,12 @@ writes to DIR:
                            so this figure is skipped for hybrids, with a message)
   posemb_similarity.png    cosine similarity of each position embedding with all others
   attention_distance.png   mean attention distance (input pixels) of every head vs depth
-  attention_rollout.png    attention rollout maps over the images (first 8)
+  attention_rollout.png    attention rollout maps over the images (first 8), each
+                           labelled with its file name (or `test image i`)
   inspect.npz              the arrays behind every figure (see vit_jax/inspection/report.py)
-  inspect.json             sizes, definitions, mean distances, skipped figures
+  inspect.json             sizes, definitions, mean distances, the images' names,
+                           skipped figures
+The figures are titled with --model, else the checkpoint's file name, and the resolution.
 Without --image, the first --num_images test images of the embedded Fashion-MNIST (idx
 files, --data_dir) are used. Without --model the architecture is read from the
 checkpoint; images are resized to --image_size, by default the checkpoint's own
@@ -20,6 +23,8 @@ resolution. Needs matplotlib: pip install "vit_jax[plot]".
 """
 
 from __future__ import annotations
+
+import os
 
 from absl import flags
 
@@ -44,13 +49,17 @@ def main() -> None:
     model, params, size = cli.load_model(head=False)
     if f.image:
         x = images.load_images(f.image, size)
+        names = [os.path.basename(p) for p in f.image]
+        if len(set(names)) < len(names):  # a/cat.jpg and b/cat.jpg: the paths tell them apart
+            names = list(f.image)
     else:
         x = inspection.sample_images(f.num_images, size, f.data_dir)
+        names = [f"test image {i}" for i in range(len(x))]
     result = inspection.compute(model, params, x, batch_size=f.batch_size)
-    title = f"{f.model or 'model'} at {size[0]}x{size[1]}"
+    title = f"{f.model or os.path.basename(f.checkpoint.rstrip('/'))} at {size[0]}x{size[1]}"
     for message in result.skipped.values():
         print(message)
-    for path in inspection.write(result, x, f.out, title):
+    for path in inspection.write(result, x, f.out, title, names):
         print(f"wrote {path}")
 
 

@@ -110,12 +110,16 @@ def format_predictions(
       cat.jpg
          1. tabby                       81.23%  (class 281)
          2. tiger cat                   10.02%  (class 282)
+
+    A class without a name of its own (`class 7`, see `images.class_names`) is named
+    once: `1. class 7   81.23%`, with no `(class 7)` after it.
     """
     width = max((len(names[i]) for i in np.ravel(indices)), default=0)
     blocks = []
     for path, row_idx, row_val in zip(paths, indices, values, strict=True):
         lines = [str(path)]
         for rank, (i, p) in enumerate(zip(row_idx, row_val, strict=True), start=1):
-            lines.append(f"  {rank:2d}. {names[i]:<{width}}  {100 * p:6.2f}%  (class {i})")
+            index = "" if names[i] == f"class {i}" else f"  (class {i})"
+            lines.append(f"  {rank:2d}. {names[i]:<{width}}  {100 * p:6.2f}%{index}")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)

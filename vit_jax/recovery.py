@@ -153,6 +153,22 @@ def verify_workdir(workdir: str) -> list[tuple[str, str]]:
     return rows
 
 
+def run_workdirs(path: str, depth: int = 2) -> list[str]:
+    """The training workdirs (directories holding `checkpoints/`) at or under `path`:
+    [path] for a run's workdir, else those found up to `depth` levels below it, sorted
+    (the recipe's workdir holds pretrain/, finetune/ and scratch/). Hidden directories
+    and a workdir's own contents are not searched."""
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        return [path]
+    if depth == 0 or not os.path.isdir(path):
+        return []
+    found = []
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        if entry.is_dir() and not entry.name.startswith("."):
+            found += run_workdirs(os.path.join(path, entry.name), depth - 1)
+    return found
+
+
 def _as_saved(manager: ocp.CheckpointManager, step: int) -> Any:
     """A restore target from Orbax's metadata: every array as saved, on one device."""
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

@@ -25,12 +25,20 @@ import tensorflow_datasets as tfds
 from vit_jax.data import splits, subsets
 
 
-def _prepare_hint(name: str, data_dir: str | None) -> str:
-    dir_flag = f" --data_dir={data_dir}" if data_dir else ""
+def _prepare_hint(builder: tfds.core.DatasetBuilder) -> str:
+    """How to prepare `builder`'s dataset where this builder reads it.
+
+    `--data_dir` of `tfds build` is the root (TFDS adds <name>/<version> below it), so the
+    hint names `builder.data_dir_root`, not `builder.data_dir`, the versioned directory.
+    """
+    name = builder.name
+    if builder.builder_config is not None:
+        name += f"/{builder.builder_config.name}"
+    root = str(builder.data_dir_root)
     return (
-        f"Prepare it with `tfds build {name}{dir_flag}` or "
-        f"`tfds.builder({name!r}, data_dir={data_dir!r}).download_and_prepare()`; "
-        "imagenet2012 and imagenet21k need their archives in <data_dir>/downloads/manual first."
+        f"Prepare it with `tfds build {name} --data_dir={root}` (in Python: "
+        f"`tfds.builder({name!r}, data_dir={root!r}).download_and_prepare()`); "
+        f"imagenet2012 and imagenet21k need their archives in {root}/downloads/manual first."
     )
 
 
@@ -75,7 +83,7 @@ def _read(builder, name: str, start: int, stop: int | None) -> tf.data.Dataset:
     except AssertionError as e:  # TFDS asserts that the data was prepared.
         raise FileNotFoundError(
             f"TFDS dataset {builder.name!r} is not prepared in {builder.data_dir}. "
-            f"{_prepare_hint(builder.name, str(builder.data_dir))}"
+            f"{_prepare_hint(builder)}"
         ) from e
     options = tf.data.Options()
     options.deterministic = True
@@ -100,7 +108,7 @@ def split_size(builder, name: str) -> int:
     if size < 0:
         raise FileNotFoundError(
             f"TFDS dataset {builder.name!r} has no split info in {builder.data_dir}. "
-            f"{_prepare_hint(builder.name, str(builder.data_dir))}"
+            f"{_prepare_hint(builder)}"
         )
     return size
 

@@ -4,7 +4,10 @@ The images go through `vit_jax.data.eval_iterator`, the preprocessing of the tra
 loop's own evaluation (resize to the model's resolution, values in [-1, 1]), so a
 checkpoint trained here scores exactly what its training run reported. A head whose
 class order differs from the dataset's (e.g. an ImageNet-21k head on a subset) takes a
-`label_map`: entry i is the head class of the dataset's class i.
+`label_map`: entry i is the head class of the dataset's class i. A head trained on a
+class subset (the config's `dataset.classes`, e.g. the recipe's classes 5-9) is evaluated
+on the same subset, relabelled 0..K-1 in the listed order as training does: pass
+`{'classes': (5, 6, 7, 8, 9)}` in `dataset` (`--classes=5,6,7,8,9`).
 """
 
 from __future__ import annotations
@@ -63,27 +66,30 @@ def evaluate(
     """Top-1/top-5 accuracy of `model` on `split` of `dataset` (fields of
     `vit_jax.data.default_config()`, e.g. {'source': 'tfds', 'name': 'cifar10'}).
 
+    Only `split` is read (an image folder needs no train/ directory). `dataset['classes']`
+    keeps those classes, relabelled 0..K-1 in their order (as training does).
+
     Returns:
-      {'dataset', 'split', 'examples', 'top1', 'top5'} with accuracies in [0, 1].
+      {'dataset', 'split', 'classes', 'examples', 'top1', 'top5'} with accuracies in
+      [0, 1]; 'classes' is the subset's list or None.
 
     Raises:
-      ValueError: a head narrower than the dataset's classes without a label map, or a
-        label map that names classes the head lacks.
+      ValueError: a head narrower than the dataset's classes without a label map (the
+        message names the flag to pass), or a label map that names classes the head
+        lacks.
     """
     from vit_jax import data
     from vit_jax import progress as progress_lib
 
     cfg = data.default_config()
     cfg.update(dict(dataset))
+    cfg.train_split = split  # nothing else is read: an image folder needs only this split
     k_data = data.num_classes(cfg)
     k_head = model.num_classes or 0
     if label_map is not None and (min(label_map) < 0 or max(label_map) >= k_head):
         raise ValueError(f"the label map names head classes outside 0..{k_head - 1}")
     if label_map is None and k_data > k_head:
-        raise ValueError(
-            f"{cfg.name} has {k_data} classes, the checkpoint's head {k_head}: pass a label "
-            "map (--labels) from the dataset's classes to the head's"
-        )
+        raise ValueError(_narrow_head_message(cfg, k_data, k_head))
     n = data.num_examples(cfg, split)
     batches = data.eval_iterator(
         cfg,
@@ -99,9 +105,47 @@ def evaluate(
     return {
         "dataset": cfg.name,
         "split": split,
+        "classes": None if cfg.classes is None else list(cfg.classes),
         "examples": got["examples"],
         **{f"top{k}": got[f"top{k}"] / m for k in TOP_K},
     }
+
+
+def _narrow_head_message(cfg: Any, k_data: int, k_head: int) -> str:
+    """Which flag evaluates a head trained on a class subset (or in another order)."""
+    from vit_jax.configs import fashion_mnist
+
+    subset = "" if cfg.classes is None else f" (--classes={_ids(cfg.classes)})"
+    recipe = ""
+    if cfg.name == "fashion_mnist" and cfg.classes is None and k_head == len(fashion_mnist.FIRST):
+        recipe = (
+            f"; the recipe's pretrain/final.npz: --classes={_ids(fashion_mnist.FIRST)}, its "
+            f"finetune/ and scratch/ final.npz: --classes={_ids(fashion_mnist.SECOND)}"
+        )
+    return (
+        f"{cfg.name}{subset} has {k_data} classes, the checkpoint's head {k_head}: pass "
+        f"--classes=ID,... with the {k_head} dataset class ids the head was trained on, in "
+        f"its order (the training config's dataset.classes{recipe}), or --labels with the "
+        "head class of each dataset class"
+    )
+
+
+def _ids(classes: Sequence[int]) -> str:
+    return ",".join(str(c) for c in classes)
+
+
+def parse_classes(items: Sequence[str]) -> tuple[int, ...]:
+    """['5', '6', '7'] (the --classes list) -> (5, 6, 7); a ValueError for anything else."""
+    try:
+        classes = tuple(int(c) for c in items)
+    except ValueError:
+        classes = ()
+    if not classes or min(classes) < 0 or len(set(classes)) != len(classes):
+        raise ValueError(
+            f"--classes={','.join(items)}: expected distinct dataset class ids >= 0 in the "
+            "head's order, e.g. --classes=5,6,7,8,9"
+        )
+    return classes
 
 
 def read_label_map(spec: str) -> list[int]:

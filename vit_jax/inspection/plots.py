@@ -120,12 +120,19 @@ def plot_attention_distance(distance: np.ndarray, path: str, title: str) -> None
     _save(fig, path)
 
 
-def plot_rollout(images: np.ndarray, maps: np.ndarray, path: str, title: str) -> None:
+def plot_rollout(
+    images: np.ndarray,
+    maps: np.ndarray,
+    path: str,
+    title: str,
+    names: list[str] | None = None,
+) -> None:
     """Each image next to its attention-rollout map overlaid on it (first 8 images).
 
     Args:
       images: inputs in [-1, 1].  # [B, H, W, 3]
       maps: rollout maps upsampled to the images (`attention.upsample`).  # [B, H, W]
+      names: each image's row label (its file name); default 'image 1', 'image 2', ...
     """
     plt = pyplot()
     n = min(len(images), MAX_ROLLOUT_IMAGES)
@@ -141,7 +148,7 @@ def plot_rollout(images: np.ndarray, maps: np.ndarray, path: str, title: str) ->
         for ax in axes[i]:
             ax.set_xticks([])
             ax.set_yticks([])
-        axes[i, 0].set_ylabel(f"image {i + 1}")
+        axes[i, 0].set_ylabel(names[i] if names else f"image {i + 1}")
     axes[0, 0].set_title("input", fontsize=9)
     axes[0, 1].set_title("attention rollout", fontsize=9)
     fig.colorbar(

@@ -164,8 +164,17 @@ def compute(
     return Inspection(arrays, info, skipped)
 
 
-def write(result: Inspection, images: np.ndarray, out_dir: str, title: str) -> list[str]:
-    """Saves inspect.npz, inspect.json and the PNGs to `out_dir`; returns the paths."""
+def write(
+    result: Inspection,
+    images: np.ndarray,
+    out_dir: str,
+    title: str,
+    names: list[str] | None = None,
+) -> list[str]:
+    """Saves inspect.npz, inspect.json and the PNGs to `out_dir`; returns the paths.
+
+    `names` label the images (their file names) in the rollout figure and inspect.json.
+    """
     os.makedirs(out_dir, exist_ok=True)
     path = lambda name: os.path.join(out_dir, name)
     a, written = result.arrays, []
@@ -178,10 +187,10 @@ def write(result: Inspection, images: np.ndarray, out_dir: str, title: str) -> l
         written.append(path(PNG["posemb"]))
     plots.plot_attention_distance(a["attention_distance"], path(PNG["distance"]), title)
     upsampled = attention.upsample(a["rollout"], tuple(images.shape[1:3]))
-    plots.plot_rollout(images, upsampled, path(PNG["rollout"]), title)
+    plots.plot_rollout(images, upsampled, path(PNG["rollout"]), title, names)
     written += [path(PNG["distance"]), path(PNG["rollout"])]
     np.savez(path(NUMBERS), **a)
-    summary = dict(result.info, title=title, skipped=result.skipped, files=written)
+    summary = dict(result.info, title=title, images=names, skipped=result.skipped, files=written)
     with open(path(SUMMARY), "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=1)
     return written + [path(NUMBERS), path(SUMMARY)]
