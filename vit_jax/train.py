@@ -197,7 +197,7 @@ def train_loop(
 ) -> tuple[TrainState, dict, dict]:
     """The steps from the state's own to config.total_steps: (state, metrics, evals);
     evals holds the last test accuracy and loss, and few-shot accuracies if any.
-    `where.step` follows the completed steps (for the message of an interrupted run)."""
+    `where.step` follows the steps run (for the message of an interrupted run)."""
     config, mesh = loop.config, loop.mesh
     start, lead = int(jax.device_get(state.step)), distributed.is_lead()
     batches = data.train_iterator(
@@ -229,6 +229,8 @@ def train_loop(
         )
     for step in range(start + 1, config.total_steps + 1):
         state, m = loop.train_step(state, sharding.global_batch(next(batches), mesh))
+        if where is not None:
+            where.step = step
         if step == start + 1:  # compiled: neither the speed nor the ETA counts that step
             jax.block_until_ready(m)
             took = speed.compiled(step)
@@ -257,8 +259,6 @@ def train_loop(
                 print(f"step {step}: saving checkpoint {loop.saver.directory}/{step}", flush=True)
         if ev or few or save:  # the throughput clock counts training steps only
             speed.pause(step)
-        if where is not None:
-            where.step = step
     loop.saver.wait()
     return state, metrics, evals
 
