@@ -231,6 +231,26 @@ def test_fewshot_runs_on_its_cadence_and_matches_the_command(pretrained):
         assert abs(alone[k] - summary[k]) <= 2 / 200, (alone, summary)
 
 
+def test_rerun_of_a_finished_run_changes_nothing(pretrained):
+    from test_runs import snapshot
+
+    workdir, summary, _ = pretrained
+    before = snapshot(workdir)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        again = train.run(pretrain_config(), workdir)
+    assert snapshot(workdir) == before  # every file's bytes and mtime, no new file
+    assert again == json.load(open(os.path.join(workdir, "summary.json")))
+    assert again["accuracy"] == summary["accuracy"] and again["train_loss"] is not None
+    assert again["fewshot/fashion_mnist_5shot"] == summary["fewshot/fashion_mnist_5shot"]
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"{workdir}: finished at step 20 (summary.json); nothing to do"
+    assert lines[1] == f"step 20: test accuracy {summary['accuracy']:.4f}, loss " + (
+        f"{summary['eval_loss']:.4f}"
+    )
+    assert lines[2].startswith("step 20: few-shot fashion_mnist 1/5-shot ") and len(lines) == 3
+
+
 def test_fewshot_batch_must_split_over_the_devices(tmp_path):
     config = tiny_config()
     config.fewshot.update(datasets="fashion_mnist", batch_size=60)
@@ -360,6 +380,16 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     assert "linear 1/5/10/25-shot on all ten classes: " in out
     assert "fine-tuned from the pretrained ViT: " in out and "trained from scratch: " in out
     assert "step 6/6" in out and out.count("=== ") == 3
+    # The same command again: each part is finished, nothing is written or rewritten.
+    from test_runs import snapshot
+
+    before = snapshot(str(tmp_path))
+    again = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
+    out = capsys.readouterr().out
+    assert again == summary and snapshot(str(tmp_path)) == before
+    for part in miniature.PARTS:
+        assert f"{tmp_path}/{part}: finished at step 6 (summary.json); nothing to do" in out
+    assert "training " not in out and "step 6/6" not in out
     # The fine-tuned model started from the pretrained export: its position embeddings
     # grew from the 7x7 grid at 28 px to 10x10 at 40 px; pre_logits dropped, 5 classes.
     pre = checkpoint.load_npz(tmp_path / "pretrain" / "final.npz")

@@ -222,13 +222,14 @@ def adapt(
     """`load_pretrained` for a parameter tree already in memory (original layout)."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     flat = canonical(traverse_util.flatten_dict(params, sep="/"))
+    stored = dict(flat)  # as the file holds it, for the error of one that does not fit
     if patch_size is not None:
         _fit_patch(flat, model, patch_size, source)
     plain = model.clone(scan=False, remat=False)
     want = traverse_util.flatten_dict(param_shapes(plain, size), sep="/")  # key -> ShapeDtypeStruct
     _fit_posemb(flat, want, model, size)
     _fit_head(flat, want, model, reset_head, source)
-    _check_fits(flat, want, source)
+    _check_fits(flat, want, source, stored)
     flat = {k: np.asarray(v, dtype=want[k].dtype) for k, v in flat.items()}
     return traverse_util.unflatten_dict(stack_blocks(flat) if model.scan else flat, sep="/")
 
@@ -289,7 +290,11 @@ def _fit_head(
         )
 
 
-def _check_fits(flat: dict, want: dict, source: str) -> None:
+def _check_fits(flat: dict, want: dict, source: str, stored: dict | None = None) -> None:
+    """Raises CheckpointError naming every key that does not fit; `stored` is the tree
+    as the file holds it (before the patch kernel was resampled), whose variant is
+    guessed."""
+    stored = flat if stored is None else stored
     missing = set(want) - set(flat)
     extra = set(flat) - set(want)
     shaped = {k for k in set(want) & set(flat) if tuple(flat[k].shape) != want[k].shape}
@@ -305,10 +310,16 @@ def _check_fits(flat: dict, want: dict, source: str) -> None:
         f"key {k} {say(k)}{note}" for keys, say in problems for k, note in _grouped(keys).items()
     ]
     shown = lines[:12] + ([f"... and {len(lines) - 12} more"] if len(lines) > 12 else [])
+    kernel, resampled = stored.get("embedding/kernel"), flat.get("embedding/kernel")
+    if kernel is not None and resampled is not None and kernel.shape != resampled.shape:
+        shown.append(
+            f"(the file's patch embedding is for patch {kernel.shape[0]}; it was resampled "
+            f"to the model's patch {resampled.shape[0]} before the shapes were compared)"
+        )
     raise CheckpointError(
         f"{source} does not fit the model:\n  "
         + "\n  ".join(shown)
-        + f"\nThe file looks like {guess_variant(flat)}: is that the model "
+        + f"\nThe file looks like {guess_variant(stored)}: is that the model "
         "you meant? (get_model(name, num_classes, **overrides))"
     )
 

@@ -8,6 +8,9 @@ a missing optional package) print `error: ...` with the way out and exit 1, with
 Python traceback; set VIT_JAX_DEBUG=1 to see it. Other exceptions are programming
 errors and keep their tracebacks. Flag errors (unknown flag, bad flag value, unknown
 config field) are absl's one-line `FATAL Flags parsing error` messages.
+
+Ctrl-C prints one line (a training run says where it stopped and that the same command
+resumes) and exits 130, without the KeyboardInterrupt traceback.
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
             if debug():
                 raise
             fail(str(e))
+        except KeyboardInterrupt as e:
+            if debug():
+                raise
+            interrupted(str(e))
 
     try:
         app.run(entry, argv=argv)
@@ -80,6 +87,16 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
         what = " ".join(str(e).replace("\\n", " ").replace("\\", "").replace("'", "").split())
         where = "every config field is in vit_jax/configs/common.py"
         fail(f"in the flags: no such config field, or a bad value: {what} ({where})")
+
+
+def interrupted(message: str) -> None:
+    """Ctrl-C: exit 130 (as shells report SIGINT) with one line on stderr, the command's
+    own (a run says where it stopped and how to resume) or 'interrupted'."""
+    sys.stdout.flush()
+    after_echo = "\n" if sys.stderr.isatty() else ""  # the terminal's ^C ends no line
+    sys.stderr.write(f"{after_echo}{message or 'interrupted'}\n")
+    sys.stderr.flush()
+    sys.exit(130)
 
 
 def fail(message: str) -> None:

@@ -6,7 +6,9 @@
    embeddings interpolated on their grid, pre_logits dropped, new zero head, SGD;
 3. train the same model from scratch on that subset with the same settings.
 Settings: vit_jax/configs/fashion_mnist.py. Each part runs in its own subdirectory of
-the workdir and resumes from it, so an interrupted recipe picks up where it stopped.
+the workdir and resumes from it, so an interrupted recipe picks up where it stopped,
+and a finished one is left as it is (each part says it has nothing to do; recipe.json
+is not rewritten).
 The command is `python -m vit_jax.recipe` (the README's main job).
 """
 
@@ -16,7 +18,7 @@ import json
 import os
 from typing import Any
 
-from vit_jax import train
+from vit_jax import files, train
 from vit_jax.configs import fashion_mnist
 from vit_jax.evaluate import fewshot
 
@@ -35,6 +37,7 @@ def part_config(part: str, workdir: str, examples_per_class: int = 50) -> Any:
 
 def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = None) -> dict:
     """Runs the three parts; returns and writes (workdir/recipe.json) the accuracies.
+    Finished parts are not run again (train.run returns their stored summaries).
 
     Args:
       workdir: one subdirectory per part goes here.
@@ -55,8 +58,15 @@ def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = Non
         "examples_per_class": examples_per_class,
         **{k: v for k, v in results["pretrain"].items() if k.startswith(fewshot.PREFIX)},
     }
-    with open(os.path.join(workdir, "recipe.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    path = os.path.join(workdir, "recipe.json")
+    try:
+        with open(path) as f:
+            unchanged = json.load(f) == summary  # a rerun of a finished recipe
+    except (OSError, ValueError):
+        unchanged = False
+    if not unchanged:
+        with files.atomic_write(path, "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
     return summary
 
 

@@ -14,8 +14,8 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TextIO, TypeVar
 
 from vit_jax import files
 
@@ -57,24 +57,48 @@ def duration(seconds: float) -> str:
 
 
 class Throughput:
-    """Images/s per device and the ETA, from the steps between two log lines."""
+    """Images/s per device and the ETA, from the steps between two log lines.
 
-    def __init__(self, total_steps: int, batch: int, devices: int, start_step: int = 0):
-        self.total, self.batch, self.devices = total_steps, batch, devices
-        self.last_step, self.last_time = start_step, time.perf_counter()
+    The first step of a run (or of a resumed run) compiles the train step, which can
+    take longer than hundreds of steps: `compiled(step)` restarts the clock once it is
+    done, so neither the speed nor the ETA counts it. Until a step after that has been
+    timed, `update` returns no speed and no ETA. `clock` (seconds) is for tests.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        batch: int,
+        devices: int,
+        start_step: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.total, self.batch, self.devices, self.clock = total_steps, batch, devices, clock
+        self.last_step, self.last_time = start_step, clock()
+
+    def compiled(self, step: int) -> float:
+        """The first step (compilation included) ended at `step`: restart the clock;
+        returns the seconds that step took."""
+        now = self.clock()
+        took = now - self.last_time
+        self.last_step, self.last_time = step, now
+        return took
 
     def pause(self, step: int) -> None:
         """Restart the clock after work that is not training (evaluation, saving)."""
-        self.last_step, self.last_time = step, time.perf_counter()
+        self.last_step, self.last_time = step, self.clock()
 
     def update(self, step: int) -> dict[str, float]:
-        now = time.perf_counter()
+        """Speed and ETA over the steps since the last update, pause or compile;
+        {} when no step was timed since (the log line right after compiling)."""
+        now = self.clock()
         steps, secs = step - self.last_step, max(now - self.last_time, 1e-9)
         self.last_step, self.last_time = step, now
-        per_step = secs / max(steps, 1)
+        if steps <= 0:
+            return {}
         return {
             "img_per_sec_per_device": steps * self.batch / secs / self.devices,
-            "eta_seconds": per_step * (self.total - step),
+            "eta_seconds": secs / steps * (self.total - step),
         }
 
 
@@ -96,20 +120,47 @@ def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return " | ".join(parts)
 
 
-def bar(items: Iterable[T], total: int | None, desc: str, enabled: bool = True) -> Iterator[T]:
-    """A progress bar on stderr for long loops (evaluation passes)."""
-    start, width = time.perf_counter(), 30
+def bar(
+    items: Iterable[T],
+    total: int | None,
+    desc: str,
+    enabled: bool = True,
+    stream: TextIO | None = None,
+    tty: bool | None = None,
+    every_seconds: float = 60.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[T]:
+    """A progress bar on `stream` (stderr) for long loops (evaluation passes).
+
+    On a terminal, one line redrawn in place ('\r'). Otherwise (a log file, a pipe)
+    plain lines, so that the log reads line by line: one every `every_seconds` while
+    the loop runs and one at the end, 'eval test: 12/40 (30%) 1m00s'.
+    """
+    out = stream if stream is not None else sys.stderr
+    if tty is None:
+        tty = bool(getattr(out, "isatty", lambda: False)())
+    start, width = clock(), 30
+    last_line = start
+    i = 0
     for i, item in enumerate(items, 1):
         yield item
-        if enabled and total:
-            done = min(i / total, 1.0)
-            fill = "#" * int(width * done)
-            sys.stderr.write(
-                f"\r{desc} [{fill:<{width}}] {i}/{total} {duration(time.perf_counter() - start)}"
-            )
-            sys.stderr.flush()
+        if not (enabled and total):
+            continue
+        now = clock()
+        if tty:
+            fill = "#" * int(width * min(i / total, 1.0))
+            out.write(f"\r{desc} [{fill:<{width}}] {i}/{total} {duration(now - start)}")
+            out.flush()
+        elif i < total and now - last_line >= every_seconds:
+            out.write(f"{desc}: {i}/{total} ({100 * i // total}%) {duration(now - start)}\n")
+            out.flush()
+            last_line = now
     if enabled and total:
-        sys.stderr.write("\n")
+        if tty:
+            out.write("\n")
+        else:
+            out.write(f"{desc}: {i}/{total} done in {duration(clock() - start)}\n")
+        out.flush()
 
 
 def write_summary(workdir: str, summary: dict[str, Any]) -> str:

@@ -48,12 +48,104 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Train (pretrain or fine-tune) as `config` says, in `workdir`; resumes from its
     latest checkpoint. Returns the final metrics, also written to workdir/summary.json.
 
+    A workdir that this config already finished (summary.json at total_steps, final.npz,
+    the last checkpoint of the same model and optimizer) is left as it is: the run says
+    so and returns the stored summary. A run that fails before it wrote anything removes
+    the directories it created. Ctrl-C stops it with `Interrupted`, which names the step
+    reached and the newest checkpoint, where the same command resumes.
+
     Raises:
         OSError: the workdir is not writable or its disk too small (before training);
             no checkpoint verifies (recovery.py); a save or the export failed.
-        ValueError: the workdir's checkpoints are of another model or image size.
+        ValueError: the workdir's checkpoints are of another model or image size;
+            `config.init_from` names no file.
         FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
+        Interrupted: Ctrl-C (a KeyboardInterrupt).
     """
+    done = workdir_lib.finished_summary(workdir, config)
+    if done is not None:
+        if distributed.is_lead():
+            print(_finished_lines(workdir, done), flush=True)
+        return done
+    _check_init_from(config)
+    created = workdir_lib.missing_dirs(workdir)
+    where = Where(os.path.join(workdir, "checkpoints"))
+    try:
+        return _run(config, workdir, where)
+    except KeyboardInterrupt as e:
+        workdir_lib.remove_empty(created)
+        raise Interrupted(where.message()) from e
+    except BaseException:
+        workdir_lib.remove_empty(created)  # only what this run created, and only if empty
+        raise
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; str() is the one line that says where it stopped."""
+
+
+@dataclasses.dataclass
+class Where:
+    """How far a run got: the last completed step (None before the first)."""
+
+    checkpoints: str
+    step: int | None = None
+    saver: Saver | None = None
+
+    def message(self) -> str:
+        """'interrupted at step 37; the newest checkpoint is step 30 (DIR/30); rerun the
+        same command to resume'."""
+        if self.saver is not None:
+            try:
+                self.saver.wait()  # a save in flight: let it complete, it is the newest
+            except BaseException:  # noqa: BLE001 (a second Ctrl-C, a failed save)
+                pass
+        at = "before the first step" if self.step is None else f"at step {self.step}"
+        good = integrity.newest_intact(self.checkpoints)
+        if good is None:
+            return (
+                f"interrupted {at}; no checkpoint was saved yet: rerun the same command to "
+                "start again from step 0"
+            )
+        return (
+            f"interrupted {at}; the newest checkpoint is step {good} "
+            f"({self.checkpoints}/{good}): rerun the same command to resume from there"
+        )
+
+
+def _finished_lines(workdir: str, summary: dict[str, Any]) -> str:
+    """'WORKDIR: finished at step 20 (summary.json); nothing to do' and its results."""
+    step = summary.get("steps")
+    lines = [f"{workdir}: finished at step {step} (summary.json); nothing to do"]
+    if summary.get("accuracy") is not None:
+        loss = summary.get("eval_loss")
+        loss = f", loss {loss:.4f}" if isinstance(loss, float) else ""
+        lines.append(f"step {step}: test accuracy {summary['accuracy']:.4f}{loss}")
+    for name, row in fewshot_lib.by_dataset(summary).items():
+        shots = "/".join(map(str, row))
+        accs = "/".join(f"{100 * a:.1f}" for a in row.values())
+        lines.append(f"step {step}: few-shot {name} {shots}-shot {accs}%")
+    return "\n".join(lines)
+
+
+def _check_init_from(config: ml_collections.ConfigDict) -> None:
+    """Fails before anything is created when `config.init_from` names no local file."""
+    from vit_jax.formats import remote
+
+    path = config.init_from
+    if not path or remote.is_remote(path) or os.path.exists(os.path.expanduser(path)):
+        return
+    raise ValueError(
+        f"config.init_from={path}: no such file or directory. This config fine-tunes a "
+        "checkpoint: pass --config.init_from=PATH, where PATH is a .npz (a published "
+        "file, or the final.npz of a run: --config=fashion_mnist:pretrain writes "
+        "WORKDIR/final.npz), a timm .safetensors file, a Hugging Face model directory, or "
+        "a published file's gs:// path (vit_jax/published_checkpoints.json); "
+        "--config.init_from='' trains from scratch"
+    )
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[str, Any]:
     quiet_tf.tensorflow()  # as the input pipeline does; clu's writers import it too
     from clu import metric_writers
 
@@ -67,7 +159,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     state_bytes, npz_bytes = workdir_lib.tree_bytes(abstract), 4 * count_params(abstract.params)
     workdir_lib.check_free_space(workdir, config, state_bytes, npz_bytes)
     saver = Saver(workdir, config.keep_checkpoints, integrity.describe(config))
+    where.saver = saver
     state, shardings = restore_or_create(config, model, tx, mesh, saver.manager)
+    where.step = int(jax.device_get(state.step))
     train_step, eval_step = compile_steps(
         model, tx, lr_fn, config.accum_steps, mesh, shardings, config.skip_nonfinite
     )
@@ -75,7 +169,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     loop = Loop(
         config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
     )
-    state, metrics, evals = train_loop(loop, state)
+    state, metrics, evals = train_loop(loop, state, where)
     if "accuracy" not in evals:  # resumed after the last step: evaluate the final state again
         evals.update(evaluate(loop, state.params))
     if config.export_npz:
@@ -98,9 +192,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     return summary
 
 
-def train_loop(loop: Loop, state: TrainState) -> tuple[TrainState, dict, dict]:
+def train_loop(
+    loop: Loop, state: TrainState, where: Where | None = None
+) -> tuple[TrainState, dict, dict]:
     """The steps from the state's own to config.total_steps: (state, metrics, evals);
-    evals holds the last test accuracy and loss, and few-shot accuracies if any."""
+    evals holds the last test accuracy and loss, and few-shot accuracies if any.
+    `where.step` follows the steps run (for the message of an interrupted run)."""
     config, mesh = loop.config, loop.mesh
     start, lead = int(jax.device_get(state.step)), distributed.is_lead()
     batches = data.train_iterator(
@@ -132,15 +229,23 @@ def train_loop(loop: Loop, state: TrainState) -> tuple[TrainState, dict, dict]:
         )
     for step in range(start + 1, config.total_steps + 1):
         state, m = loop.train_step(state, sharding.global_batch(next(batches), mesh))
+        if where is not None:
+            where.step = step
+        if step == start + 1:  # compiled: neither the speed nor the ETA counts that step
+            jax.block_until_ready(m)
+            took = speed.compiled(step)
+            if lead and not cadence.due("log", step):
+                print(f"step {step}: compiled and ran in {progress.duration(took)}", flush=True)
         log, ev, save = (cadence.due(what, step) for what in ("log", "eval", "save"))
         few = loop.fewshot is not None and cadence.due("fewshot", step)
         if log or save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+            if log:  # timed here: the step is done, the checks below are not training
+                metrics.update(speed.update(step))
             if save and not config.skip_nonfinite:  # skipped steps keep a finite state
                 metrics["finite"] = min(metrics["finite"], float(all_finite(state)))
             guard.check(metrics, step)
         if log:
-            metrics.update(speed.update(step))
             _write(loop.writer, step, config.total_steps, metrics)
         if ev:
             evals.update(evaluate(loop, state.params))

@@ -14,6 +14,7 @@ which need not be the mesh that wrote them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import socket
@@ -45,6 +46,58 @@ def check_writable(workdir: str) -> None:
             f"workdir {workdir} is not writable ({e.strerror}): choose another "
             "--workdir or free space there"
         ) from e
+
+
+def finished_summary(workdir: str, config: Any) -> dict[str, Any] | None:
+    """The stored summary.json when `config` already ran to its end in `workdir`, else
+    None: the summary is at total_steps (or beyond), final.npz is there (when the config
+    exports it) and the checkpoint of that step was written for the same model,
+    optimizer and image size (its integrity record). A rerun then has nothing to do."""
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    step = summary.get("steps") if isinstance(summary, dict) else None
+    if not isinstance(step, int) or step < config.total_steps:
+        return None
+    if config.export_npz and not os.path.isfile(os.path.join(workdir, "final.npz")):
+        return None
+    try:
+        record = integrity.read_record(os.path.join(workdir, "checkpoints", str(step)))
+    except ValueError:
+        return None
+    wrote = json.loads(json.dumps(integrity.describe(config)))  # as the record stores it
+    if record is None or record.get("step") != step or record.get("state") != wrote:
+        return None
+    return summary
+
+
+def missing_dirs(workdir: str) -> list[str]:
+    """`workdir/checkpoints`, `workdir` and its ancestors that do not exist yet, deepest
+    first: the directories a run creates (see `remove_empty`)."""
+    out, path = [], os.path.abspath(workdir)
+    for d in (os.path.join(path, "checkpoints"), path):
+        if not os.path.exists(d):
+            out.append(d)
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent) and not os.path.exists(parent):
+        out.append(parent)
+        parent = os.path.dirname(parent)
+    return out
+
+
+def remove_empty(dirs: list[str]) -> None:
+    """Removes those of `dirs` (deepest first) that are empty directories: what a run
+    that failed before writing anything created. Never a file, never a directory that
+    holds anything (os.rmdir refuses those)."""
+    if jax.process_index() != 0:
+        return
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
 
 
 def tree_bytes(tree: Any) -> int:

@@ -1,0 +1,225 @@
+"""Runs as a user meets them: Ctrl-C and the same command again, a finished workdir run
+again, a missing or misfit init_from, failed runs' directories, the ETA and progress
+lines in a log file."""
+
+import io
+import json
+import os
+import re
+import signal
+
+import pytest
+from helpers import run_command, tiny_config
+from subprocesses import Run, tiny_flags
+
+from vit_jax import checkpoint, main, progress, train
+from vit_jax import state as state_lib
+from vit_jax.architecture import CheckpointError
+
+# 1 device; saves at 5, 10, 15, 20; a log line every step, so Ctrl-C lands mid-run.
+RUN = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=20)
+
+
+def snapshot(workdir):
+    """{relative path: (bytes, mtime_ns)} of every file, and every directory's mtime."""
+    out = {}
+    for root, dirs, files in os.walk(workdir):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            data = None if os.path.isdir(path) else open(path, "rb").read()
+            out[os.path.relpath(path, workdir)] = (data, os.stat(path).st_mtime_ns)
+    return out
+
+
+@pytest.mark.slow  # three processes, about a minute on 2 cores
+def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp_path):
+    workdir = str(tmp_path / "run")
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    with Run(tiny_flags(workdir, **RUN), devices=1, env=cache) as run:
+        run.wait_for(lambda line: line.startswith("step 7/20"), timeout=120)
+        os.kill(run.proc.pid, signal.SIGINT)
+        assert run.finish(timeout=60) == 130, run.tail()
+    assert "Traceback" not in "\n".join(run.log) and "KeyboardInterrupt" not in run.log[-1]
+    found = re.fullmatch(
+        r"interrupted at step (\d+); the newest checkpoint is step (\d+) \((\S+)\): "
+        "rerun the same command to resume from there",
+        run.log[-1],
+    )
+    assert found, run.tail()
+    stopped, newest = int(found[1]), int(found[2])
+    assert 7 <= stopped < 20 and newest in (5, 10, 15) and 0 <= stopped - newest <= 5
+    assert found[3] == f"{workdir}/checkpoints/{newest}" and os.path.isdir(found[3])
+
+    with Run(tiny_flags(workdir, **RUN), devices=1, env=cache) as run:
+        assert run.finish(timeout=120) == 0, run.tail()
+    log = "\n".join(run.log)
+    assert f"resuming from step {newest} " in log and f"step {newest + 1}/20" in log
+    assert "step 20/20" in log and "step 1/20" not in log
+    summary = json.load(open(f"{workdir}/summary.json"))
+    assert summary["steps"] == 20 and summary["train_loss"] is not None
+
+    # The same command once more: nothing to do, nothing written, the stored results.
+    before = snapshot(workdir)
+    with Run(tiny_flags(workdir, **RUN), devices=1, env=cache) as run:
+        assert run.finish(timeout=120) == 0, run.tail()
+    assert snapshot(workdir) == before
+    assert run.log[0] == f"{workdir}: finished at step 20 (summary.json); nothing to do"
+    accuracy, loss = summary["accuracy"], summary["eval_loss"]
+    assert run.log[1] == f"step 20: test accuracy {accuracy:.4f}, loss {loss:.4f}"
+    assert not any(line.startswith(("resuming", "training", "step 20/20")) for line in run.log)
+
+
+def test_interrupted_command_prints_one_line_and_exits_130(capsys):
+    class Command:
+        __name__ = "vit_jax.fake"
+
+        @staticmethod
+        def define_flags():
+            pass
+
+        @staticmethod
+        def main():
+            where = train.Where("w/checkpoints", step=37)
+            raise train.Interrupted(where.message())
+
+    assert run_command(Command) == 130
+    err = capsys.readouterr().err
+    assert err == (
+        "interrupted at step 37; no checkpoint was saved yet: rerun the same command to start "
+        "again from step 0\n"
+    )
+
+
+def test_finished_means_this_config_ran_to_its_end(tmp_path):
+    from vit_jax import integrity
+    from vit_jax import workdir as workdir_lib
+
+    # What a finished run leaves: summary.json, final.npz, the last checkpoint's record.
+    c = tiny_config(total_steps=4)
+    step_dir = tmp_path / "checkpoints" / "4"
+    step_dir.mkdir(parents=True)
+    record = {"format": integrity.FORMAT, "step": 4, "arrays": {}, "files": {}}
+    integrity.write_json(
+        str(step_dir / integrity.RECORD), dict(record, state=integrity.describe(c))
+    )
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 4, "accuracy": 0.5}))
+    (tmp_path / "final.npz").write_bytes(b"")
+    workdir = str(tmp_path)
+    assert workdir_lib.finished_summary(workdir, c) == {"steps": 4, "accuracy": 0.5}
+    assert workdir_lib.finished_summary(workdir, tiny_config(total_steps=3)) is not None
+    assert workdir_lib.finished_summary(workdir, tiny_config(total_steps=8)) is None  # resumes
+    other = tiny_config(total_steps=4, **{"model.width": 64})
+    assert workdir_lib.finished_summary(workdir, other) is None  # "does not fit" as before
+    lr = tiny_config(total_steps=4, **{"optimizer.lr": 0.1})
+    assert workdir_lib.finished_summary(workdir, lr) is None
+    os.remove(tmp_path / "final.npz")  # killed before the export: the run writes it
+    assert workdir_lib.finished_summary(workdir, c) is None
+    assert workdir_lib.finished_summary(workdir, tiny_config(total_steps=4, export_npz=False))
+    (tmp_path / "summary.json").write_text("{")  # half-written by some other tool
+    assert (
+        workdir_lib.finished_summary(workdir, tiny_config(total_steps=4, export_npz=False)) is None
+    )
+
+
+def test_eta_leaves_out_the_compile_step():
+    now = [100.0]
+    speed = progress.Throughput(1000, batch=64, devices=8, clock=lambda: now[0])
+    now[0] += 120.0  # step 1: two minutes of compilation
+    assert speed.compiled(1) == 120.0
+    assert speed.update(1) == {}  # the log line of step 1: no rate known yet
+    now[0] += 9.0  # steps 2-10 at one second each
+    m = speed.update(10)
+    assert m["eta_seconds"] == pytest.approx(990.0)  # 990 steps left at 1 s, not 13 s
+    assert m["img_per_sec_per_device"] == pytest.approx(8.0)
+    line = progress.console_line(10, 1000, {"loss": 1.0, **m})
+    assert line.endswith("| 8 img/s/device | ETA 16m30s")
+    assert "ETA" not in progress.console_line(1, 1000, {"loss": 1.0})
+    # Resumed at step 500: the first step after it compiles again.
+    resumed = progress.Throughput(1000, 64, 8, start_step=500, clock=lambda: now[0])
+    now[0] += 60.0
+    assert resumed.compiled(501) == 60.0
+    now[0] += 4.0
+    assert resumed.update(505)["eta_seconds"] == pytest.approx(495.0)
+
+
+def test_progress_bar_redraws_on_a_terminal_and_prints_lines_to_a_log():
+    now = [0.0]
+
+    def items():
+        for i in range(10):
+            now[0] += 25.0  # each batch takes 25 s
+            yield i
+
+    tty = io.StringIO()
+    got = list(progress.bar(items(), 10, "eval test", stream=tty, tty=True, clock=lambda: now[0]))
+    assert got == list(range(10))
+    text = tty.getvalue()
+    assert text.count("\r") == 10 and text.endswith("\n") and text.count("\n") == 1
+    assert "\reval test [###############               ] 5/10 2m05s" in text
+
+    log = io.StringIO()
+    now[0] = 0.0
+    list(progress.bar(items(), 10, "eval test", stream=log, tty=False, clock=lambda: now[0]))
+    assert "\r" not in log.getvalue()
+    # A line once a minute has passed (after batches 3, 6 and 9 here), and one at the end.
+    assert log.getvalue().splitlines() == [
+        "eval test: 3/10 (30%) 1m15s",
+        "eval test: 6/10 (60%) 2m30s",
+        "eval test: 9/10 (90%) 3m45s",
+        "eval test: 10/10 done in 4m10s",
+    ]
+    quiet = io.StringIO()
+    list(progress.bar(items(), 10, "eval", enabled=False, stream=quiet, tty=False))
+    assert quiet.getvalue() == ""
+
+
+def test_init_from_of_another_patch_size_names_both_patches(tmp_path):
+    wide = tiny_config(**{"model.patch_size": 4, "model.width": 64})
+    path = str(tmp_path / "patch4.npz")
+    checkpoint.save_npz(path, state_lib.initial_params(wide, state_lib.build_model(wide, 10), 28))
+    c = tiny_config(init_from=path)  # patch 7, width 32
+    with pytest.raises(CheckpointError) as error:
+        state_lib.initial_params(c, state_lib.build_model(c, 10), 28)
+    message = str(error.value)
+    assert "the file's patch embedding is for patch 4; it was resampled to the model's patch 7" in (
+        message
+    )
+    assert "The file looks like width 64, depth 2, 2 heads, MLP 64, patch 4:" in message
+
+
+def test_finetune_preset_without_init_from_names_the_flag(tmp_path, capsys):
+    workdir = tmp_path / "new" / "ft"
+    args = ["--config=fashion_mnist:finetune", f"--workdir={workdir}"]
+    assert run_command(main, *args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: config.init_from=pretrain/final.npz: no such file or directory")
+    assert "pass --config.init_from=PATH" in err and "a Hugging Face model directory" in err
+    assert "gs://" in err and "Traceback" not in err and len(err.splitlines()) == 2
+    assert not os.path.exists(tmp_path / "new")  # nothing created
+
+
+def test_failed_runs_remove_only_the_empty_directories_they_created(tmp_path):
+    empty = tmp_path / "no_data"
+    empty.mkdir()
+    bad_data = {"dataset.data_dir": str(empty)}
+    new = tmp_path / "a" / "b" / "run"
+    with pytest.raises(OSError, match="has no train-images"):
+        train.run(tiny_config(**bad_data), str(new))
+    assert sorted(os.listdir(tmp_path)) == ["no_data"]  # a/, a/b/, a/b/run/ gone
+    # A checkpoint that does not fit fails after checkpoints/ was made: both go.
+    wide = tiny_config(**{"model.width": 64})
+    path = str(tmp_path / "wide.npz")
+    checkpoint.save_npz(path, state_lib.initial_params(wide, state_lib.build_model(wide, 10), 28))
+    with pytest.raises(CheckpointError):
+        train.run(tiny_config(init_from=path), str(new))
+    assert sorted(os.listdir(tmp_path)) == ["no_data", "wide.npz"]
+    # A directory that was there stays, and so does what it holds.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(OSError):
+        train.run(tiny_config(**bad_data), str(mine))
+    assert mine.is_dir() and os.listdir(mine) == []
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(OSError):
+        train.run(tiny_config(**bad_data), str(mine / "sub"))
+    assert os.listdir(mine) == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep"
