@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 
 import jax
 import numpy as np
@@ -99,3 +100,14 @@ def batch(n: int, size: int = 28, k: int = 10, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     labels = np.eye(k, dtype=np.float32)[rng.integers(0, k, n)]
     return {"image": rng.uniform(-1, 1, (n, size, size, 3)).astype(np.float32), "label": labels}
+
+
+def snapshot(workdir):
+    """{relative path: (bytes, mtime_ns)} of every file, and every directory's mtime."""
+    out = {}
+    for root, dirs, files in os.walk(workdir):
+        for name in files + dirs:
+            path = os.path.join(root, name)
+            data = None if os.path.isdir(path) else open(path, "rb").read()
+            out[os.path.relpath(path, workdir)] = (data, os.stat(path).st_mtime_ns)
+    return out

@@ -9,7 +9,7 @@ import re
 import signal
 
 import pytest
-from helpers import run_command, tiny_config
+from helpers import run_command, snapshot, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax import checkpoint, main, progress, train
@@ -18,17 +18,6 @@ from vit_jax.architecture import CheckpointError
 
 # 1 device; saves at 5, 10, 15, 20; a log line every step, so Ctrl-C lands mid-run.
 RUN = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=20)
-
-
-def snapshot(workdir):
-    """{relative path: (bytes, mtime_ns)} of every file, and every directory's mtime."""
-    out = {}
-    for root, dirs, files in os.walk(workdir):
-        for name in files + dirs:
-            path = os.path.join(root, name)
-            data = None if os.path.isdir(path) else open(path, "rb").read()
-            out[os.path.relpath(path, workdir)] = (data, os.stat(path).st_mtime_ns)
-    return out
 
 
 @pytest.mark.slow  # three processes, about a minute on 2 cores

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from helpers import batch, flat, run_command, tiny_config
+from helpers import batch, flat, run_command, snapshot, tiny_config
 from PIL import Image
 
 from vit_jax import checkpoint, configs, optim, sharding, steps, train
@@ -232,7 +232,6 @@ def test_fewshot_runs_on_its_cadence_and_matches_the_command(pretrained):
 
 
 def test_rerun_of_a_finished_run_changes_nothing(pretrained):
-    from test_runs import snapshot
 
     workdir, summary, _ = pretrained
     before = snapshot(workdir)
@@ -381,7 +380,6 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     assert "fine-tuned from the pretrained ViT: " in out and "trained from scratch: " in out
     assert "step 6/6" in out and out.count("=== ") == 3
     # The same command again: each part is finished, nothing is written or rewritten.
-    from test_runs import snapshot
 
     before = snapshot(str(tmp_path))
     again = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
