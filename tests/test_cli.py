@@ -119,3 +119,42 @@ def test_absl_flag_errors_name_the_way_out(runs):
     for key in ("unknown", "required", "value"):
         command = re.search(r"\(python -m (\S+) --help", runs[key][2]).group(1)
         assert runs[command][0] == 0
+
+
+def readme_test_command() -> str:
+    """The README's command that sets up and runs the tests (its top block)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        (line,) = [s.strip() for s in f if s.startswith("./setup.sh && python -m pytest")]
+    return line
+
+
+def test_readme_test_command_is_what_ci_runs():
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = [line.strip() for line in f]
+    assert readme_test_command() in ci
+    assert "python -m pytest -q -m slow" in ci  # the README's command for the slow tests
+
+
+def test_readme_test_command_ends_with_the_summary_line(tmp_path):
+    """pytest run with the README's arguments and this project's pyproject.toml (its
+    addopts) on a tiny suite prints `1 passed, 1 skipped`."""
+    args = readme_test_command().split("python -m pytest", 1)[1].split()
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        (tmp_path / "pyproject.toml").write_text(f.read())
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_tiny.py").write_text(
+        "import pytest\n\n\ndef test_passes():\n    assert True\n\n\n"
+        "@pytest.mark.skip(reason='tiny')\ndef test_skipped():\n    pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"=* ?1 passed, 1 skipped in [\d.]+s ?=*", last), proc.stdout
