@@ -102,6 +102,19 @@ def test_a_bad_preset_argument_names_the_valid_ones(runs):
     assert line == f"error: --config=fashion_mnist:tny: expected one of {valid}"
 
 
+def test_main_help_names_the_presets_arguments(runs):
+    from vit_jax import configs
+
+    help_text = " ".join(runs["vit_jax.main"][1].split())
+    listed = re.search(r"fashion_mnist:([\w|]+),", help_text).group(1).split("|")
+    error = one_error_line("preset", runs)  # the valid arguments, as get_config names them
+    assert listed == error.split("expected one of ")[1].split(", ")
+    for arg in listed:
+        assert configs.get(f"fashion_mnist:{arg}").total_steps > 0
+    for arg in re.findall(r"e\.g\. (\w+:[\w,]+)\)", help_text):
+        assert configs.get(arg).total_steps > 0
+
+
 def test_absl_flag_errors_name_the_way_out(runs):
     line = one_error_line("unknown", runs)
     assert line.startswith("error: Unknown command line flag 'chekpoint'")

@@ -19,7 +19,11 @@ from vit_jax import cli, configs, distributed, train
 
 def define_flags() -> None:
     config_flags.DEFINE_config_file(
-        "config", None, "a preset NAME:ARG (e.g. fashion_mnist:tiny) or a config file PATH.py:ARG",
+        "config", None,
+        "a preset NAME:ARG (fashion_mnist:pretrain|finetune|scratch|full|tiny, "
+        "finetune:MODEL,DATASET, pretrain:MODEL,DATASET; e.g. finetune:b16,cifar10) or a "
+        "config file PATH.py:ARG; set any field with --config.FIELD=VALUE "
+        "(all fields: vit_jax/configs/common.py)",
         lock_config=True,
     )  # fmt: skip
     flags.DEFINE_string("workdir", None, "checkpoints, TensorBoard events, summary.json go here")
