@@ -1,6 +1,10 @@
-"""The notebooks run top to bottom offline, and say what they should."""
+"""The notebooks run top to bottom offline, say what they should, and leave nothing
+behind in the temporary directory."""
 
+import glob
 import os
+import re
+import tempfile
 
 import nbformat
 import pytest
@@ -9,12 +13,24 @@ from nbclient import NotebookClient
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
 
 
-def execute(name, monkeypatch):
+def execute(name, monkeypatch, tmp_path):
+    """Runs the notebook with a temporary directory of its own (TMPDIR) and checks that
+    it is empty afterwards; the kernel's shutdown (atexit) is part of the run."""
     monkeypatch.setenv("XLA_FLAGS", "")  # one CPU device, as a user's kernel has
+    system_temp = tempfile.gettempdir()  # where the notebooks used to leave vit_* behind
+    before = set(glob.glob(os.path.join(system_temp, "vit_*")))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     NotebookClient(
         nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": NOTEBOOKS}}
     ).execute()
+    # The last cell removed the notebook's work directory, which was under TMPDIR.
+    (work,) = re.findall(r"^removed (\S+): True$", text_of(nb), re.MULTILINE)
+    assert os.path.dirname(work) == str(temp), work
+    assert os.listdir(temp) == []
+    assert set(glob.glob(os.path.join(system_temp, "vit_*"))) <= before
     return nb
 
 
@@ -29,8 +45,8 @@ def text_of(nb):
 pytestmark = pytest.mark.slow  # minutes each: CI runs them with -m slow
 
 
-def test_tour(monkeypatch):
-    nb = execute("vit_jax.ipynb", monkeypatch)
+def test_tour(monkeypatch, tmp_path):
+    nb = execute("vit_jax.ipynb", monkeypatch, tmp_path)
     text = text_of(nb)
     assert "ViT-H_14" in text and "632,045,800 parameters" in text
     accuracy = float(text.split("fine-tuned test accuracy: ")[1].split()[0])
@@ -39,8 +55,8 @@ def test_tour(monkeypatch):
     assert len(images) == 2
 
 
-def test_inspect(monkeypatch):
-    nb = execute("inspect.ipynb", monkeypatch)
+def test_inspect(monkeypatch, tmp_path):
+    nb = execute("inspect.ipynb", monkeypatch, tmp_path)
     text = text_of(nb)
     assert "similarity of each embedding with itself: True" in text
     distances = [

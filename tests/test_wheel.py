@@ -1,11 +1,13 @@
 """The package outside its checkout: built as a wheel, installed into a fresh virtualenv
-(reusing this environment's dependencies), run from an empty directory."""
+(reusing the running environment's dependencies, be it a virtualenv, a conda env or the
+system interpreter), run from an empty directory."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -26,6 +28,15 @@ def sh(*cmd: str, cwd: str, env: dict | None = None) -> str:
     return proc.stdout
 
 
+def environment_site_dirs() -> list[str]:
+    """The running environment's site-packages (a virtualenv's, a conda env's or the
+    system's, and the user's where Python reads it), without the checkout."""
+    dirs = site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dirs if os.path.isdir(d) and not d.startswith(ROOT + os.sep)]
+
+
 @pytest.fixture(scope="module")
 def venv_python(tmp_path_factory):
     build = tmp_path_factory.mktemp("wheel")
@@ -41,20 +52,44 @@ def venv_python(tmp_path_factory):
     for shipped in ("vit_jax/configs/fashion_mnist.py", "vit_jax/imagenet_classes.txt"):
         assert shipped in names
     assert not any(n.startswith(("configs/", "tests/", "benchmarks/")) for n in names)
+    # A fresh venv with the wheel alone, its dependencies taken from the running
+    # environment. `venv --system-site-packages` would inherit the *base* interpreter's
+    # packages, not an active virtualenv's or conda env's: a .pth file of plain paths
+    # adds the running environment's site-packages instead. Plain paths only, so the
+    # .pth files there (the checkout's editable install among them) are not read.
     venv = tmp_path_factory.mktemp("venv")
-    sh(sys.executable, "-m", "venv", "--system-site-packages", str(venv), cwd=str(build))
+    sh(sys.executable, "-m", "venv", "--without-pip", str(venv), cwd=str(build))
     python = str(venv / "bin" / "python")
-    sh(python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel, cwd=str(build))
-    return python, str(venv)
+    purelib = sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                 cwd=str(build)).strip()  # fmt: skip
+    sh(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+       "--target", purelib, wheel, cwd=str(build))  # fmt: skip
+    with open(os.path.join(purelib, "running_environment.pth"), "w") as f:
+        f.write("".join(d + "\n" for d in environment_site_dirs()))
+    return python, purelib
+
+
+WHERE = """
+import json, sys, absl, vit_jax
+finders = [repr(f) for f in sys.meta_path if "editable" in repr(f).lower()]
+print(json.dumps({"vit_jax": vit_jax.__file__, "absl": absl.__file__, "path": sys.path,
+                  "editable_finders": finders}))
+"""
 
 
 def test_wheel_runs_a_preset_from_an_empty_directory(venv_python, tmp_path):
-    python, venv = venv_python
+    python, purelib = venv_python
     empty = tmp_path / "empty"
     empty.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-    where = sh(python, "-c", "import vit_jax; print(vit_jax.__file__)", cwd=str(empty), env=env)
-    assert where.startswith(venv), where  # the installed wheel, not the checkout
+    where = json.loads(sh(python, "-c", WHERE, cwd=str(empty), env=env))
+    # The installed wheel, not the checkout, which is nowhere on the path nor a finder's.
+    assert where["vit_jax"] == os.path.join(purelib, "vit_jax", "__init__.py"), where
+    assert not any(p == ROOT or p.startswith(ROOT + os.sep) for p in where["path"]), where
+    assert not where["editable_finders"], where
+    # The dependencies are the running environment's (this test runs in a venv, a conda
+    # env or on the system interpreter alike).
+    assert os.path.dirname(os.path.dirname(where["absl"])) in environment_site_dirs(), where
     work = tmp_path / "work"
     out = sh(python, "-m", "vit_jax.main", "--config=fashion_mnist:tiny", f"--workdir={work}",
              "--config.total_steps=4", "--config.checkpoint_every=0", "--config.eval_every=0",

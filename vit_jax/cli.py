@@ -6,8 +6,10 @@ with `cli.run(main, define_flags)`. The library never imports a command.
 User errors (a missing file, a bad value, a config that does not fit, a non-finite run,
 a missing optional package) print `error: ...` with the way out and exit 1, without a
 Python traceback; set VIT_JAX_DEBUG=1 to see it. Other exceptions are programming
-errors and keep their tracebacks. Flag errors (unknown flag, bad flag value, unknown
-config field) are absl's one-line `FATAL Flags parsing error` messages.
+errors and keep their tracebacks. Flag errors (an unknown flag, a bad flag value, a
+missing required flag, an unknown config field, a preset argument that does not exist)
+print the same `error: ...` line, naming `python -m vit_jax.NAME --help`, which lists the
+command's own flags, the shared model flags included.
 
 Ctrl-C prints one line (a training run says where it stopped and that the same command
 resumes) and exits 130, without the KeyboardInterrupt traceback.
@@ -16,6 +18,7 @@ resumes) and exits 130, without the KeyboardInterrupt traceback.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -49,7 +52,7 @@ def run(
     saved, sys.argv = sys.argv, argv  # config_flags reads --config.* overrides from sys.argv
     try:
         if define_flags is not None:
-            define_flags()
+            _define_command_flags(define_flags, argv[0])
         _run_app(main, argv)
     finally:
         sys.argv = saved
@@ -78,7 +81,7 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
             interrupted(str(e))
 
     try:
-        app.run(entry, argv=argv)
+        app.run(entry, argv=argv, flags_parser=parse_flags)
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         if started or debug():  # raised by the command itself: not a parsing error
             raise
@@ -97,6 +100,71 @@ def interrupted(message: str) -> None:
     sys.stderr.write(f"{after_echo}{message or 'interrupted'}\n")
     sys.stderr.flush()
     sys.exit(130)
+
+
+def _define_command_flags(define_flags: Callable[[], None], program: str) -> None:
+    """Runs `define_flags` and makes the vit_jax flags it defined (define_model_flags',
+    which absl files under vit_jax.cli, not the command) key flags of the command, so
+    that `--help` lists them all; `--helpfull` adds absl's and the libraries' own."""
+    from absl import flags
+
+    before = set(flags.FLAGS)
+    define_flags()
+    for name in sorted(set(flags.FLAGS) - before):
+        if flags.FLAGS.find_module_defining_flag(name, "").startswith("vit_jax."):
+            # --help describes the key flags of the module named sys.argv[0] (`program`).
+            flags.FLAGS.register_key_flag_for_module(program, flags.FLAGS[name])
+
+
+def command_name(program: str) -> str:
+    """sys.argv[0] of a command -> 'vit_jax.infer' ('.../vit_jax/evaluate/__main__.py' ->
+    'vit_jax.evaluate'); anything else as it is."""
+    parts = os.path.normpath(program).split(os.sep)
+    if program.endswith(".py") and "vit_jax" in parts:
+        start = len(parts) - 1 - parts[::-1].index("vit_jax")
+        parts = parts[start:]
+        parts[-1] = parts[-1][: -len(".py")]
+        if parts[-1] == "__main__":
+            parts.pop()
+        return ".".join(parts)
+    return program
+
+
+def flag_error_message(error: BaseException, program: str) -> str:
+    """One line for a flag parsing error, ending with where the flags are listed.
+
+    A config file's own error (a preset argument that does not exist, raised by its
+    get_config) arrives wrapped twice, with the file's traceback in the message: the
+    original exception, at the end of the chain, says it alone.
+    """
+    root = error
+    while root.__cause__ or root.__context__:
+        root = root.__cause__ or root.__context__
+    if root is not error and "Error whilst parsing config file" in str(error):
+        return str(root)  # the config's own message names the valid arguments
+    required = r"(?:flag --\S+=None: )?[Ff]lag --(\S+) must have a value other than None\."
+    what = re.sub(required, r"--\1 is required;", str(error))
+    what = " ".join(what.split()).rstrip(";")
+    return f"{what} (python -m {command_name(program)} --help lists the flags)"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing (app.run's flags_parser) with its errors as `error: ...`, and
+    `--help` (absl exits 1 after printing it) a success."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except SystemExit as e:
+        help_flags = ("help", "?", "helpshort", "helpfull", "helpxml")
+        if e.code == 1 and any(a.lstrip("-").split("=")[0] in help_flags for a in argv[1:]):
+            sys.exit(0)
+        raise
+    except flags.Error as e:
+        if debug():
+            raise
+        fail(flag_error_message(e, argv[0]))
+        raise  # not reached: fail exits
 
 
 def fail(message: str) -> None:

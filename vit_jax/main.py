@@ -6,7 +6,8 @@
 --config names a preset of the installed package (finetune, pretrain, fashion_mnist;
 see vit_jax/configs/) with its argument after ':', or the path of a config file
 (configs/finetune.py:b16,cifar10, or your own). Restarting with the same --workdir
-resumes from its latest checkpoint. On several hosts, run the same command on each
+resumes from its latest checkpoint; a workdir that finished is left as it is (the
+command prints its stored results). On several hosts, run the same command on each
 with --config.distributed.* set (see vit_jax/distributed.py); JAX's distributed
 runtime starts before anything else uses jax.
 """
@@ -19,7 +20,11 @@ from vit_jax import cli, configs, distributed, train
 
 def define_flags() -> None:
     config_flags.DEFINE_config_file(
-        "config", None, "a preset NAME:ARG (e.g. fashion_mnist:tiny) or a config file PATH.py:ARG",
+        "config", None,
+        "a preset NAME:ARG (fashion_mnist:pretrain|finetune|scratch|full|tiny, "
+        "finetune:MODEL,DATASET, pretrain:MODEL,DATASET; e.g. finetune:b16,cifar10) or a "
+        "config file PATH.py:ARG; set any field with --config.FIELD=VALUE "
+        "(all fields: vit_jax/configs/common.py)",
         lock_config=True,
     )  # fmt: skip
     flags.DEFINE_string("workdir", None, "checkpoints, TensorBoard events, summary.json go here")

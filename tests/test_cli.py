@@ -1,0 +1,173 @@
+"""The commands as a user first meets them, run as subprocesses: `--help` lists each
+command's own flags (the shared model flags of cli.define_model_flags included, absl's and
+JAX's left to --helpfull), and a mistake in the flags is one `error:` line with the way out."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMANDS = {  # python -m NAME -> the module that defines its flags
+    "vit_jax.main": "vit_jax.main",
+    "vit_jax.recipe": "vit_jax.recipe",
+    "vit_jax.infer": "vit_jax.infer",
+    "vit_jax.fewshot": "vit_jax.fewshot",
+    "vit_jax.figures": "vit_jax.figures",
+    "vit_jax.convert": "vit_jax.convert",
+    "vit_jax.checkpoints": "vit_jax.checkpoints",
+    "vit_jax.evaluate": "vit_jax.evaluate.__main__",
+}
+MODEL_FLAGS = {"checkpoint", "model", "override", "image_size", "patch_size"}
+MISTAKES = {  # name -> (command, its arguments)
+    "preset": ("vit_jax.main", ["--config=fashion_mnist:tny", "--workdir=unused"]),
+    "unknown": ("vit_jax.infer", ["--chekpoint=x.npz", "--image=x.png"]),
+    "required": ("vit_jax.evaluate", []),
+    "value": ("vit_jax.convert", ["--checkpoint=x.npz", "--format=png", "--out=y"]),
+}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every command's --help and every mistake, started at once (each imports jax)."""
+    env = {k: v for k, v in os.environ.items() if k != "VIT_JAX_DEBUG"}
+    jobs = {name: (name, ["--help"]) for name in COMMANDS} | MISTAKES
+    procs = {
+        key: subprocess.Popen(
+            [sys.executable, "-m", command, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for key, (command, args) in jobs.items()
+    }
+    out = {}
+    for key, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        out[key] = (proc.returncode, stdout, stderr)
+    return out
+
+
+def defined_flags(module_name: str) -> set[str]:
+    """The flags that the command's define_flags defines in its own module or in
+    vit_jax.cli (define_model_flags), found in this process."""
+    from absl import flags
+
+    module = importlib.import_module(module_name)
+    before = set(flags.FLAGS)
+    module.define_flags()
+    new = set(flags.FLAGS) - before
+    try:
+        owners = {name: flags.FLAGS.find_module_defining_flag(name) for name in new}
+        return {name for name in new if owners[name] in (module_name, "vit_jax.cli")}
+    finally:
+        for name in new:
+            delattr(flags.FLAGS, name)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_lists_the_commands_own_flags(runs, command):
+    code, stdout, stderr = runs[command]
+    assert code == 0, stderr[-2000:]
+    listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", stdout, re.MULTILINE))
+    expected = defined_flags(COMMANDS[command])
+    assert expected and listed == expected, (sorted(listed), sorted(expected))
+    if command in ("vit_jax.infer", "vit_jax.fewshot", "vit_jax.figures", "vit_jax.convert",
+                   "vit_jax.evaluate"):  # fmt: skip
+        assert MODEL_FLAGS <= listed
+    assert "--verbosity" not in stdout and "--jax_" not in stdout  # those are in --helpfull
+    assert "Try --helpfull" in stdout
+
+
+def one_error_line(key: str, runs) -> str:
+    code, stdout, stderr = runs[key]
+    assert code == 1 and stdout == "", (code, stdout, stderr)
+    lines = stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: "), stderr
+    assert lines[1] == "(for the Python traceback, set VIT_JAX_DEBUG=1)"
+    assert "FATAL" not in stderr and "Traceback" not in stderr and "--helpshort" not in stderr
+    return lines[0]
+
+
+def test_a_bad_preset_argument_names_the_valid_ones(runs):
+    line = one_error_line("preset", runs)
+    valid = "pretrain, finetune, scratch, full, tiny"
+    assert line == f"error: --config=fashion_mnist:tny: expected one of {valid}"
+
+
+def test_main_help_names_the_presets_arguments(runs):
+    from vit_jax import configs
+
+    help_text = " ".join(runs["vit_jax.main"][1].split())
+    listed = re.search(r"fashion_mnist:([\w|]+),", help_text).group(1).split("|")
+    error = one_error_line("preset", runs)  # the valid arguments, as get_config names them
+    assert listed == error.split("expected one of ")[1].split(", ")
+    for arg in listed:
+        assert configs.get(f"fashion_mnist:{arg}").total_steps > 0
+    for arg in re.findall(r"e\.g\. (\w+:[\w,]+)\)", help_text):
+        assert configs.get(arg).total_steps > 0
+
+
+def test_absl_flag_errors_name_the_way_out(runs):
+    line = one_error_line("unknown", runs)
+    assert line.startswith("error: Unknown command line flag 'chekpoint'")
+    assert "Did you mean: checkpoint" in line
+    assert line.endswith("(python -m vit_jax.infer --help lists the flags)")
+    line = one_error_line("required", runs)
+    assert line == (
+        "error: --checkpoint is required; --dataset is required "
+        "(python -m vit_jax.evaluate --help lists the flags)"
+    )
+    line = one_error_line("value", runs)
+    assert line.startswith("error: flag --format=png: value should be one of <npz|timm|")
+    assert line.endswith("(python -m vit_jax.convert --help lists the flags)")
+    # The command that the lines name is the one test_help_lists_the_commands_own_flags runs.
+    for key in ("unknown", "required", "value"):
+        command = re.search(r"\(python -m (\S+) --help", runs[key][2]).group(1)
+        assert runs[command][0] == 0
+
+
+def readme_test_command() -> str:
+    """The README's command that sets up and runs the tests (its top block)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        (line,) = [s.strip() for s in f if s.startswith("./setup.sh && python -m pytest")]
+    return line
+
+
+def test_readme_test_command_is_what_ci_runs():
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = [line.strip() for line in f]
+    assert readme_test_command() in ci
+    assert "python -m pytest -q -m slow" in ci  # the README's command for the slow tests
+
+
+def test_readme_test_command_ends_with_the_summary_line(tmp_path):
+    """pytest run with the README's arguments and this project's pyproject.toml (its
+    addopts) on a tiny suite prints `1 passed, 1 skipped`."""
+    args = readme_test_command().split("python -m pytest", 1)[1].split()
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        (tmp_path / "pyproject.toml").write_text(f.read())
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_tiny.py").write_text(
+        "import pytest\n\n\ndef test_passes():\n    assert True\n\n\n"
+        "@pytest.mark.skip(reason='tiny')\ndef test_skipped():\n    pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"=* ?1 passed, 1 skipped in [\d.]+s ?=*", last), proc.stdout
