@@ -436,7 +436,7 @@ def _hybrid_npz(tmp_path):
 def test_convert_command(tmp_path):
     model, params, _ = make(TINY)
     checkpoint.save_npz(tmp_path / "a.npz", params)
-    out = tmp_path / "m.safetensors"
+    out = tmp_path / "exports" / "tiny" / "m.safetensors"  # --out's directories are made
     run = subprocess.run(
         [
             sys.executable,

@@ -109,8 +109,10 @@ def write(
     labels: Sequence[str] | None = None,
 ) -> Converted:
     """Write a model's parameters (original layout) as `fmt` at `out`; `labels`: the class
-    names of an hf export (None: ImageNet's for a 1000-class head, else LABEL_i)."""
+    names of an hf export (None: ImageNet's for a 1000-class head, else LABEL_i). The
+    directory that holds `out` is created if it does not exist."""
     out = str(out)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     if model.scan:
         params = traverse_util.unflatten_dict(
             checkpoint.unstack_blocks(traverse_util.flatten_dict(params, sep="/")), sep="/"
