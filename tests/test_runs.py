@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import time
 
 import pytest
 from helpers import run_command, snapshot, tiny_config
@@ -20,10 +21,23 @@ from vit_jax.architecture import CheckpointError
 RUN = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=20)
 
 
-@pytest.mark.slow  # three processes, about a minute on 2 cores
+@pytest.mark.slow  # four processes, about a minute on 2 cores
 def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp_path):
     workdir = str(tmp_path / "run")
     cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    # Ctrl-C while the first step compiles (a fresh cache: XLA's threads are at work). The
+    # interpreter's shutdown used to crash there (SIGSEGV, or a hang) after the line.
+    early = str(tmp_path / "early")
+    with Run(tiny_flags(early, **RUN), devices=1, env=cache) as run:
+        run.wait_for(lambda line: "compiling the first step" in line, timeout=120)
+        time.sleep(0.5)
+        os.kill(run.proc.pid, signal.SIGINT)
+        assert run.finish(timeout=60) == 130, run.tail()
+    # The handler is in place once the loop says it compiles: the step in flight ends.
+    notice = "Ctrl-C: stopping after the step in flight (Ctrl-C again to stop at once)"
+    assert notice in run.log and "Exception ignored" not in "\n".join(run.log), run.tail()
+    assert run.log[-1].startswith("interrupted at step 1; no checkpoint was saved yet")
+
     with Run(tiny_flags(workdir, **RUN), devices=1, env=cache) as run:
         run.wait_for(lambda line: line.startswith("step 7/20"), timeout=120)
         os.kill(run.proc.pid, signal.SIGINT)
@@ -212,3 +226,17 @@ def test_failed_runs_remove_only_the_empty_directories_they_created(tmp_path):
     with pytest.raises(OSError):
         train.run(tiny_config(**bad_data), str(mine / "sub"))
     assert os.listdir(mine) == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep"
+
+
+def test_stop_request_first_ctrl_c_asks_the_second_interrupts(capfd):
+    before = signal.getsignal(signal.SIGINT)
+    with progress.StopRequest() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs at the next bytecode boundary
+        assert stop.requested  # no KeyboardInterrupt: the loop decides when
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert capfd.readouterr().err.strip() == progress.StopRequest.NOTICE.decode().strip()

@@ -12,7 +12,9 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO, TypeVar
@@ -47,6 +49,41 @@ class Cadence:
         if step == self.total_steps or (what == "log" and step == 1):
             return True
         return every > 0 and step % every == 0
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) during training, as a request the loop honours between steps.
+
+    Python's own handler raises KeyboardInterrupt wherever the main thread is, and where
+    that is a callback (JAX's garbage-collection hook runs during compilation) Python
+    prints "Exception ignored" and the run goes on; where native threads are still
+    compiling, the interpreter's shutdown can crash. So, inside `with StopRequest():`
+    (on the main thread), the first Ctrl-C only sets `requested` and says so on stderr;
+    the loop stops after the step in flight. A second Ctrl-C raises KeyboardInterrupt at
+    once. The previous handler is restored on exit.
+    """
+
+    NOTICE = b"\nCtrl-C: stopping after the step in flight (Ctrl-C again to stop at once)\n"
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        os.write(2, self.NOTICE)  # not print: the main thread may be inside a write
 
 
 def duration(seconds: float) -> str:

@@ -42,6 +42,7 @@ class Loop:
     saver: Saver  # checkpoints with their integrity records; .manager is Orbax's
     writer: Any = None  # clu MetricWriter on the lead process, else None
     fewshot: fewshot_lib.FewShotEvaluator | None = None
+    stop: progress.StopRequest = dataclasses.field(default_factory=progress.StopRequest)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -169,7 +170,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
     loop = Loop(
         config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
     )
-    state, metrics, evals = train_loop(loop, state, where)
+    with loop.stop:  # Ctrl-C: stop between steps (see progress.StopRequest)
+        state, metrics, evals = train_loop(loop, state, where)
     if "accuracy" not in evals:  # resumed after the last step: evaluate the final state again
         evals.update(evaluate(loop, state.params))
     if config.export_npz:
@@ -259,6 +261,10 @@ def train_loop(
                 print(f"step {step}: saving checkpoint {loop.saver.directory}/{step}", flush=True)
         if ev or few or save:  # the throughput clock counts training steps only
             speed.pause(step)
+        if loop.stop.requested:
+            if loop.writer is not None:
+                loop.writer.flush()
+            raise KeyboardInterrupt  # run() turns it into Interrupted, naming the step
     loop.saver.wait()
     return state, metrics, evals
 
