@@ -14,8 +14,8 @@ fi
 $PIP -e ".[all]"
 # timm for the format tests (the timm export's printed lines run in real timm). --no-deps:
 # timm requires torchvision, whose registry builds pull CUDA torch over the CPU build
-# above; its light deps (pyyaml, huggingface_hub, safetensors) come with ".[all]", and
-# the tests stand in a minimal torchvision (tests/stubs) where none imports.
+# above; its light deps (pyyaml, huggingface_hub, safetensors: a core dependency) come
+# with ".[all]", and the tests stand in a minimal torchvision (tests/stubs) where none imports.
 $PIP --no-deps timm || echo "setup.sh: timm not installed; the timm format tests will skip" >&2
 
 FMNIST=/usr/share/datasets/fashion-mnist

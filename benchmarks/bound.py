@@ -8,6 +8,7 @@ how close to the limit the function runs.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import platform
 import time
@@ -20,6 +21,26 @@ import numpy as np
 from jax.extend import core as jex_core
 
 PRODUCTS = ("dot_general", "conv_general_dilated")
+
+
+def parser(doc: str, *, lists: bool) -> argparse.ArgumentParser:
+    """The flags the inference and train-step benchmarks share: what to time (model,
+    batch, resolution, dtype; comma-separated lists where `lists`) and the bound."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    several, kind = (" (comma-separated)", str) if lists else ("", int)
+    models = "model names, comma-separated, or 'all'" if lists else "model name"
+    ap.add_argument("--model", default="ViT-B_16", help=models)
+    ap.add_argument("--batch", type=kind, default="8", help="batch size" + several)
+    ap.add_argument("--image_size", type=kind, default="224", help="resolution" + several)
+    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16" + several)
+    ap.add_argument(
+        "--no-bound",
+        dest="bound",
+        action="store_false",
+        help="skip timing the matrix products alone (a quick run measures the model only)",
+    )
+    ap.add_argument("--products", action="store_true", help="print each product's time")
+    return ap
 
 
 def timeit(

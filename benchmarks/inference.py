@@ -14,7 +14,6 @@ shapes. `bound/model` near 1 means the model runs as fast as its products allow.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import sys
@@ -24,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bound import machine, product_bound, timeit  # noqa: E402
+from bound import machine, parser, product_bound, timeit  # noqa: E402
 
 from vit_jax.models import VARIANTS, get_model  # noqa: E402
 
@@ -61,18 +60,7 @@ def measure(name: str, size: int, batch: int, dtype: str, bound: bool, show: boo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="ViT-B_16", help="names, comma-separated, or 'all'")
-    ap.add_argument("--batch", default="8", help="batch sizes, comma-separated")
-    ap.add_argument("--image_size", default="224", help="resolutions, comma-separated")
-    ap.add_argument("--dtype", default="float32", help="float32, bfloat16 (comma-separated)")
-    ap.add_argument(
-        "--no-bound",
-        dest="bound",
-        action="store_false",
-        help="skip timing the matrix products alone",
-    )
-    ap.add_argument("--products", action="store_true", help="print each product's time")
+    ap = parser(__doc__, lists=True)
     args = ap.parse_args()
     # 'all': every published architecture ('-gap-norep' checkpoints compute as their base).
     names = (

@@ -10,7 +10,6 @@ forward products and their transposes in the backward pass), each timed alone.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import os
@@ -22,7 +21,7 @@ import ml_collections
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bound import machine, product_bound, timeit  # noqa: E402
+from bound import machine, parser, product_bound, timeit  # noqa: E402
 
 from vit_jax import optim, sharding, steps  # noqa: E402
 from vit_jax import state as state_lib  # noqa: E402
@@ -72,20 +71,9 @@ def measure(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="ViT-B_16")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--image_size", type=int, default=224)
+    ap = parser(__doc__, lists=False)
     ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--remat", action="store_true")
-    ap.add_argument("--products", action="store_true", help="print each product's time")
-    ap.add_argument(
-        "--no-bound",
-        dest="bound",
-        action="store_false",
-        help="skip timing the matrix products alone (a quick run measures the step only)",
-    )
+    ap.add_argument("--remat", action="store_true", help="rematerialise each block")
     a = ap.parse_args()
     print(f"# {datetime.date.today()} — {machine()}")
     r = measure(a.model, a.image_size, a.batch, a.optimizer, a.dtype, a.remat, a.bound)

@@ -129,3 +129,23 @@ def test_convert_prints_sizes_speeds_and_agreement():
     assert float(rows["JAX (jit)"][1]) == 0.0
     assert float(rows["ONNX (onnxruntime)"][1]) < 1e-4
     assert float(rows["SavedModel (TensorFlow)"][1]) < 1e-4
+
+
+def test_inference_and_train_step_share_one_flag_block():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import bound
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    several = bound.parser("Inference.", lists=True).parse_args(["--batch=2,4", "--no-bound"])
+    assert (several.model, several.batch, several.image_size) == ("ViT-B_16", "2,4", "224")
+    assert (several.dtype, several.bound, several.products) == ("float32", False, False)
+    one = bound.parser("Train step.", lists=False).parse_args(["--image_size=32", "--products"])
+    assert (one.batch, one.image_size, one.bound, one.products) == (8, 32, True, True)
+    with pytest.raises(SystemExit):
+        bound.parser("Train step.", lists=False).parse_args(["--batch=2,4"])
+    for script in ("inference.py", "train_step.py"):
+        text = run(script, "--help")
+        for flag in ("--model", "--batch", "--image_size", "--dtype", "--no-bound", "--products"):
+            assert flag in text, (script, flag)
+    assert "--optimizer" in run("train_step.py", "--help")

@@ -51,6 +51,29 @@ def test_truncated_safetensors_is_named(tmp_path):
             safetensors_io.read(path)
 
 
+def test_safetensors_bad_files_and_dtypes_are_named(tmp_path):
+    import struct
+
+    path = tmp_path / "b.safetensors"
+    safetensors_io.write(path, {"a": np.arange(3, dtype=">f4")})  # stored little-endian
+    np.testing.assert_array_equal(safetensors_io.read(path)[0]["a"], [0, 1, 2])
+    assert safetensors_io.read(path)[0]["a"].dtype == np.dtype("<f4")
+    data = path.read_bytes()
+    path.write_bytes(data + b"xx")
+    with pytest.raises(CheckpointError, match="b.safetensors.*truncated or extended"):
+        safetensors_io.read(path)
+    header = b'{"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}}'
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(8))
+    with pytest.raises(CheckpointError, match="'z' has dtype C64, which vit_jax does not read"):
+        safetensors_io.read(path)
+    path.write_bytes(struct.pack("<Q", 8) + b"[1,2]   ")
+    with pytest.raises(CheckpointError, match="b.safetensors.*invalid JSON"):
+        safetensors_io.read(path)
+    with pytest.raises(ValueError, match="'c': dtype complex64 has no safetensors name"):
+        safetensors_io.write(tmp_path / "c.safetensors", {"c": np.zeros(2, np.complex64)})
+    assert not (tmp_path / "c.safetensors").exists()
+
+
 # ------------------------------------------------------------------ timm's table
 
 

@@ -4,15 +4,18 @@ disk too small for the run's checkpoints fails before training starts."""
 import os
 import re
 import shutil
+from typing import Any
 
+import flax
 import jax
 import numpy as np
 import pytest
 from helpers import batch, tiny_config
 
-from vit_jax import optim, sharding, steps, train
+from vit_jax import integrity, optim, sharding, steps, train
 from vit_jax import state as state_lib
 from vit_jax import workdir as workdir_lib
+from vit_jax.saver import Saver
 
 NAN = float("nan")
 
@@ -61,24 +64,93 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
     c.optimizer.warmup_steps = 0
     mesh = sharding.make_mesh()
     model = state_lib.build_model(c, 10)
-    tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
+    tx, lr = optim.make_optimizer(c.optimizer, c.total_steps, skip_nonfinite=True)
     state, shardings = state_lib.create_state(c, model, tx, mesh)
-    step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings, skip_nonfinite=True)
+    step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
     good, bad = batch(64), batch(64)
     bad["image"][5] = np.nan  # one bad example poisons the whole step
     state, m = step(state, sharding.global_batch(good, mesh))
     before = jax.device_get(state)
+    assert int(m["skipped"]) == 0 and int(optim.skipped_steps(before.opt_state)) == 0
     state, m = step(state, sharding.global_batch(bad, mesh))
     assert float(m["finite"]) == 0.0 and int(m["skipped"]) == 1 and np.isnan(float(m["loss"]))
     after = jax.device_get(state)
-    assert int(after.step) == 2 and int(after.skipped) == 1  # the step (and data) move on
-    kept = (before.params, before.opt_state), (after.params, after.opt_state)
+    assert int(after.step) == 2 and int(optim.skipped_steps(after.opt_state)) == 1  # data move on
+    assert int(after.opt_state.notfinite_count) == 1 and not after.opt_state.last_finite
+    kept = (
+        (before.params, before.opt_state.inner_state),
+        (after.params, after.opt_state.inner_state),
+    )
     for x, y in zip(*map(jax.tree.leaves, kept), strict=True):
         np.testing.assert_array_equal(x, y)
     state, m = step(state, sharding.global_batch(good, mesh))
     assert float(m["finite"]) == 1.0 and int(m["skipped"]) == 1
+    assert int(state.opt_state.notfinite_count) == 0  # the row is broken
     kernel = jax.device_get(state.params["head"]["kernel"])
     assert np.isfinite(kernel).all() and not np.array_equal(kernel, after.params["head"]["kernel"])
+
+
+def test_finite_steps_with_skip_nonfinite_match_the_plain_optimizer():
+    """To float32 rounding, not bit for bit: apply_if_finite runs the update in lax.cond,
+    which XLA compiles apart (the old jnp.where after the update was bit-equal). SGD:
+    Adam would blow the rounding noise of gradients that are zero in exact arithmetic
+    (the attention keys' bias) up to learning-rate-sized steps."""
+    c = tiny_config()
+    c.optimizer.update(name="sgd", warmup_steps=0)
+    mesh = sharding.make_mesh()
+    model = state_lib.build_model(c, 10)
+    states = []
+    for skip in (False, True):
+        tx, lr = optim.make_optimizer(c.optimizer, c.total_steps, skip_nonfinite=skip)
+        state, shardings = state_lib.create_state(c, model, tx, mesh)
+        step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
+        for seed in range(3):
+            state, m = step(state, sharding.global_batch(batch(64, seed=seed), mesh))
+        states.append(jax.device_get(state))
+        assert int(m["skipped"]) == 0
+    plain, skipping = states
+    want = jax.tree.leaves((plain.params, plain.opt_state))
+    got = jax.tree.leaves((skipping.params, skipping.opt_state.inner_state))
+    for x, y in zip(want, got, strict=True):
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-7)
+
+
+@flax.struct.dataclass
+class TrainStateBeforeApplyIfFinite:
+    """vit_jax's TrainState before optax.apply_if_finite: the skipped count beside the
+    optimizer state."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+    skipped: jax.Array
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
+    c = tiny_config(export_npz=False, skip_nonfinite=skip)
+    model = state_lib.build_model(c, 10)
+    tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)  # the optimizer state then
+    new = state_lib.new_state(c, model, tx)
+    old = TrainStateBeforeApplyIfFinite(
+        new.step + 3, new.params, new.opt_state, new.rng, jax.numpy.ones((), jax.numpy.int32)
+    )
+    workdir = str(tmp_path / "run")
+    saver = Saver(workdir, 3, integrity.describe(c))
+    saver.save(3, old)
+    saver.wait()
+    step_dir = os.path.join(workdir, "checkpoints", "3")
+    for recorded in (True, False):  # the record's names, then Orbax's metadata
+        if not recorded:
+            os.remove(os.path.join(step_dir, integrity.RECORD))
+        with pytest.raises(ValueError) as error:
+            train.run(c, workdir)
+        message = str(error.value)
+        assert "\n" not in message
+        assert message.startswith(f"checkpoint {step_dir} was written by an older vit_jax")
+        assert "optax.apply_if_finite" in message and "another --workdir" in message
+    assert integrity.step_dirs(os.path.join(workdir, "checkpoints")) == [3]  # not set aside
 
 
 def test_skipping_stops_after_too_many_in_a_row(tmp_path):

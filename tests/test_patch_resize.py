@@ -10,7 +10,7 @@ from helpers import images, logits
 
 from vit_jax import checkpoint, state
 from vit_jax.models import get_model
-from vit_jax.models.patch_resize import resample_kernel, resize_matrix
+from vit_jax.models.patch_resize import resample_kernel, resize_matrix, resize_matrix_1d
 from vit_jax.models.vit import PatchEmbedding
 
 
@@ -20,6 +20,30 @@ def test_resize_matrix_is_jax_bilinear(old, new):
     resized = jax.image.resize(basis, (old * old, new, new), "bilinear", antialias=False)
     want = np.asarray(resized).reshape(old * old, new * new).T
     np.testing.assert_allclose(resize_matrix(old, new), want, atol=1e-6)
+
+
+def linear_by_hand(old, new):
+    """The resize matrix as vit_jax computed it before jax.image.resize: weights from
+    half-pixel centres, clamped at the edges."""
+    m = np.zeros((new, old))
+    for i in range(new):
+        src = (i + 0.5) * old / new - 0.5
+        lo = int(np.floor(src))
+        t = src - lo
+        for j, w in ((lo, 1.0 - t), (lo + 1, t)):
+            m[i, min(max(j, 0), old - 1)] += w
+    return m
+
+
+def test_resize_matrix_1d_equals_the_old_one():
+    for old in range(1, 20):
+        for new in (1, 2, 3, 5, 7, 8, 14, 16, 24, 32):
+            got = resize_matrix_1d(old, new)
+            assert got.dtype == np.float64 and got.shape == (new, old)
+            np.testing.assert_allclose(got, linear_by_hand(old, new), rtol=0, atol=1e-14)
+    np.testing.assert_array_equal(
+        resize_matrix_1d(2, 4), [[1, 0], [0.75, 0.25], [0.25, 0.75], [0, 1]]
+    )
 
 
 def resize_patches(x, p, q):

@@ -1,10 +1,14 @@
 """The published-checkpoint table, and remote paths (never fetched in tests)."""
 
+import functools
+import http.server
 import socket
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from etils import epath
 from format_helpers import TINY, make
 
 from vit_jax import checkpoint, formats, published
@@ -49,3 +53,44 @@ def test_remote_path_reads_its_cached_copy(monkeypatch, tmp_path):
     assert remote.fetch("gs://vit_models/x/m.npz") == local
     got = formats.read_checkpoint("gs://vit_models/x/m.npz")
     np.testing.assert_array_equal(got["cls"], params["cls"])
+
+
+def test_copy_goes_through_epath_whole_or_not_at_all(tmp_path):
+    source = tmp_path / "bucket" / "m.npz"
+    source.parent.mkdir()
+    source.write_bytes(bytes(range(256)) * 1000)
+    local = tmp_path / "cache" / "vit_models" / "m.npz"
+    remote.copy(epath.Path(source), local)
+    assert local.read_bytes() == source.read_bytes()
+    with pytest.raises(FileNotFoundError, match="nothing.npz: no such remote file"):
+        remote.copy(tmp_path / "bucket" / "nothing.npz", tmp_path / "cache" / "nothing.npz")
+    assert sorted(p.name for p in (tmp_path / "cache" / "vit_models").iterdir()) == ["m.npz"]
+    assert not (tmp_path / "cache" / "nothing.npz").exists()
+
+
+def test_http_path_is_fetched_once_into_the_cache(monkeypatch, tmp_path):
+    """From a server on this machine: no network needed."""
+    model, params, _ = make(TINY)
+    served = tmp_path / "served"
+    (served / "x").mkdir(parents=True)
+    checkpoint.save_npz(served / "x" / "m.npz", params)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
+    checked = []
+    monkeypatch.setattr(remote, "check_network", checked.append)
+    url = f"http://127.0.0.1:{server.server_port}/x/m.npz"
+    try:
+        local = remote.fetch(url)
+        with pytest.raises(FileNotFoundError, match="other.npz: no such remote file"):
+            remote.fetch(url.replace("m.npz", "other.npz"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert local == tmp_path / "cache" / f"127.0.0.1:{server.server_port}" / "x" / "m.npz"
+    assert local.read_bytes() == (served / "x" / "m.npz").read_bytes()
+    assert remote.fetch(url) == local  # the server is gone: the cached copy
+    assert checked == [url, url.replace("m.npz", "other.npz")]
+    np.testing.assert_array_equal(formats.read_checkpoint(url)["cls"], params["cls"])

@@ -103,6 +103,16 @@ def test_array_checksums_catch_other_values_in_any_layout():
     assert integrity.mismatches(dict(saved, a=other), record) == (["a"], 0)
 
 
+def test_step_dirs_lists_only_finished_checkpoints(tmp_path):
+    names = ["10", "15", "20", "12.damaged", "12.damaged.2", saver.PENDING]
+    names += [f"7{workdir_lib.TMP_MARK}-1234", f"8{workdir_lib.TMP_MARK}"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    (tmp_path / "3").write_text("a file, not a checkpoint")
+    assert integrity.step_dirs(str(tmp_path)) == [10, 15, 20]
+    assert integrity.step_dirs(str(tmp_path / "absent")) == []
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Finished undamaged workdirs: data-parallel and FSDP, both on the 8 devices."""

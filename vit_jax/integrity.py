@@ -29,6 +29,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 
 from vit_jax import files
 
@@ -217,11 +218,13 @@ def summary(description: dict[str, Any] | None) -> str:
 
 
 def step_dirs(directory: str) -> list[int]:
-    """The steps of the checkpoints under their final names in `directory`, ascending."""
-    if not os.path.isdir(directory):
-        return []
-    names = os.listdir(directory)
-    return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(f"{directory}/{n}"))
+    """The steps of the checkpoints under their final names in `directory`, ascending.
+
+    Orbax's own listing (the names its CheckpointManager writes): '<step>.damaged',
+    Orbax's temporary directories, `.pending` and plain files are not steps.
+    """
+    found = ocp.path.step.standard_name_format().find_all(directory)
+    return sorted(metadata.step for metadata in found)
 
 
 def quick_check(step_dir: str) -> list[str]:

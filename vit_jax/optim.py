@@ -3,7 +3,8 @@
 Pretraining: Adam (b1 0.9, b2 0.999) with decoupled weight decay, scaled by the
 learning rate and applied to kernels only. Fine-tuning: SGD with momentum 0.9, no
 weight decay. Both: optional clipping at a global gradient norm, linear warmup, then
-cosine or linear decay (or constant).
+cosine or linear decay (or constant). With skip_nonfinite, optax.apply_if_finite around
+it all skips the steps whose gradients are not finite and counts them.
 """
 
 from __future__ import annotations
@@ -42,10 +43,19 @@ def kernels_only(params: Any) -> Any:
     )
 
 
+# apply_if_finite gives in and applies a non-finite update after this many skipped in a
+# row; never here (the counter saturates at this value): FiniteGuard stops the run first.
+NEVER = int(jnp.iinfo(jnp.int32).max)
+
+
 def make_optimizer(
-    cfg: Any, total_steps: int
+    cfg: Any, total_steps: int, *, skip_nonfinite: bool = False
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The optimizer of `cfg` ('adam' | 'sgd') and its learning-rate schedule."""
+    """The optimizer of `cfg` ('adam' | 'sgd') and its learning-rate schedule.
+
+    With `skip_nonfinite`, a step whose gradients are not all finite leaves the
+    optimizer state as it was, updates nothing and is counted (`skipped_steps`).
+    """
     lr = schedule(cfg, total_steps)
     mu_dtype = jnp.dtype(cfg.mu_dtype) if cfg.mu_dtype else None
     parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
@@ -60,4 +70,14 @@ def make_optimizer(
     else:
         raise ValueError(f"unknown optimizer {cfg.name!r}: use 'adam' or 'sgd'")
     parts.append(optax.scale_by_learning_rate(lr))
-    return optax.chain(*parts), lr
+    tx = optax.chain(*parts)
+    if skip_nonfinite:  # finite steps equal the plain chain's to float32 rounding (lax.cond)
+        tx = optax.apply_if_finite(tx, max_consecutive_errors=NEVER)
+    return tx, lr
+
+
+def skipped_steps(opt_state: Any) -> jax.Array:
+    """i32[]: the steps skipped so far for non-finite gradients (0 without skip_nonfinite)."""
+    if isinstance(opt_state, optax.ApplyIfFiniteState):
+        return opt_state.total_notfinite
+    return jnp.zeros((), jnp.int32)

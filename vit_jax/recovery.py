@@ -60,7 +60,7 @@ def check(manager: ocp.CheckpointManager, step: int, target: Any = None) -> Verd
         return Verdict(step, [str(e)], True)
     if record is not None:
         if target is not None and (misfit := integrity.misfits(record, target)):
-            raise workdir_lib.does_not_fit(step_dir, _misfit_text(record, misfit))
+            raise workdir_lib.misfit_error(step_dir, misfit, _misfit_text(record, misfit))
         if problems := integrity.check_files(step_dir, record):
             more = [f"and {len(problems) - 3} more files"] if len(problems) > 3 else []
             return Verdict(step, problems[:3] + more, True)
@@ -71,7 +71,7 @@ def check(manager: ocp.CheckpointManager, step: int, target: Any = None) -> Verd
         unknown = record is None and target is not None  # damage, or another shape?
         misfit = _metadata_misfits(manager, step, target) if unknown else []
         if misfit:
-            raise workdir_lib.does_not_fit(step_dir, "; ".join(misfit[:3])) from e
+            raise workdir_lib.misfit_error(step_dir, misfit, "; ".join(misfit[:3])) from e
         return Verdict(step, [f"it is unreadable ({_cause(e, step_dir)})"], record is not None)
     problems = []
     if record is not None:

@@ -54,7 +54,6 @@ def new_state(
         params=params,
         opt_state=tx.init(params),
         rng=jax.random.key_data(jax.random.fold_in(jax.random.key(config.seed), 1)),
-        skipped=jnp.zeros((), jnp.int32),
     )
 
 

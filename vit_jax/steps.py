@@ -11,13 +11,13 @@ The jit contract (built by `compile_steps`):
              of the ('data', 'fsdp') mesh, each process feeding its own block.
     metrics  replicated scalars: loss, grad_norm, lr, finite (1 when the loss and the
              gradient norm are finite), skipped (steps skipped so far for non-finite
-             values, with config.skip_nonfinite).
+             gradients, with config.skip_nonfinite: counted in the optimizer state).
   eval_step(params, batch) -> replicated sums {'correct', 'loss', 'count'}; batch
     also carries 'mask' f32[B] (0 for padding).
 
 A resumed run is bit-identical to an uninterrupted one: the state (step, dropout key,
-skipped count) is all in the checkpoint, the input pipeline is a pure function of
-(config, seed, step), and dropout keys are folded with the step.
+optimizer state with its skipped count) is all in the checkpoint, the input pipeline is
+a pure function of (config, seed, step), and dropout keys are folded with the step.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vit_jax import sharding
+from vit_jax import optim, sharding
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -40,7 +40,6 @@ class TrainState:
     params: Any
     opt_state: Any
     rng: jax.Array  # u32[2]: raw key data for dropout, folded with the step
-    skipped: jax.Array  # i32[]: steps skipped for non-finite values (skip_nonfinite)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -93,7 +92,6 @@ def train_step(
     tx: optax.GradientTransformation,
     lr_fn: optax.Schedule,
     accum_steps: int = 1,
-    skip_nonfinite: bool = False,
 ) -> tuple[TrainState, dict]:
     """One optimizer step on one global batch.
 
@@ -101,9 +99,10 @@ def train_step(
     SGD and Adam make finite updates short of overflow, so the loss and the norm are
     all that is checked here: a pass over the whole new state would cost ~3% of a
     ViT-B/16 step on CPU. The loop checks the whole state before each save. With
-    `skip_nonfinite`, a step whose loss or gradient norm is not finite keeps the old
-    parameters and optimizer state (its own counts included) and is counted in
-    `state.skipped`; the step counter, and with it the data, move on.
+    config.skip_nonfinite, `tx` is wrapped in optax.apply_if_finite
+    (`optim.make_optimizer`): a step with a non-finite gradient (a non-finite loss
+    brings one) keeps the old parameters and optimizer state and is counted in it; the
+    step counter, and with it the data, move on.
     """
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     loss, grads = loss_and_grads(model, state.params, batch, rng, accum_steps)
@@ -111,21 +110,14 @@ def train_step(
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    skipped = state.skipped
-    if skip_nonfinite:
-        new, old = (params, opt_state), (state.params, state.opt_state)
-        params, opt_state = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-        skipped = skipped + (~finite).astype(jnp.int32)
     metrics = {
         "loss": loss,
         "grad_norm": grad_norm,
         "lr": lr_fn(state.step),
         "finite": finite.astype(jnp.float32),
-        "skipped": skipped,
+        "skipped": optim.skipped_steps(opt_state),
     }
-    new_state = state.replace(
-        step=state.step + 1, params=params, opt_state=opt_state, skipped=skipped
-    )
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
 
@@ -148,7 +140,6 @@ def compile_steps(
     accum_steps: int,
     mesh: jax.sharding.Mesh,
     state_shardings: Any,
-    skip_nonfinite: bool = False,
 ):
     """The jitted train and eval steps (the contract is in the module docstring)."""
     batch = sharding.batch_sharding(mesh)
@@ -159,7 +150,6 @@ def compile_steps(
         tx=tx,
         lr_fn=lr_fn,
         accum_steps=accum_steps,
-        skip_nonfinite=skip_nonfinite,
     )
     step = jax.jit(
         step_fn,

@@ -155,7 +155,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
     _check_batches(config, mesh)
     model = build_model(config, data.num_classes(config.dataset))
-    tx, lr_fn = optim.make_optimizer(config.optimizer, config.total_steps)
+    tx, lr_fn = optim.make_optimizer(
+        config.optimizer, config.total_steps, skip_nonfinite=config.skip_nonfinite
+    )
     abstract = abstract_state(config, model, tx)
     state_bytes, npz_bytes = workdir_lib.tree_bytes(abstract), 4 * count_params(abstract.params)
     workdir_lib.check_free_space(workdir, config, state_bytes, npz_bytes)
@@ -163,9 +165,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
     where.saver = saver
     state, shardings = restore_or_create(config, model, tx, mesh, saver.manager)
     where.step = int(jax.device_get(state.step))
-    train_step, eval_step = compile_steps(
-        model, tx, lr_fn, config.accum_steps, mesh, shardings, config.skip_nonfinite
-    )
+    train_step, eval_step = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
     writer = metric_writers.SummaryWriter(workdir) if distributed.is_lead() else None
     loop = Loop(
         config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
@@ -183,7 +183,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
         "accuracy": evals["accuracy"],
         "eval_loss": evals["loss"],
         "train_loss": metrics.get("loss"),
-        "skipped_steps": int(jax.device_get(state.skipped)),
+        "skipped_steps": int(jax.device_get(optim.skipped_steps(state.opt_state))),
         **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
         "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
         "wall_seconds": time.time() - start_time,
@@ -219,9 +219,8 @@ def train_loop(
         config.fewshot.every or config.eval_every,
     )
     speed = progress.Throughput(config.total_steps, config.batch_size, jax.device_count(), start)
-    guard = workdir_lib.FiniteGuard(
-        loop.saver.manager, config.skip_nonfinite, start, int(jax.device_get(state.skipped))
-    )
+    skipped = int(jax.device_get(optim.skipped_steps(state.opt_state)))
+    guard = workdir_lib.FiniteGuard(loop.saver.manager, config.skip_nonfinite, start, skipped)
     metrics, evals = {}, {}
     if lead and start < config.total_steps:
         print(

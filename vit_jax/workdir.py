@@ -181,6 +181,19 @@ def restore(manager: ocp.CheckpointManager, step: int, target: Any) -> Any:
         raise does_not_fit(f"{manager.directory}/{step}", str(e)) from e
 
 
+def misfit_error(path: str, misfit: list[str], detail: str) -> ValueError:
+    """`does_not_fit`, or where `misfit` (`integrity.misfits`) shows the state of a vit_jax
+    from before optax.apply_if_finite, a message that says so (its config cannot help)."""
+    if any(m.startswith("skipped ") for m in misfit):  # the old TrainState.skipped
+        return ValueError(
+            f"checkpoint {path} was written by an older vit_jax, which counted skipped "
+            "non-finite steps beside the optimizer state (this one counts them inside it, "
+            "with optax.apply_if_finite), so it cannot be resumed here: finish that run "
+            "with the vit_jax that wrote it, or start in another --workdir"
+        )
+    return does_not_fit(path, detail)
+
+
 def does_not_fit(path: str, detail: str) -> ValueError:
     """The error of a checkpoint written by a state of another shape (not damage)."""
     return ValueError(

@@ -1,6 +1,6 @@
 """Every checkpoint format users hold, every format they deploy to.
 
-  safetensors_io.py  the safetensors file format with NumPy alone
+  safetensors_io.py  the safetensors file format (the `safetensors` package, NumPy side)
   timm.py            timm's VisionTransformer state dict (plain ViTs and hybrids)
   hf.py              Hugging Face ViTForImageClassification directories
   remote.py          published files at gs:// and https:// paths

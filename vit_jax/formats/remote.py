@@ -1,16 +1,21 @@
 """Published checkpoints at remote paths (gs://vit_models/..., https://...).
 
 A remote path is copied once into a local cache ($VIT_JAX_CACHE, default
-~/.cache/vit_jax) through TensorFlow's filesystem layer (tf.io.gfile, which reads gs://
-and http(s):// paths), then read like a local file. Offline, a short connection test
-fails first with a message that says so, instead of the filesystem layer's retries.
+~/.cache/vit_jax) through etils.epath (gs:// and s3://, by TensorFlow's filesystem
+layer) or urllib (http(s)://), then read like a local file. Offline, a short connection
+test fails first with a message that says so, instead of the filesystem layer's retries.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
+
+from etils import epath
 
 from vit_jax import quiet_tf
 
@@ -52,22 +57,46 @@ def fetch(path: str) -> Path:
 
     Raises:
       OSError: no network, or no such remote file.
-      ImportError: no TensorFlow (pip install 'vit_jax[data]').
+      ImportError: no filesystem layer for gs:// (pip install 'vit_jax[data]').
     """
     local = cache_dir() / path.split("://", 1)[1]
     if local.is_file():
         return local
     check_network(path)
     try:
-        tf = quiet_tf.tensorflow()
+        copy(path, local)
     except ImportError as e:
         raise ImportError(
             f"reading {path} needs TensorFlow's filesystem layer: pip install 'vit_jax[data]'"
         ) from e
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{path}: no such remote file (see the published checkpoints)")
+    return local
+
+
+def copy(source: str | os.PathLike, local: Path) -> None:
+    """Copies `source` (gs://, s3://, http(s):// or local) to `local`, whole or not at all.
+
+    Raises:
+      FileNotFoundError: no such file at `source`.
+    """
+    source = str(source)
+    missing = FileNotFoundError(f"{source}: no such remote file (see the published checkpoints)")
     local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(local.name + ".tmp")
-    tf.io.gfile.copy(path, str(tmp), overwrite=True)
-    os.replace(tmp, local)
-    return local
+    try:
+        if source.startswith(("http://", "https://")):
+            # etils.epath has no http(s):// backend; the standard library reads URLs.
+            try:
+                with urllib.request.urlopen(source, timeout=60) as r, open(tmp, "wb") as f:
+                    shutil.copyfileobj(r, f)
+            except urllib.error.HTTPError as e:
+                raise missing if e.code == 404 else e from None
+        else:
+            if is_remote(source):
+                quiet_tf.tensorflow()  # epath's gs:// backend, imported without its notes
+            remote = epath.Path(source)
+            if not remote.exists():
+                raise missing
+            remote.copy(tmp, overwrite=True)
+        os.replace(tmp, local)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,23 +1,24 @@
-"""The safetensors file format, read and written with NumPy alone.
+"""The safetensors file format, read and written with the `safetensors` package's NumPy side.
 
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
 ({name: {"dtype", "shape", "data_offsets": [begin, end]}, optional "__metadata__":
-{str: str}}) padded with spaces, then the tensors' raw little-endian bytes. Writing it
-needs no PyTorch (and no `safetensors` package): the files written here are loaded by
-`safetensors.torch.load_file`, timm and transformers like any other. Reading checks
-every offset against the file's length, so a truncated or corrupt file is an error
-that names it, never a silently short tensor.
+{str: str}}) padded with spaces, then the tensors' raw little-endian bytes. No PyTorch
+is needed: the files written here are loaded by `safetensors.torch.load_file`, timm and
+transformers like any other. The package checks every offset against the file's
+length, so a truncated or corrupt file is an error that names it, never a silently
+short tensor.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import safetensors
+import safetensors.numpy
 
 from vit_jax import files
 from vit_jax.architecture import CheckpointError
@@ -54,6 +55,9 @@ def is_safetensors(path: str | os.PathLike) -> bool:
 def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors of a safetensors file, and its metadata.
 
+    The `safetensors` package parses and checks the file; its NumPy loader has no
+    bfloat16, so the tensors come from its raw `deserialize` through the table above.
+
     Returns:
       ({name: array}, {metadata key: value}); bfloat16 tensors come back as
       ml_dtypes.bfloat16 arrays.
@@ -70,37 +74,32 @@ def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]
         f"{path} is not a readable safetensors file ({why}); if it was downloaded or copied, "
         "do it again"
     )
-    if len(data) < 8:
-        raise bad(f"{len(data)} bytes, shorter than the header length")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > _MAX_HEADER or 8 + n > len(data):
-        raise bad(f"header of {n} bytes in a file of {len(data)}: truncated")
     try:
-        header = json.loads(data[8 : 8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(f"header is not JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    body = memoryview(data)[8 + n :]
-    tensors, end = {}, 0
-    for name, info in header.items():
-        try:
-            dtype = _DTYPES[info["dtype"]]
-            shape = tuple(int(s) for s in info["shape"])
-            begin, stop = (int(o) for o in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise bad(f"tensor {name!r} has a bad entry {info!r} ({e})") from None
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if stop - begin != size or begin < 0:
-            raise bad(f"tensor {name!r} {shape} {info['dtype']} spans bytes {begin}..{stop}")
-        if stop > len(body):
-            raise bad(f"tensor {name!r} ends at byte {stop} of a {len(body)}-byte body: truncated")
-        tensors[name] = np.frombuffer(body[begin:stop], dtype).reshape(shape).copy()
-        end = max(end, stop)
-    if end != len(body):
-        raise bad(f"{len(body) - end} bytes after the last tensor")
+        entries = safetensors.deserialize(data)
+        with safetensors.safe_open(path, framework="numpy") as f:
+            metadata = f.metadata() or {}
+    except safetensors.SafetensorError as e:
+        raise bad(_plain(e, data)) from None
+    tensors = {}
+    for name, info in entries:
+        if info["dtype"] not in _DTYPES:
+            raise bad(f"tensor {name!r} has dtype {info['dtype']}, which vit_jax does not read")
+        shape = tuple(info["shape"])
+        tensors[name] = np.frombuffer(info["data"], _DTYPES[info["dtype"]]).reshape(shape)
     return tensors, dict(metadata)
+
+
+def _plain(error: Exception, data: bytes) -> str:
+    """The safetensors package's complaint, with what it means for a file on disk."""
+    why = str(error).removeprefix("Error while deserializing: ")
+    if len(data) < 8:
+        return f"{why}: {len(data)} bytes, shorter than the header length"
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        return f"{why}: header of {n} bytes in a file of {len(data)}: truncated"
+    if "not fully covered" in why:
+        return f"{why}: the tensors do not end where the file does: truncated or extended"
+    return why
 
 
 def write(
@@ -108,32 +107,19 @@ def write(
     tensors: dict[str, np.ndarray],
     metadata: dict[str, str] | None = None,
 ) -> None:
-    """Write `tensors` (C-contiguous little-endian copies) as one safetensors file.
+    """Write `tensors` as one safetensors file (by `safetensors.numpy.save`).
 
     The file is written whole under a temporary name and then renamed, so a failure
-    never leaves a half-written file at `path`.
+    never leaves a half-written file at `path`. Only the dtypes `read` knows are
+    written, so every file written here reads back.
     """
-    header: dict[str, object] = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    arrays, offset = [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        if a.dtype.newbyteorder("<") in _NAMES and a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        if a.dtype not in _NAMES:
+    arrays = {}
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        if a.dtype.newbyteorder("<") not in _NAMES:
             raise ValueError(f"tensor {name!r}: dtype {a.dtype} has no safetensors name")
-        header[name] = {
-            "dtype": _NAMES[a.dtype],
-            "shape": list(a.shape),
-            "data_offsets": [offset, offset + a.nbytes],
-        }
-        arrays.append(a)
-        offset += a.nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+        arrays[name] = a
+    meta = {str(k): str(v) for k, v in metadata.items()} if metadata else None
+    data = safetensors.numpy.save(arrays, meta)
     with files.atomic_write(path) as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for a in arrays:
-            f.write(a.tobytes())
+        f.write(data)

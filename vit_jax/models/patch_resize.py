@@ -12,19 +12,21 @@ w' is the least-squares optimum (B B^T w' = B w).
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
 def resize_matrix_1d(old: int, new: int) -> np.ndarray:
-    """[new, old]: bilinear (linear, half-pixel centres, clamped edges) resize of a line."""
-    m = np.zeros((new, old))
-    for i in range(new):
-        src = (i + 0.5) * old / new - 0.5
-        lo = int(np.floor(src))
-        t = src - lo
-        for j, w in ((lo, 1.0 - t), (lo + 1, t)):
-            m[i, min(max(j, 0), old - 1)] += w
-    return m
+    """[new, old]: bilinear (linear, half-pixel centres, clamped edges) resize of a line.
+
+    Column j is basis vector e_j resized by `jax.image.resize` (as big_vision's
+    resample_patchemb does), in float64 so the pseudo-inverse sees exact weights.
+    """
+    resize = lambda e: jax.image.resize(e, (new,), "linear", antialias=False)
+    with jax.enable_x64(True):
+        rows = jax.vmap(resize)(jnp.eye(old, dtype=jnp.float64))  # [old, new]
+        return np.asarray(rows).T
 
 
 def resize_matrix(old: int, new: int) -> np.ndarray:
