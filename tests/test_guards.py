@@ -7,21 +7,25 @@ import shutil
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from helpers import batch, tiny_config
 
-from vit_jax import optim, sharding, steps, train
-from vit_jax import state as state_lib
-from vit_jax import workdir as workdir_lib
+from vit_jax.parallel import sharding
+from vit_jax.training import guard as guard_lib
+from vit_jax.training import optim, steps, train
+from vit_jax.training import state as state_lib
+from vit_jax.workdir import checks
+from vit_jax.workdir import manager as workdir_lib
 
 NAN = float("nan")
 
 
 def restore_all(config, workdir):
     """Every saved step of `workdir` -> its state on host."""
-    model = state_lib.build_model(config, 10)
+    model = state_lib.build_model(config.model, 10)
     tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
-    abstract = state_lib.abstract_state(config, model, tx)
+    abstract = state_lib.abstract_state(train.start_of(config), model, tx)
     target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(
             a.shape,
@@ -31,7 +35,8 @@ def restore_all(config, workdir):
         abstract,
     )
     manager = workdir_lib.open_manager(workdir, 0)
-    return {s: jax.device_get(workdir_lib.restore(manager, s, target)) for s in manager.all_steps()}
+    restore = lambda s: manager.restore(s, args=ocp.args.StandardRestore(target))
+    return {s: jax.device_get(restore(s)) for s in manager.all_steps()}
 
 
 def test_nonfinite_run_stops_and_names_the_last_good_checkpoint(tmp_path):
@@ -43,7 +48,7 @@ def test_nonfinite_run_stops_and_names_the_last_good_checkpoint(tmp_path):
     with pytest.raises(FloatingPointError) as error:
         train.run(c, str(tmp_path))
     found = re.search(
-        r"at step (\d+).*last good checkpoint is step (\d+) in (\S+) ", str(error.value)
+        r"at step (\d+).*newest intact checkpoint is step (\d+) \((\S+)/\d+\)", str(error.value)
     )
     assert found, error.value
     bad, good = int(found[1]), int(found[2])
@@ -60,9 +65,9 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
     c = tiny_config()
     c.optimizer.warmup_steps = 0
     mesh = sharding.make_mesh()
-    model = state_lib.build_model(c, 10)
+    model = state_lib.build_model(c.model, 10)
     tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
-    state, shardings = state_lib.create_state(c, model, tx, mesh)
+    state, shardings = state_lib.create_state(train.start_of(c), model, tx, mesh)
     step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings, skip_nonfinite=True)
     good, bad = batch(64), batch(64)
     bad["image"][5] = np.nan  # one bad example poisons the whole step
@@ -82,7 +87,7 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
 
 
 def test_skipping_stops_after_too_many_in_a_row(tmp_path):
-    guard = workdir_lib.FiniteGuard(workdir_lib.open_manager(str(tmp_path), 1), skip=True)
+    guard = guard_lib.FiniteGuard(workdir_lib.open_manager(str(tmp_path), 1), skip=True)
 
     def check(step, skipped):
         metrics = {"loss": NAN, "grad_norm": NAN, "finite": 0.0, "skipped": skipped}
@@ -109,9 +114,9 @@ def test_small_disk_fails_before_training(tmp_path, monkeypatch):
 def test_disk_needed():
     c = tiny_config(total_steps=100, checkpoint_every=10, keep_checkpoints=3, export_npz=True)
     # 10 saves: 3 kept, a 4th while a new one replaces the oldest; final.npz.
-    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 4 * 1000 + 10
-    assert workdir_lib.disk_needed(c, 1000, 10, existing=3000) == 1000 + 10  # resuming
+    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 4 * 1000 + 10
+    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=3000) == 1000 + 10  # resuming
     c.update(keep_checkpoints=0, export_npz=False)  # keep all ten
-    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 10_000
+    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 10_000
     c.update(total_steps=20, keep_checkpoints=3)  # only two saves
-    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 2000
+    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 2000
