@@ -132,11 +132,11 @@ def plan_of(config: ml_collections.ConfigDict) -> checks.Plan:
         config.model.to_dict(), config.optimizer.to_dict(), config.image_size
     )
     return checks.Plan(
-        config.total_steps,
-        config.checkpoint_every,
-        config.keep_checkpoints,
-        bool(config.export_npz),
-        state,
+        total_steps=config.total_steps,
+        checkpoint_every=config.checkpoint_every,
+        keep_checkpoints=config.keep_checkpoints,
+        export_npz=bool(config.export_npz),
+        state=state,
     )
 
 
