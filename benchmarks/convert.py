@@ -6,7 +6,7 @@ exports (images/s) beside the JAX model.
 
 The checkpoint is the variant with random parameters written as .npz (the published
 files have the same shapes), so the figures need no download. Each format is converted
-from that .npz by `vit_jax.formats.convert.convert`, timed end to end (reading,
+from that .npz by `vit_jax.weights.convert.convert`, timed end to end (reading,
 adapting, writing). Throughput: the median of 3 timed batches after one warm-up batch;
 each runtime's largest logit difference from the JAX model on that batch beside it.
 """
@@ -23,9 +23,10 @@ import jax
 import numpy as np
 from bound import timeit  # this script's directory
 
-from vit_jax import checkpoint, quiet_tf
-from vit_jax.formats import convert
+from vit_jax import weights
+from vit_jax.base import quiet_tf
 from vit_jax.models import get_model, param_shapes
+from vit_jax.weights import convert
 
 
 def _random_npz(name: str, size: int, path: Path) -> None:
@@ -33,7 +34,7 @@ def _random_npz(name: str, size: int, path: Path) -> None:
     rng = np.random.default_rng(0)
     shapes = param_shapes(model, size)
     params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32), shapes)
-    checkpoint.save_npz(path, params)
+    weights.save_npz(path, params)
 
 
 def _speed(fn, x: np.ndarray) -> float:

@@ -38,20 +38,22 @@ import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from bound import machine, timeit  # noqa: E402
 
-from vit_jax import integrity, optim, recovery, sharding, workdir  # noqa: E402
 from vit_jax.configs.common import base  # noqa: E402
-from vit_jax.saver import Saver  # noqa: E402
-from vit_jax.state import build_model, create_state  # noqa: E402
+from vit_jax.parallel import sharding  # noqa: E402
+from vit_jax.training import optim, train  # noqa: E402
+from vit_jax.training.state import build_model, create_state  # noqa: E402
+from vit_jax.workdir import checks, integrity, manager, recovery  # noqa: E402
+from vit_jax.workdir.saver import Saver  # noqa: E402
 
 
 def make_state(model_name: str, image_size: int):
     c = base(model_name)
     c.image_size = image_size
     c.optimizer.update(name="adam", lr=1e-3)
-    model = build_model(c, 1000)
+    model = build_model(c.model, 1000)
     tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    state, _ = create_state(c, model, tx, mesh)
+    state, _ = create_state(train.start_of(c), model, tx, mesh)
     return c, jax.block_until_ready(state)
 
 
@@ -63,14 +65,14 @@ def main() -> None:
     p.add_argument("--dir", default=None)
     args = p.parse_args()
     config, state = make_state(args.model, args.image_size)
-    gib = workdir.tree_bytes(state) / 2**30
+    gib = checks.tree_bytes(state) / 2**30
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
         hash_s = timeit(lambda: integrity.collect(integrity.start_checksums(state, pool)),
                         warmup=0, repeats=args.repeats, min_time=0)  # fmt: skip
     root = tempfile.mkdtemp(dir=args.dir, prefix="integrity_bench_")
     try:
-        plain = workdir.open_manager(os.path.join(root, "plain"), 0)
-        saver = Saver(os.path.join(root, "record"), 0, integrity.describe(config))
+        plain = manager.open_manager(os.path.join(root, "plain"), 0)
+        saver = Saver(os.path.join(root, "record"), 0, train.plan_of(config).state)
         rows = {"plain": ([], []), "record": ([], [])}
         for step in range(1, args.repeats + 1):
             for name in rows:

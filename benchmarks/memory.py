@@ -37,11 +37,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from bound import machine  # noqa: E402
 
-from vit_jax import optim, sharding, steps  # noqa: E402
-from vit_jax import state as state_lib  # noqa: E402
 from vit_jax.configs import common  # noqa: E402
 from vit_jax.models import count_params  # noqa: E402
-from vit_jax.workdir import tree_bytes  # noqa: E402
+from vit_jax.parallel import sharding  # noqa: E402
+from vit_jax.training import optim, steps, train  # noqa: E402
+from vit_jax.training import state as state_lib  # noqa: E402
+from vit_jax.workdir.checks import tree_bytes  # noqa: E402
 
 GIB = 2**30
 LAYOUTS = {"replicated": (DEVICES, 1), "fsdp": (1, DEVICES)}
@@ -55,9 +56,9 @@ def setup(name: str, image_size: int, variant: dict) -> tuple:
     c.image_size = image_size
     c.model.update(variant)
     c.optimizer.update(name="adam", weight_decay=0.1)
-    model = state_lib.build_model(c, 1000)
+    model = state_lib.build_model(c.model, 1000)
     tx, lr_fn = optim.make_optimizer(c.optimizer, c.total_steps)
-    return c, model, tx, lr_fn, state_lib.abstract_state(c, model, tx)
+    return c, model, tx, lr_fn, state_lib.abstract_state(train.start_of(c), model, tx)
 
 
 def state_row(name: str, image_size: int) -> dict:

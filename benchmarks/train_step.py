@@ -2,7 +2,7 @@
 
     python benchmarks/train_step.py --model=ViT-B_16 --batch=8 --optimizer=sgd --dtype=float32
 
-Prints images/s of `vit_jax.steps.train_step` (jitted, state donated, as the loop runs
+Prints images/s of `vit_jax.training.steps.train_step` (jitted, state donated, as the loop runs
 it) and the bound: the summed time of every matrix product in the step's jaxpr (the
 forward products and their transposes in the backward pass), each timed alone.
 `bound/step` near 1 means the step runs as fast as its matrix products allow.
@@ -23,10 +23,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bound import machine, parser, product_bound, timeit  # noqa: E402
 
-from vit_jax import optim, sharding, steps  # noqa: E402
-from vit_jax import state as state_lib  # noqa: E402
 from vit_jax.configs import common  # noqa: E402
 from vit_jax.models import get_model  # noqa: E402
+from vit_jax.parallel import sharding  # noqa: E402
+from vit_jax.training import optim, steps  # noqa: E402
+from vit_jax.training import state as state_lib  # noqa: E402
 
 
 def optimizer_config(name: str) -> ml_collections.ConfigDict:
@@ -43,8 +44,8 @@ def measure(
     model = get_model(name, 1000, dtype=dtype, remat=remat)
     tx, lr = optim.make_optimizer(optimizer_config(opt), 1000)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    config = ml_collections.ConfigDict(dict(init_from="", seed=0, image_size=size))
-    state, shardings = state_lib.create_state(config, model, tx, mesh)
+    start = state_lib.Start(seed=0, image_size=size)
+    state, shardings = state_lib.create_state(start, model, tx, mesh)
     rng = np.random.default_rng(0)
     data = {
         "image": jnp.asarray(rng.uniform(-1, 1, (batch, size, size, 3)), jnp.float32),

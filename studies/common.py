@@ -1,7 +1,7 @@
 """What the three studies share: flags, one cell per (setting, seed), records, table, plot.
 
 A study is a list of settings (name -> config) run for several seeds through the one
-training loop (`vit_jax.train.run`). Each cell trains in its own directory,
+training loop (`vit_jax.training.train.run`). Each cell trains in its own directory,
 DIR/SETTING/seed_S, and leaves a record.json there when done, so rerunning a study
 skips the finished cells and resumes an interrupted one from its checkpoints.
 DIR/results.json holds every record, DIR/table.txt the mean and standard deviation
@@ -76,8 +76,8 @@ def schedule(
 
 
 def train_cell(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """`vit_jax.train.run` without progress bars; returns its summary."""
-    from vit_jax import train
+    """`vit_jax.training.train.run` without progress bars; returns its summary."""
+    from vit_jax.training import train
 
     config.progress_bars = False
     return train.run(config, workdir)

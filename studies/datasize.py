@@ -76,10 +76,10 @@ def finetune_config(setting: str, seed: int, init_from: str, quick: bool = False
 def fewshot_accuracy(npz: str, seed: int, quick: bool = False) -> float:
     """Linear 10-shot accuracy of the frozen pre-logits on classes 5-9 (the test split's
     5000 images); the 10 examples per class are drawn with `seed`."""
-    from vit_jax import checkpoint
-    from vit_jax.evaluate import fewshot
+    from vit_jax import weights
+    from vit_jax.evaluation import fewshot
 
-    model, params, _ = checkpoint.load_model(npz, head=False)
+    model, params, _ = weights.load_model(npz, head=False)
     dataset = {"source": "idx", "name": "fashion_mnist_5_9", "classes": SECOND}
     if quick:
         dataset.update(train_split="train[:512]", test_split="test[:128]")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from vit_jax import quiet_tf
+from vit_jax.base import quiet_tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,7 +28,7 @@ def run(script, *args):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     noise = [line for line in proc.stderr.splitlines() if quiet_tf.NOISE.search(line)]
-    assert not noise, noise  # TensorFlow's start-up notes stay off (vit_jax/quiet_tf.py)
+    assert not noise, noise  # TensorFlow's start-up notes stay off (vit_jax/base/quiet_tf.py)
     return proc.stdout
 
 

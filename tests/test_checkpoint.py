@@ -7,9 +7,9 @@ from helpers import images, logits, random_params, unflat
 from numpy_reference import resize_posemb as ref_resize_posemb
 from numpy_reference import vit_logits
 
-from vit_jax import architecture, checkpoint
-from vit_jax.checkpoint import CheckpointError
+from vit_jax import weights
 from vit_jax.models import get_model, param_shapes
+from vit_jax.weights import CheckpointError, architecture
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
 
@@ -35,7 +35,7 @@ def test_logits_match_numpy_reference(case, tmp_path):
     model = get_model(case["name"], 5, **case["overrides"])
     native = case["native"]
     path = tmp_path / "ckpt.npz"
-    checkpoint.save_npz(path, random_params(model, native))
+    weights.save_npz(path, random_params(model, native))
     flat = dict(np.load(path))
     ref_kw = dict(
         num_heads=model.num_heads,
@@ -45,7 +45,7 @@ def test_logits_match_numpy_reference(case, tmp_path):
     )
     for size in (native, 48, (32, 48)):  # native, higher, non-square
         x = images(size)
-        params = checkpoint.load_pretrained(path, model, size, reset_head=False)
+        params = weights.load_pretrained(path, model, size, reset_head=False)
         ref = dict(flat)
         if size != native:
             grid = model.grid((size, size) if isinstance(size, int) else size)
@@ -59,9 +59,9 @@ def test_logits_match_numpy_reference(case, tmp_path):
 def test_scanned_model_loads_the_same_file(tmp_path):
     model = get_model("testing", 5)
     path = tmp_path / "ckpt.npz"
-    checkpoint.save_npz(path, random_params(model, 32))
+    weights.save_npz(path, random_params(model, 32))
     scanned = get_model("testing", 5, scan=True)
-    p = checkpoint.load_pretrained(path, scanned, 32, reset_head=False)
+    p = weights.load_pretrained(path, scanned, 32, reset_head=False)
     assert p["Transformer"]["encoderblock"]["LayerNorm_0"]["scale"].shape == (2, 32)
     x = images(32)
     np.testing.assert_allclose(
@@ -70,7 +70,7 @@ def test_scanned_model_loads_the_same_file(tmp_path):
         atol=1e-4,
     )
     # Saving the scanned tree writes the published per-block names again.
-    checkpoint.save_npz(tmp_path / "again.npz", p)
+    weights.save_npz(tmp_path / "again.npz", p)
     again = np.load(tmp_path / "again.npz")
     original = np.load(path)
     assert sorted(again.files) == sorted(original.files)
@@ -90,11 +90,11 @@ def test_hybrid_stems_match_numpy_reference(stages, native, bigger, tmp_path):
     model = get_model("R50+B/16", 5, width=32, depth=1, num_heads=2, mlp_dim=16,
                       resnet_stages=stages, patch_size=patch)  # fmt: skip
     path = tmp_path / "hybrid.npz"
-    checkpoint.save_npz(path, random_params(model, native))
+    weights.save_npz(path, random_params(model, native))
     flat = dict(np.load(path))
     for size in (native, bigger):
         x = images(size)
-        params = checkpoint.load_pretrained(path, model, size, reset_head=False)
+        params = weights.load_pretrained(path, model, size, reset_head=False)
         ref = dict(flat)
         if size != native:
             grid = model.grid((size, size))
@@ -121,7 +121,7 @@ def big_vision(flat, scanned=False):
     out = {_renumber(k): v for k, v in flat.items() if k != POSEMB}
     out["pos_embedding"] = flat[POSEMB][:, 1:]
     if scanned:
-        out = checkpoint.stack_blocks(out)
+        out = weights.stack_blocks(out)
     return {"params/" + k: v for k, v in out.items()}
 
 
@@ -168,7 +168,7 @@ def test_big_vision_files_written_by_hand_match_numpy_reference(tmp_path):
                                     for i in range(model.depth)])  # fmt: skip
                 bv[f"params/Transformer/encoderblock/{new_names[module]}/{rest}"] = stacked
         np.savez(tmp_path / "bv.npz", **bv)
-        params = checkpoint.load_pretrained(tmp_path / "bv.npz", model, 32, reset_head=False)
+        params = weights.load_pretrained(tmp_path / "bv.npz", model, 32, reset_head=False)
         x = images(32)
         want = vit_logits(published, x, num_heads=2, patch_size=8, classifier=classifier)
         assert np.abs(want).max() > 0.5
@@ -195,12 +195,12 @@ def test_every_layout_round_trips_bit_exactly(layout, tmp_path):
     )
     assert differs == (layout != "original")
     np.savez(tmp_path / "in.npz", **stored)
-    loaded = flatten(checkpoint.load_npz(tmp_path / "in.npz"))
+    loaded = flatten(weights.load_npz(tmp_path / "in.npz"))
     assert loaded.keys() == flat.keys()
     for k, v in flat.items():
         assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
         np.testing.assert_array_equal(loaded[k], v)
-    checkpoint.save_npz(tmp_path / "out.npz", unflat(loaded))
+    weights.save_npz(tmp_path / "out.npz", unflat(loaded))
     out = np.load(tmp_path / "out.npz")
     assert sorted(out.files) == sorted(flat)
     for k in out.files:
@@ -214,9 +214,9 @@ def test_posemb_resize_is_the_original_bilinear_zoom(tmp_path):
     model = get_model("testing", 5)
     params = random_params(model, 32)
     path = tmp_path / "c.npz"
-    checkpoint.save_npz(path, params)
+    weights.save_npz(path, params)
     stored = np.load(path)[POSEMB]
-    got = checkpoint.load_pretrained(path, model, (64, 96))["Transformer"]["posembed_input"]
+    got = weights.load_pretrained(path, model, (64, 96))["Transformer"]["posembed_input"]
     got = got["pos_embedding"]
     assert got.shape == (1, 1 + 4 * 6, 32)
     np.testing.assert_array_equal(got[0, 0], stored[0, 0])  # class row kept
@@ -229,25 +229,25 @@ def test_posemb_resize_is_the_original_bilinear_zoom(tmp_path):
 def test_head_reset_kept_and_checked(tmp_path):
     model = get_model("testing", 5, representation_size=32)
     path = tmp_path / "c.npz"
-    checkpoint.save_npz(path, random_params(model, 32))
+    weights.save_npz(path, random_params(model, 32))
     stored = np.load(path)
-    kept = checkpoint.load_pretrained(path, model, 32, reset_head=False)
+    kept = weights.load_pretrained(path, model, 32, reset_head=False)
     np.testing.assert_array_equal(kept["head"]["kernel"], stored["head/kernel"])
     np.testing.assert_array_equal(kept["pre_logits"]["kernel"], stored["pre_logits/kernel"])
     # Fine-tuning: no representation layer, a zero head of the new width.
     finetune = get_model("testing", 10)
-    new = checkpoint.load_pretrained(path, finetune, 48)
+    new = weights.load_pretrained(path, finetune, 48)
     assert "pre_logits" not in new
     assert new["head"]["kernel"].shape == (32, 10) and not new["head"]["kernel"].any()
     assert not new["head"]["bias"].any()
     np.testing.assert_array_equal(new["cls"], stored["cls"])
     with pytest.raises(CheckpointError, match="head for 5 classes, the model has 10"):
-        checkpoint.load_pretrained(
+        weights.load_pretrained(
             path, get_model("testing", 10, representation_size=32), 32, reset_head=False
         )
     with pytest.raises(CheckpointError, match="pre_logits layer .width 32"):
-        checkpoint.load_pretrained(path, get_model("testing", 5), 32, reset_head=False)
-    assert architecture.architecture(checkpoint.load_npz(path)) == dict(
+        weights.load_pretrained(path, get_model("testing", 5), 32, reset_head=False)
+    assert architecture.architecture(weights.load_npz(path)) == dict(
         width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=16, resnet_stages=None,
         channels=3, classifier="token", representation_size=32, posemb="learned",
     )  # fmt: skip
@@ -259,7 +259,7 @@ def test_head_reset_kept_and_checked(tmp_path):
 @pytest.fixture
 def good_file(tmp_path):
     path = tmp_path / "good.npz"
-    checkpoint.save_npz(path, random_params(get_model("testing", 5), 32))
+    weights.save_npz(path, random_params(get_model("testing", 5), 32))
     return path
 
 
@@ -272,26 +272,26 @@ def _bad(tmp_path, name, data):
 def test_unreadable_files_give_clear_errors(tmp_path, good_file):
     data = good_file.read_bytes()
     with pytest.raises(FileNotFoundError, match="missing.npz: no such file"):
-        checkpoint.load_npz(tmp_path / "missing.npz")
+        weights.load_npz(tmp_path / "missing.npz")
     truncated = _bad(tmp_path, "truncated.npz", data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="truncated.npz is truncated or corrupt"):
-        checkpoint.load_npz(truncated)
+        weights.load_npz(truncated)
     flipped = bytearray(data)
     flipped[len(data) // 3 : len(data) // 3 + 64] = bytes(64)
     corrupt = _bad(tmp_path, "corrupt.npz", bytes(flipped))
     with pytest.raises(CheckpointError, match="corrupt.npz"):
-        checkpoint.load_npz(corrupt)
+        weights.load_npz(corrupt)
     np.savez(tmp_path / "objects.npz", a=np.array([{"x": 1}], dtype=object))
     with pytest.raises(CheckpointError, match="pickled Python objects; they are never loaded"):
-        checkpoint.load_npz(tmp_path / "objects.npz")
+        weights.load_npz(tmp_path / "objects.npz")
     import pickle
 
     pickled = _bad(tmp_path, "pickled.npz", pickle.dumps({"embedding": 1}))
     with pytest.raises(CheckpointError, match="pickled"):
-        checkpoint.load_npz(pickled)
+        weights.load_npz(pickled)
     np.save(tmp_path / "single.npy", np.zeros(3))
     with pytest.raises(CheckpointError, match="single .npy array"):
-        checkpoint.load_npz(tmp_path / "single.npy")
+        weights.load_npz(tmp_path / "single.npy")
     assert good_file.read_bytes() == data  # reading touches nothing
 
 
@@ -299,9 +299,9 @@ def test_file_of_another_variant_names_keys_and_guesses(tmp_path):
     ti = get_model("ViT-Ti_16", 1000)
     flat = {k: np.zeros(s.shape, np.float32) for k, s in flatten(param_shapes(ti, 224)).items()}
     path = tmp_path / "ViT-Ti_16.npz"
-    checkpoint.save_npz(path, unflat(flat))
+    weights.save_npz(path, unflat(flat))
     with pytest.raises(CheckpointError) as e:
-        checkpoint.load_pretrained(path, get_model("ViT-S_16", 10), 224)
+        weights.load_pretrained(path, get_model("ViT-S_16", 10), 224)
     msg = str(e.value)
     assert "key embedding/kernel has shape (16, 16, 3, 192), model expects (16, 16, 3, 384)" in msg
     assert "looks like ViT-Ti_16" in msg
@@ -314,7 +314,7 @@ def test_file_of_another_variant_names_keys_and_guesses(tmp_path):
 def test_missing_and_extra_keys_are_named(tmp_path, good_file):
     deeper = get_model("testing", 5, depth=3)
     with pytest.raises(CheckpointError) as e:
-        checkpoint.load_pretrained(good_file, deeper, 32)
+        weights.load_pretrained(good_file, deeper, 32)
     assert (
         "key Transformer/encoderblock_2/LayerNorm_0/bias is missing (model expects (32,))"
         in str(e.value)
@@ -325,7 +325,7 @@ def test_missing_and_extra_keys_are_named(tmp_path, good_file):
         match=r"encoderblock_1/LayerNorm_0/bias \(32,\) is not "
         "in the model",
     ):
-        checkpoint.load_pretrained(good_file, shallower, 32)
+        weights.load_pretrained(good_file, shallower, 32)
 
 
 def test_save_is_atomic(tmp_path, good_file, monkeypatch):
@@ -336,7 +336,7 @@ def test_save_is_atomic(tmp_path, good_file, monkeypatch):
 
     monkeypatch.setattr(np, "savez", boom)
     with pytest.raises(OSError, match="disk full"):
-        checkpoint.save_npz(good_file, {"a": np.zeros(3)})
+        weights.save_npz(good_file, {"a": np.zeros(3)})
     assert good_file.read_bytes() == before  # the old file is untouched
 
 
@@ -347,13 +347,13 @@ def test_learned_2d_tables_resize_per_axis_and_give_the_native_size(tmp_path):
     model = get_model("testing", 5, posemb="learned_2d")
     params = random_params(model, (32, 48))  # grid 2 x 3
     path = tmp_path / "2d.npz"
-    checkpoint.save_npz(path, params)
-    loaded, back, size = checkpoint.load_model(path)
+    weights.save_npz(path, params)
+    loaded, back, size = weights.load_model(path)
     assert size == (32, 48) and loaded.posemb == "learned_2d"
     row = params["Transformer"]["posembed_input"]["pos_embedding_row"]  # [1, 2, 16]
     col = params["Transformer"]["posembed_input"]["pos_embedding_col"]  # [1, 3, 16]
     np.testing.assert_array_equal(back["Transformer"]["posembed_input"]["pos_embedding_row"], row)
-    big = checkpoint.load_pretrained(path, model, (64, 48), reset_head=False)  # 4 x 3
+    big = weights.load_pretrained(path, model, (64, 48), reset_head=False)  # 4 x 3
     pe = big["Transformer"]["posembed_input"]
     assert pe["pos_embedding_row"].shape == (1, 4, 16)
     np.testing.assert_array_equal(pe["pos_embedding_col"], col)  # its axis kept its size
@@ -367,9 +367,9 @@ def test_learned_2d_tables_resize_per_axis_and_give_the_native_size(tmp_path):
 def test_a_non_square_1d_grid_needs_the_image_size(tmp_path):
     model = get_model("testing", 5)
     path = tmp_path / "wide.npz"
-    checkpoint.save_npz(path, random_params(model, (32, 48)))  # 6 patch tokens: not square
+    weights.save_npz(path, random_params(model, (32, 48)))  # 6 patch tokens: not square
     with pytest.raises(CheckpointError, match="6 patch tokens, not a square grid.*--image_size"):
-        checkpoint.load_model(path)
-    _, params, size = checkpoint.load_model(path, image_size=(32, 48))
+        weights.load_model(path)
+    _, params, size = weights.load_model(path, image_size=(32, 48))
     assert size == (32, 48)
     assert params["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 7, 32)

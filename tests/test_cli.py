@@ -21,7 +21,7 @@ COMMANDS = {  # python -m NAME -> the module that defines its flags
     "vit_jax.figures": "vit_jax.figures",
     "vit_jax.convert": "vit_jax.convert",
     "vit_jax.checkpoints": "vit_jax.checkpoints",
-    "vit_jax.evaluate": "vit_jax.evaluate.__main__",
+    "vit_jax.evaluate": "vit_jax.evaluate",
 }
 MODEL_FLAGS = {"checkpoint", "model", "override", "image_size", "patch_size"}
 MISTAKES = {  # name -> (command, its arguments)

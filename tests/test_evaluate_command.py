@@ -12,12 +12,13 @@ import pytest
 from helpers import logits, random_params, run_command
 from PIL import Image
 
-from vit_jax import checkpoint, train
+from vit_jax import weights
 from vit_jax.configs import fashion_mnist
 from vit_jax.data import DEFAULT_IDX_DIR
-from vit_jax.evaluate import classify
-from vit_jax.formats import convert
+from vit_jax.evaluation import classify
 from vit_jax.models import get_model
+from vit_jax.training import train
+from vit_jax.weights import convert
 
 SPLIT = "test[:256]"
 
@@ -35,7 +36,7 @@ def trained(tmp_path_factory):
 @pytest.mark.slow
 def test_accuracy_equals_the_training_loops_own(trained):
     path, summary = trained
-    model, params, size = checkpoint.load_model(path)
+    model, params, size = weights.load_model(path)
     dataset = {"source": "idx", "name": "fashion_mnist"}
     got = classify.evaluate(model, params, dataset, SPLIT, size, 64, progress=False)
     assert got["examples"] == 256
@@ -122,7 +123,7 @@ def five_class_head(tmp_path_factory):
     model = get_model("testing", num_classes=5, patch_size=7)
     params = random_params(model, 28, seed=3)
     path = tmp_path_factory.mktemp("five") / "final.npz"
-    checkpoint.save_npz(str(path), params)
+    weights.save_npz(str(path), params)
     return str(path), model, params
 
 
@@ -161,7 +162,7 @@ def test_subset_head_on_the_embedded_data_as_a_user_runs_it(five_class_head):
 
 
 def test_a_narrow_head_error_names_the_flag(five_class_head, capsys):
-    from vit_jax.evaluate import __main__ as command
+    from vit_jax import evaluate as command
 
     if not os.path.exists(f"{DEFAULT_IDX_DIR}/t10k-labels-idx1-ubyte.gz"):
         pytest.skip("the embedded Fashion-MNIST (apt-get install dataset-fashion-mnist)")
@@ -179,7 +180,7 @@ def test_a_narrow_head_error_names_the_flag(five_class_head, capsys):
 
 def test_an_image_folder_needs_only_the_evaluated_split(five_class_head, tmp_path, capsys):
     """test/<class>/*.png and no train/: six classes, the head's five in reverse order."""
-    from vit_jax.evaluate import __main__ as command
+    from vit_jax import evaluate as command
 
     path, model, params = five_class_head
     rng = np.random.default_rng(4)

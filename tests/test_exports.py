@@ -6,8 +6,9 @@ import pytest
 from format_helpers import HYBRID, TI16, TINY, make
 from helpers import images, logits
 
-from vit_jax import checkpoint
-from vit_jax.formats import convert, export
+from vit_jax import weights
+from vit_jax.base import files
+from vit_jax.weights import convert, export, hf
 
 GAP = dict(
     name="testing", overrides=dict(patch_size=8, classifier="gap", representation_size=24), size=32
@@ -28,7 +29,7 @@ CASES = [
 def _exported(case, res, tmp_path, fmt, suffix):
     model, params, size = make(case)
     src = tmp_path / "src.npz"
-    checkpoint.save_npz(src, params)
+    weights.save_npz(src, params)
     for r in (size, res):  # native, then a resolution change
         out = tmp_path / f"m{r}{suffix}"
         done = convert.convert(src, fmt, out, image_size=r)
@@ -79,3 +80,41 @@ def test_onnx_weights_over_the_limit_go_to_a_data_file(tmp_path):
     x = images(size, n=2)
     (got,) = session.run(["logits"], {"images": x})
     np.testing.assert_allclose(got, logits(model, params, x), atol=1e-4)
+
+
+def test_a_directory_output_is_built_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "out"
+    with files.atomic_dir(out) as tmp:
+        assert tmp.parent == tmp_path and not out.exists()  # built beside, renamed at the end
+        (tmp / "a.txt").write_text("a")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (out / "a.txt").read_text() == "a"
+    with pytest.raises(FileExistsError, match="exists and is not an empty directory"):
+        with files.atomic_dir(out):
+            pass
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RuntimeError), files.atomic_dir(empty) as tmp:
+        (tmp / "half").write_text("x")
+        raise RuntimeError("killed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out"]  # nothing left
+    assert list(empty.iterdir()) == []
+    with files.atomic_dir(empty) as tmp:  # an empty directory is replaced
+        (tmp / "b.txt").write_text("b")
+    assert [p.name for p in empty.iterdir()] == ["b.txt"]
+
+
+@pytest.mark.parametrize("fmt", ["hf", "onnx"])
+def test_every_directory_export_keeps_an_existing_output(tmp_path, fmt):
+    model, params, size = make(TINY)
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match=f"{out} exists and is not an empty directory"):
+        if fmt == "hf":
+            hf.write_dir(out, {}, {})
+        else:
+            pytest.importorskip("onnx")
+            export.export_onnx(params, model, (size, size), str(out))
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]

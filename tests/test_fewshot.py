@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import random_params, run_command, write_idx
 
-from vit_jax.evaluate import linear
+from vit_jax.evaluation import linear
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -148,21 +148,22 @@ def idx_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def testing_checkpoint(tmp_path_factory):
-    from vit_jax import checkpoint
+    from vit_jax import weights
     from vit_jax.models import get_model
 
     model = get_model("testing", num_classes=5)
     params = random_params(model, 32)
     path = str(tmp_path_factory.mktemp("ckpt") / "testing.npz")
-    checkpoint.save_npz(path, params)
+    weights.save_npz(path, params)
     return path, model, params
 
 
 def test_extract_features_drops_padding(idx_dir, testing_checkpoint):
     pytest.importorskip("tensorflow")
-    from vit_jax import data, sharding
-    from vit_jax.evaluate import extract_features
+    from vit_jax import data
+    from vit_jax.evaluation import extract_features
     from vit_jax.models import apply_with_intermediates
+    from vit_jax.parallel import sharding
 
     _, model, params = testing_checkpoint
     cfg = data.default_config()
@@ -212,8 +213,8 @@ def independent(idx_dir, testing_checkpoint):
 
 
 def test_evaluator_matches_an_independent_computation(idx_dir, testing_checkpoint, independent):
-    from vit_jax import sharding
-    from vit_jax.evaluate import FewShotEvaluator
+    from vit_jax.evaluation import FewShotEvaluator
+    from vit_jax.parallel import sharding
 
     _, model, params = testing_checkpoint
     ev = FewShotEvaluator(
@@ -240,7 +241,7 @@ def test_evaluator_matches_an_independent_computation(idx_dir, testing_checkpoin
 
 def test_command_prints_the_table(idx_dir, testing_checkpoint, independent, capsys):
     from vit_jax import fewshot
-    from vit_jax.evaluate import FewShotEvaluator
+    from vit_jax.evaluation import FewShotEvaluator
 
     path, model, params = testing_checkpoint
     args = [f"--checkpoint={path}", "--dataset=fashion_mnist", f"--data_dir={idx_dir}"]
@@ -281,7 +282,7 @@ def test_table_columns_align_for_wide_shot_counts():
 
 
 def test_metric_names_round_trip_per_dataset():
-    from vit_jax.evaluate import by_dataset, metric_name
+    from vit_jax.evaluation import by_dataset, metric_name
 
     flat = {metric_name(d, k): k / 100 + (d == "b") for d in ("a_b", "b") for k in (25, 1, 5)}
     flat.update({"accuracy": 0.5, "fewshot/x": 1.0})  # not few-shot accuracies: ignored

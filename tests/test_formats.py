@@ -10,10 +10,9 @@ import pytest
 from format_helpers import HYBRID, TI16, TINY, assert_bit_exact, make, run_in_timm
 from helpers import flat, images, logits
 
-from vit_jax import checkpoint, formats
-from vit_jax.architecture import CheckpointError
-from vit_jax.formats import convert, hf, safetensors_io, timm
+from vit_jax import weights
 from vit_jax.models import get_model
+from vit_jax.weights import CheckpointError, convert, hf, safetensors_io, timm
 
 # ------------------------------------------------------------------ safetensors
 
@@ -188,13 +187,13 @@ def test_timm_printed_recipe_runs_in_timm_with_our_logits(timm_installed, capsys
     loads the file strictly and computes this package's logits (1e-5), for class-token and
     mean-pooled models, patch 4, odd MLP ratios, non-square images, any number of classes,
     hybrids with stages and with the root alone."""
-    from vit_jax.images import parse_image_size
+    from vit_jax.data.images import parse_image_size
 
     jobs, ours = [], []
     for name, (case, classes, flags) in TIMM_CASES.items():
         _, params, _ = make(case, num_classes=classes)
         src, out = tmp_path / f"{name}.npz", tmp_path / f"{name}.safetensors"
-        checkpoint.save_npz(src, params)
+        weights.save_npz(src, params)
         recipe = _printed_recipe(
             capsys, f"--checkpoint={src}", "--format=timm", f"--out={out}", *flags
         )
@@ -230,7 +229,7 @@ safetensors.torch.save_file(model.state_dict(), {str(path)!r})
     x = images(32, n=3)
     np.save(tmp_path / "x.npy", x)
     (theirs,) = run_in_timm([dict(recipe=made, images=str(tmp_path / "x.npy"))], tmp_path)
-    m, p, s = checkpoint.load_model(path)
+    m, p, s = weights.load_model(path)
     assert s == (32, 32) and (m.width, m.depth, m.num_heads, m.mlp_dim) == (192, 1, 3, 384)
     assert m.patch_size == 8 and m.num_classes == 5
     assert np.abs(theirs).max() > 0.5
@@ -253,7 +252,7 @@ def test_timm_recipe_refuses_what_timm_cannot_compute():
 )
 def test_npz_to_format_and_back_is_bit_exact(case, fmt, middle, tmp_path):
     _, params, _ = make(case)
-    checkpoint.save_npz(tmp_path / "a.npz", params)
+    weights.save_npz(tmp_path / "a.npz", params)
     convert.convert(tmp_path / "a.npz", fmt, tmp_path / middle)
     convert.convert(tmp_path / middle, "npz", tmp_path / "c.npz")
     a, c = np.load(tmp_path / "a.npz"), np.load(tmp_path / "c.npz")
@@ -261,7 +260,7 @@ def test_npz_to_format_and_back_is_bit_exact(case, fmt, middle, tmp_path):
     for k in a.files:
         np.testing.assert_array_equal(a[k], c[k], err_msg=k)
         assert a[k].dtype == c[k].dtype
-    assert_bit_exact(params, formats.read_checkpoint(tmp_path / middle))
+    assert_bit_exact(params, weights.read_checkpoint(tmp_path / middle))
 
 
 # ------------------------------------------------------------------ Hugging Face
@@ -273,7 +272,7 @@ def test_hf_export_loads_in_transformers_with_same_logits(case, tmp_path):
     transformers = pytest.importorskip("transformers")
     model, params, size = make(case)
     src = tmp_path / "src.npz"
-    checkpoint.save_npz(src, params)
+    weights.save_npz(src, params)
     for res in (size, size + 2 * model.patch_size):
         out = tmp_path / f"hf{res}"
         done = convert.convert(src, "hf", out, image_size=res)
@@ -288,7 +287,7 @@ def test_hf_export_loads_in_transformers_with_same_logits(case, tmp_path):
             theirs = hf_model.eval()(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits
         ours = logits(done.model, convert.load(src, image_size=res)[1], x)
         np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4)
-    assert_bit_exact(params, formats.read_checkpoint(tmp_path / f"hf{size}"))
+    assert_bit_exact(params, weights.read_checkpoint(tmp_path / f"hf{size}"))
 
 
 def _png(path, h, w, seed=0):
@@ -307,12 +306,12 @@ def test_hf_pipeline_classifies_files_as_infer_does(classes, labelled, capsys, t
     probabilities are this package's; class names come from --labels or ImageNet's."""
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from vit_jax import images as vit_images
-    from vit_jax import predict
+    from vit_jax.data import images as vit_images
+    from vit_jax.models import predict
 
     model, params, _ = make(dict(name="testing", overrides=dict(patch_size=8), size=48), classes)
     src, out = tmp_path / "a.npz", tmp_path / "hf"
-    checkpoint.save_npz(src, params)
+    weights.save_npz(src, params)
     flags = [f"--checkpoint={src}", "--format=hf", f"--out={out}"]
     names = vit_images.imagenet_class_names()
     if labelled:
@@ -339,7 +338,7 @@ def test_hf_labels_that_do_not_fit_are_named(capsys, tmp_path):
     from vit_jax import convert as command
 
     _, params, _ = make(TINY)
-    checkpoint.save_npz(tmp_path / "a.npz", params)
+    weights.save_npz(tmp_path / "a.npz", params)
     (tmp_path / "three.txt").write_text("a\nb\nc\n")
     (tmp_path / "twice.txt").write_text("a\nb\nc\nd\ne\nf\na\n")
     cases = [
@@ -382,7 +381,7 @@ def test_hf_import_matches_transformers(tmp_path):
         for p in src.parameters():
             p.add_(0.2 * torch.randn_like(p))
     src.save_pretrained(tmp_path / "hf")
-    model, params, size = checkpoint.load_model(tmp_path / "hf")
+    model, params, size = weights.load_model(tmp_path / "hf")
     assert size == (32, 32) and model.num_heads == 3 and model.num_classes == 5
     x = images(32)
     with torch.no_grad():
@@ -396,7 +395,7 @@ def test_hf_import_matches_transformers(tmp_path):
 @pytest.fixture
 def timm_file(tmp_path):
     model, params, _ = make(TINY)
-    checkpoint.save_npz(tmp_path / "a.npz", params)
+    weights.save_npz(tmp_path / "a.npz", params)
     convert.convert(tmp_path / "a.npz", "timm", tmp_path / "good.safetensors")
     return safetensors_io.read(tmp_path / "good.safetensors")[0]
 
@@ -431,14 +430,14 @@ def test_other_inputs_are_named(tmp_path):
     (tmp_path / "swin").mkdir()
     (tmp_path / "swin" / "config.json").write_text(json.dumps({"model_type": "swin"}))
     with pytest.raises(CheckpointError, match="'swin'.*only model_type 'vit'"):
-        formats.read_checkpoint(tmp_path / "swin")
+        weights.read_checkpoint(tmp_path / "swin")
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(CheckpointError, match="expected a published .npz, a timm .safetensors"):
-        formats.read_checkpoint(tmp_path / "notes.txt")
+        weights.read_checkpoint(tmp_path / "notes.txt")
     with pytest.raises(FileNotFoundError):
-        formats.read_checkpoint(tmp_path / "nothing.npz")
+        weights.read_checkpoint(tmp_path / "nothing.npz")
     model, params, _ = make(TINY)
-    checkpoint.save_npz(tmp_path / "a.npz", params)
+    weights.save_npz(tmp_path / "a.npz", params)
     convert.convert(tmp_path / "a.npz", "timm", tmp_path / "t.safetensors")
     data = (tmp_path / "t.safetensors").read_bytes()
     (tmp_path / "t.safetensors").write_bytes(data[: len(data) // 2])
@@ -452,13 +451,13 @@ def test_other_inputs_are_named(tmp_path):
 
 def _hybrid_npz(tmp_path):
     model, params, _ = make(HYBRID)
-    checkpoint.save_npz(tmp_path / "h.npz", params)
+    weights.save_npz(tmp_path / "h.npz", params)
     return tmp_path / "h.npz"
 
 
 def test_convert_command(tmp_path):
     model, params, _ = make(TINY)
-    checkpoint.save_npz(tmp_path / "a.npz", params)
+    weights.save_npz(tmp_path / "a.npz", params)
     out = tmp_path / "exports" / "tiny" / "m.safetensors"  # --out's directories are made
     run = subprocess.run(
         [

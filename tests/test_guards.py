@@ -9,22 +9,26 @@ from typing import Any
 import flax
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from helpers import batch, tiny_config
 
-from vit_jax import integrity, optim, sharding, steps, train
-from vit_jax import state as state_lib
-from vit_jax import workdir as workdir_lib
-from vit_jax.saver import Saver
+from vit_jax.parallel import sharding
+from vit_jax.training import guard as guard_lib
+from vit_jax.training import optim, steps, train
+from vit_jax.training import state as state_lib
+from vit_jax.workdir import checks, integrity
+from vit_jax.workdir import manager as workdir_lib
+from vit_jax.workdir.saver import Saver
 
 NAN = float("nan")
 
 
 def restore_all(config, workdir):
     """Every saved step of `workdir` -> its state on host."""
-    model = state_lib.build_model(config, 10)
+    model = state_lib.build_model(config.model, 10)
     tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
-    abstract = state_lib.abstract_state(config, model, tx)
+    abstract = state_lib.abstract_state(train.start_of(config), model, tx)
     target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(
             a.shape,
@@ -34,7 +38,8 @@ def restore_all(config, workdir):
         abstract,
     )
     manager = workdir_lib.open_manager(workdir, 0)
-    return {s: jax.device_get(workdir_lib.restore(manager, s, target)) for s in manager.all_steps()}
+    restore = lambda s: manager.restore(s, args=ocp.args.StandardRestore(target))
+    return {s: jax.device_get(restore(s)) for s in manager.all_steps()}
 
 
 def test_nonfinite_run_stops_and_names_the_last_good_checkpoint(tmp_path):
@@ -46,7 +51,7 @@ def test_nonfinite_run_stops_and_names_the_last_good_checkpoint(tmp_path):
     with pytest.raises(FloatingPointError) as error:
         train.run(c, str(tmp_path))
     found = re.search(
-        r"at step (\d+).*last good checkpoint is step (\d+) in (\S+) ", str(error.value)
+        r"at step (\d+).*newest intact checkpoint is step (\d+) \((\S+)/\d+\)", str(error.value)
     )
     assert found, error.value
     bad, good = int(found[1]), int(found[2])
@@ -63,9 +68,9 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
     c = tiny_config()
     c.optimizer.warmup_steps = 0
     mesh = sharding.make_mesh()
-    model = state_lib.build_model(c, 10)
+    model = state_lib.build_model(c.model, 10)
     tx, lr = optim.make_optimizer(c.optimizer, c.total_steps, skip_nonfinite=True)
-    state, shardings = state_lib.create_state(c, model, tx, mesh)
+    state, shardings = state_lib.create_state(train.start_of(c), model, tx, mesh)
     step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
     good, bad = batch(64), batch(64)
     bad["image"][5] = np.nan  # one bad example poisons the whole step
@@ -98,11 +103,11 @@ def test_finite_steps_with_skip_nonfinite_match_the_plain_optimizer():
     c = tiny_config()
     c.optimizer.update(name="sgd", warmup_steps=0)
     mesh = sharding.make_mesh()
-    model = state_lib.build_model(c, 10)
+    model = state_lib.build_model(c.model, 10)
     states = []
     for skip in (False, True):
         tx, lr = optim.make_optimizer(c.optimizer, c.total_steps, skip_nonfinite=skip)
-        state, shardings = state_lib.create_state(c, model, tx, mesh)
+        state, shardings = state_lib.create_state(train.start_of(c), model, tx, mesh)
         step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
         for seed in range(3):
             state, m = step(state, sharding.global_batch(batch(64, seed=seed), mesh))
@@ -130,14 +135,14 @@ class TrainStateBeforeApplyIfFinite:
 @pytest.mark.parametrize("skip", [False, True])
 def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
     c = tiny_config(export_npz=False, skip_nonfinite=skip)
-    model = state_lib.build_model(c, 10)
+    model = state_lib.build_model(c.model, 10)
     tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)  # the optimizer state then
-    new = state_lib.new_state(c, model, tx)
+    new = state_lib.new_state(train.start_of(c), model, tx)
     old = TrainStateBeforeApplyIfFinite(
         new.step + 3, new.params, new.opt_state, new.rng, jax.numpy.ones((), jax.numpy.int32)
     )
     workdir = str(tmp_path / "run")
-    saver = Saver(workdir, 3, integrity.describe(c))
+    saver = Saver(workdir, 3, train.plan_of(c).state)
     saver.save(3, old)
     saver.wait()
     step_dir = os.path.join(workdir, "checkpoints", "3")
@@ -154,7 +159,7 @@ def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
 
 
 def test_skipping_stops_after_too_many_in_a_row(tmp_path):
-    guard = workdir_lib.FiniteGuard(workdir_lib.open_manager(str(tmp_path), 1), skip=True)
+    guard = guard_lib.FiniteGuard(workdir_lib.open_manager(str(tmp_path), 1), skip=True)
 
     def check(step, skipped):
         metrics = {"loss": NAN, "grad_norm": NAN, "finite": 0.0, "skipped": skipped}
@@ -165,7 +170,8 @@ def test_skipping_stops_after_too_many_in_a_row(tmp_path):
     check(6, 5)  # a good step breaks the row
     for step in range(7, 16):  # 9 in a row: still going
         check(step, step - 1)
-    with pytest.raises(FloatingPointError, match="steps 7 to 16 all had a non-finite .* none yet"):
+    stop = r"steps 7 to 16 all had a non-finite .* There is no intact checkpoint yet; a rerun"
+    with pytest.raises(FloatingPointError, match=stop):
         check(16, 15)
 
 
@@ -181,9 +187,9 @@ def test_small_disk_fails_before_training(tmp_path, monkeypatch):
 def test_disk_needed():
     c = tiny_config(total_steps=100, checkpoint_every=10, keep_checkpoints=3, export_npz=True)
     # 10 saves: 3 kept, a 4th while a new one replaces the oldest; final.npz.
-    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 4 * 1000 + 10
-    assert workdir_lib.disk_needed(c, 1000, 10, existing=3000) == 1000 + 10  # resuming
+    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 4 * 1000 + 10
+    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=3000) == 1000 + 10  # resuming
     c.update(keep_checkpoints=0, export_npz=False)  # keep all ten
-    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 10_000
+    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 10_000
     c.update(total_steps=20, keep_checkpoints=3)  # only two saves
-    assert workdir_lib.disk_needed(c, 1000, 10, existing=0) == 2000
+    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 2000

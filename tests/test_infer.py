@@ -1,4 +1,4 @@
-"""Reading images (vit_jax.images), predictions (vit_jax.predict) and the classify command."""
+"""Reading images (vit_jax.data.images), predictions (models.predict), the classify command."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from helpers import random_params, run_command
 from PIL import Image
 
-from vit_jax import checkpoint, infer, predict
-from vit_jax import images as images_lib
-from vit_jax.models import get_model
+from vit_jax import infer, weights
+from vit_jax.data import images as images_lib
+from vit_jax.models import get_model, predict
 
 
 def _write(tmp_path, name, mode, size, color, **save_kwargs):
@@ -206,7 +206,7 @@ def _checkpoint(tmp_path, num_classes=1000, **overrides):
     model = get_model("testing", num_classes, **overrides)
     params = random_params(model, 32, seed=3, scale=0.5)
     path = str(tmp_path / "testing.npz")
-    checkpoint.save_npz(path, params)
+    weights.save_npz(path, params)
     return path, model, params
 
 
@@ -238,7 +238,7 @@ def test_command_matches_direct_apply_per_image(tmp_path, capsys, size):
     args = [f"--checkpoint={path}", *(f"--image={p}" for p in paths), "--top_k=3"]
     if size:
         args.append(f"--image_size={size}")
-        params = checkpoint.load_pretrained(path, model, size, reset_head=False)
+        params = weights.load_pretrained(path, model, size, reset_head=False)
     assert run_command(infer, *args) == 0
     want = _direct(model, params, paths, (size or 32, size or 32))
     assert np.abs(want[0] - want[1]).max() > 0.02  # the two images differ

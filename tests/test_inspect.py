@@ -15,8 +15,8 @@ import pytest
 from helpers import random_params, run_command, write_idx
 from PIL import Image
 
-from vit_jax import checkpoint, figures, inspection
-from vit_jax import images as images_lib
+from vit_jax import figures, inspection, weights
+from vit_jax.data import images as images_lib
 from vit_jax.inspection import attention, filters, plots, posemb, report
 from vit_jax.models import apply_with_intermediates, get_model
 
@@ -208,7 +208,7 @@ def command_run(tmp_path_factory):
     model = get_model("testing", num_classes=5)
     params = random_params(model, 64)
     ckpt = str(tmp_path / "testing.npz")
-    checkpoint.save_npz(ckpt, params)
+    weights.save_npz(ckpt, params)
     rng = np.random.default_rng(6)
     paths = [str(tmp_path / "noise.png"), str(tmp_path / "square.jpg")]
     Image.fromarray(rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)).save(paths[0])
@@ -297,7 +297,7 @@ def test_run_without_images_uses_the_first_test_images(tmp_path, capsys, monkeyp
     model = get_model("testing", num_classes=5)
     params = random_params(model, 32, seed=1)
     ckpt = str(tmp_path / "t.npz")
-    checkpoint.save_npz(ckpt, params)
+    weights.save_npz(ckpt, params)
 
     sample = inspection.sample_images(3, (32, 32), str(tmp_path))
     np.testing.assert_allclose(

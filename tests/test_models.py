@@ -7,7 +7,7 @@ import optax
 import pytest
 from helpers import flat, logits, unflat
 
-from vit_jax import checkpoint
+from vit_jax import weights
 from vit_jax.models import VARIANTS, apply_with_intermediates, count_params, get_model, param_shapes
 from vit_jax.models.posemb import sincos_2d
 
@@ -140,7 +140,7 @@ def _loss_grads(model, params, x):
         return optax.softmax_cross_entropy(out, labels).mean()
 
     grads = jax.jit(jax.grad(loss))(params)
-    return flat(unflat(checkpoint.unstack_blocks(flat(jax.device_get(grads)))))
+    return flat(unflat(weights.unstack_blocks(flat(jax.device_get(grads)))))
 
 
 def test_scan_and_remat_compute_the_same_function_and_gradients():
@@ -149,10 +149,10 @@ def test_scan_and_remat_compute_the_same_function_and_gradients():
     want, want_grads = logits(model, params, x), _loss_grads(model, params, x)
     for kw in (dict(scan=True), dict(remat=True), dict(scan=True, remat=True)):
         other = get_model("testing", 5, **kw)
-        p = checkpoint.adapt(params, other, 32, reset_head=False)
+        p = weights.adapt(params, other, 32, reset_head=False)
         np.testing.assert_allclose(logits(other, p, x), want, atol=1e-5)
         # Checkpoints see the same names whatever the switches.
-        assert set(flat(unflat(checkpoint.unstack_blocks(flat(p))))) == set(flat(params))
+        assert set(flat(unflat(weights.unstack_blocks(flat(p))))) == set(flat(params))
         grads = _loss_grads(other, p, x)
         assert grads.keys() == want_grads.keys()
         for k, g in want_grads.items():

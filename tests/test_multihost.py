@@ -13,8 +13,11 @@ import pytest
 from helpers import flat, tiny_config
 from subprocesses import Run, tiny_flags
 
-from vit_jax import checkpoint, distributed, integrity, recovery, train
+from vit_jax import weights
 from vit_jax.configs import common
+from vit_jax.parallel import distributed
+from vit_jax.training import train
+from vit_jax.workdir import integrity, recovery
 
 # FSDP over all 8 devices: the large arrays are split across the two processes. SGD,
 # whose updates follow the gradients' float noise linearly (Adam's do not near 0).
@@ -73,8 +76,8 @@ def test_two_processes_train_like_one(tmp_path):
     split = [name for name, a in record["arrays"].items() if len(a["shards"]) == 8]
     assert any("MlpBlock" in name and name.endswith("kernel") for name in split), record
     assert recovery.verify_workdir(workdir) == [("8", "verifies")]
-    want = flat(checkpoint.load_npz(tmp_path / "one" / "final.npz"))
-    got = flat(checkpoint.load_npz(f"{workdir}/final.npz"))
+    want = flat(weights.load_npz(tmp_path / "one" / "final.npz"))
+    got = flat(weights.load_npz(f"{workdir}/final.npz"))
     assert got.keys() == want.keys()
     for k in want:
         np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
@@ -83,7 +86,7 @@ def test_two_processes_train_like_one(tmp_path):
     os.remove(f"{workdir}/final.npz")
     logs = finish_pair(launch_pair(workdir, cache))
     assert "resuming from step 8 " in logs[0] and "step 8: test accuracy" not in logs[0]
-    again = flat(checkpoint.load_npz(f"{workdir}/final.npz"))
+    again = flat(weights.load_npz(f"{workdir}/final.npz"))
     for k in got:
         np.testing.assert_array_equal(again[k], got[k], err_msg=k)
 

@@ -8,10 +8,11 @@ import pytest
 from format_helpers import TINY, make
 from helpers import images, logits
 
-from vit_jax import checkpoint, state
+from vit_jax import weights
 from vit_jax.models import get_model
 from vit_jax.models.patch_resize import resample_kernel, resize_matrix, resize_matrix_1d
 from vit_jax.models.vit import PatchEmbedding
+from vit_jax.training import state
 
 
 @pytest.mark.parametrize("old, new", [(8, 16), (16, 8), (4, 6), (7, 3)])
@@ -88,36 +89,30 @@ def test_downsampling_is_the_least_squares_optimum(old, new):
 def test_checkpoint_at_twice_the_patch_size(tmp_path):
     model, params, size = make(TINY)  # patch 8 at 32: a 4 x 4 grid
     path = tmp_path / "p8.npz"
-    checkpoint.save_npz(path, params)
+    weights.save_npz(path, params)
     big = model.clone(patch_size=16)
-    got = checkpoint.load_pretrained(path, big, 64, reset_head=False, patch_size=16)
+    got = weights.load_pretrained(path, big, 64, reset_head=False, patch_size=16)
     x = images(size)
     np.testing.assert_allclose(
         logits(big, got, resize_patches(x, 8, 16)), logits(model, params, x), atol=1e-4
     )
-    m, p, s = checkpoint.load_model(path, patch_size=16)  # the grid of the file is kept
+    m, p, s = weights.load_model(path, patch_size=16)  # the grid of the file is kept
     assert (m.patch_size, s) == (16, (64, 64))
     assert p["embedding"]["kernel"].shape == (16, 16, 3, 32)
-    m, p, s = checkpoint.load_model(path, patch_size=4, image_size=48)  # new grid: 12 x 12
+    m, p, s = weights.load_model(path, patch_size=4, image_size=48)  # new grid: 12 x 12
     assert p["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 145, 32)
     with pytest.raises(ValueError, match="patch_size=16 but the model's is 8"):
-        checkpoint.load_pretrained(path, model, 32, patch_size=16)
+        weights.load_pretrained(path, model, 32, patch_size=16)
 
 
 def test_fine_tuning_init_from_resamples(tmp_path):
     model, params, _ = make(TINY)
-    checkpoint.save_npz(tmp_path / "p8.npz", params)
-    config = ml_collections.ConfigDict(
-        {
-            "init_from": str(tmp_path / "p8.npz"),
-            "reset_head": True,
-            "seed": 0,
-            "model": {"name": "testing", "patch_size": 4},
-        }
-    )
-    new = state.build_model(config, 3)
+    weights.save_npz(tmp_path / "p8.npz", params)
+    config = ml_collections.ConfigDict({"model": {"name": "testing", "patch_size": 4}})
+    new = state.build_model(config.model, 3)
     assert new.patch_size == 4 and new == get_model("testing", 3, patch_size=4)
-    got = state.initial_params(config, new, 32)
+    start = state.Start(seed=0, image_size=32, init_from=str(tmp_path / "p8.npz"), patch_size=4)
+    got = state.initial_params(start, new, 32)
     assert got["embedding"]["kernel"].shape == (4, 4, 3, 32)
     assert got["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 65, 32)
 
@@ -130,7 +125,7 @@ def test_infer_command_takes_patch_size(tmp_path):
     from PIL import Image
 
     model, params, _ = make(TINY)
-    checkpoint.save_npz(tmp_path / "p8.npz", params)
+    weights.save_npz(tmp_path / "p8.npz", params)
     Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(tmp_path / "x.png")
     run = subprocess.run(
         [

@@ -11,9 +11,9 @@ import pytest
 from etils import epath
 from format_helpers import TINY, make
 
-from vit_jax import checkpoint, formats, published
-from vit_jax.formats import remote
+from vit_jax import weights
 from vit_jax.models import get_model
+from vit_jax.weights import published, remote
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -38,9 +38,9 @@ def test_remote_path_offline_fails_at_once(monkeypatch, tmp_path):
     monkeypatch.setattr(socket, "create_connection", offline)
     path = "gs://vit_models/imagenet21k/ViT-B_16.npz"
     with pytest.raises(OSError, match="storage.googleapis.com.*no network access"):
-        formats.read_checkpoint(path)
+        weights.read_checkpoint(path)
     with pytest.raises(OSError, match="no network access"):
-        checkpoint.load_pretrained(path, get_model("ViT-B_16", 10), 224)
+        weights.load_pretrained(path, get_model("ViT-B_16", 10), 224)
 
 
 def test_remote_path_reads_its_cached_copy(monkeypatch, tmp_path):
@@ -49,9 +49,9 @@ def test_remote_path_reads_its_cached_copy(monkeypatch, tmp_path):
     model, params, _ = make(TINY)
     local = tmp_path / "vit_models" / "x" / "m.npz"
     local.parent.mkdir(parents=True)
-    checkpoint.save_npz(local, params)
+    weights.save_npz(local, params)
     assert remote.fetch("gs://vit_models/x/m.npz") == local
-    got = formats.read_checkpoint("gs://vit_models/x/m.npz")
+    got = weights.read_checkpoint("gs://vit_models/x/m.npz")
     np.testing.assert_array_equal(got["cls"], params["cls"])
 
 
@@ -73,7 +73,7 @@ def test_http_path_is_fetched_once_into_the_cache(monkeypatch, tmp_path):
     model, params, _ = make(TINY)
     served = tmp_path / "served"
     (served / "x").mkdir(parents=True)
-    checkpoint.save_npz(served / "x" / "m.npz", params)
+    weights.save_npz(served / "x" / "m.npz", params)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     handler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -93,4 +93,4 @@ def test_http_path_is_fetched_once_into_the_cache(monkeypatch, tmp_path):
     assert local.read_bytes() == (served / "x" / "m.npz").read_bytes()
     assert remote.fetch(url) == local  # the server is gone: the cached copy
     assert checked == [url, url.replace("m.npz", "other.npz")]
-    np.testing.assert_array_equal(formats.read_checkpoint(url)["cls"], params["cls"])
+    np.testing.assert_array_equal(weights.read_checkpoint(url)["cls"], params["cls"])

@@ -13,9 +13,11 @@ import pytest
 from helpers import run_command, snapshot, tiny_config
 from subprocesses import Run, tiny_flags
 
-from vit_jax import checkpoint, main, progress, train
-from vit_jax import state as state_lib
-from vit_jax.architecture import CheckpointError
+from vit_jax import main, weights
+from vit_jax.base import console
+from vit_jax.training import progress, train
+from vit_jax.training import state as state_lib
+from vit_jax.weights import CheckpointError
 
 # 1 device; saves at 5, 10, 15, 20; a log line every step, so Ctrl-C lands mid-run.
 RUN = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=20)
@@ -94,8 +96,7 @@ def test_interrupted_command_prints_one_line_and_exits_130(capsys):
 
 
 def test_finished_means_this_config_ran_to_its_end(tmp_path):
-    from vit_jax import integrity
-    from vit_jax import workdir as workdir_lib
+    from vit_jax.workdir import checks, integrity
 
     # What a finished run leaves: summary.json, final.npz, the last checkpoint's record.
     c = tiny_config(total_steps=4)
@@ -103,24 +104,33 @@ def test_finished_means_this_config_ran_to_its_end(tmp_path):
     step_dir.mkdir(parents=True)
     record = {"format": integrity.FORMAT, "step": 4, "arrays": {}, "files": {}}
     integrity.write_json(
-        str(step_dir / integrity.RECORD), dict(record, state=integrity.describe(c))
+        str(step_dir / integrity.RECORD), dict(record, state=train.plan_of(c).state)
     )
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 4, "accuracy": 0.5}))
     (tmp_path / "final.npz").write_bytes(b"")
     workdir = str(tmp_path)
-    assert workdir_lib.finished_summary(workdir, c) == {"steps": 4, "accuracy": 0.5}
-    assert workdir_lib.finished_summary(workdir, tiny_config(total_steps=3)) is not None
-    assert workdir_lib.finished_summary(workdir, tiny_config(total_steps=8)) is None  # resumes
+    assert checks.finished_summary(workdir, train.plan_of(c)) == {"steps": 4, "accuracy": 0.5}
+    assert checks.finished_summary(workdir, train.plan_of(tiny_config(total_steps=3))) is not None
+    assert (
+        checks.finished_summary(workdir, train.plan_of(tiny_config(total_steps=8))) is None
+    )  # resumes
     other = tiny_config(total_steps=4, **{"model.width": 64})
-    assert workdir_lib.finished_summary(workdir, other) is None  # "does not fit" as before
+    assert (
+        checks.finished_summary(workdir, train.plan_of(other)) is None
+    )  # "does not fit" as before
     lr = tiny_config(total_steps=4, **{"optimizer.lr": 0.1})
-    assert workdir_lib.finished_summary(workdir, lr) is None
+    assert checks.finished_summary(workdir, train.plan_of(lr)) is None
     os.remove(tmp_path / "final.npz")  # killed before the export: the run writes it
-    assert workdir_lib.finished_summary(workdir, c) is None
-    assert workdir_lib.finished_summary(workdir, tiny_config(total_steps=4, export_npz=False))
+    assert checks.finished_summary(workdir, train.plan_of(c)) is None
+    assert checks.finished_summary(
+        workdir, train.plan_of(tiny_config(total_steps=4, export_npz=False))
+    )
     (tmp_path / "summary.json").write_text("{")  # half-written by some other tool
     assert (
-        workdir_lib.finished_summary(workdir, tiny_config(total_steps=4, export_npz=False)) is None
+        checks.finished_summary(
+            workdir, train.plan_of(tiny_config(total_steps=4, export_npz=False))
+        )
+        is None
     )
 
 
@@ -154,7 +164,7 @@ def test_progress_bar_redraws_on_a_terminal_and_prints_lines_to_a_log():
             yield i
 
     tty = io.StringIO()
-    got = list(progress.bar(items(), 10, "eval test", stream=tty, tty=True, clock=lambda: now[0]))
+    got = list(console.bar(items(), 10, "eval test", stream=tty, tty=True, clock=lambda: now[0]))
     assert got == list(range(10))
     text = tty.getvalue()
     assert text.count("\r") == 10 and text.endswith("\n") and text.count("\n") == 1
@@ -162,7 +172,7 @@ def test_progress_bar_redraws_on_a_terminal_and_prints_lines_to_a_log():
 
     log = io.StringIO()
     now[0] = 0.0
-    list(progress.bar(items(), 10, "eval test", stream=log, tty=False, clock=lambda: now[0]))
+    list(console.bar(items(), 10, "eval test", stream=log, tty=False, clock=lambda: now[0]))
     assert "\r" not in log.getvalue()
     # A line once a minute has passed (after batches 3, 6 and 9 here), and one at the end.
     assert log.getvalue().splitlines() == [
@@ -172,17 +182,20 @@ def test_progress_bar_redraws_on_a_terminal_and_prints_lines_to_a_log():
         "eval test: 10/10 done in 4m10s",
     ]
     quiet = io.StringIO()
-    list(progress.bar(items(), 10, "eval", enabled=False, stream=quiet, tty=False))
+    list(console.bar(items(), 10, "eval", enabled=False, stream=quiet, tty=False))
     assert quiet.getvalue() == ""
 
 
 def test_init_from_of_another_patch_size_names_both_patches(tmp_path):
     wide = tiny_config(**{"model.patch_size": 4, "model.width": 64})
     path = str(tmp_path / "patch4.npz")
-    checkpoint.save_npz(path, state_lib.initial_params(wide, state_lib.build_model(wide, 10), 28))
+    weights.save_npz(
+        path,
+        state_lib.initial_params(train.start_of(wide), state_lib.build_model(wide.model, 10), 28),
+    )
     c = tiny_config(init_from=path)  # patch 7, width 32
     with pytest.raises(CheckpointError) as error:
-        state_lib.initial_params(c, state_lib.build_model(c, 10), 28)
+        state_lib.initial_params(train.start_of(c), state_lib.build_model(c.model, 10), 28)
     message = str(error.value)
     assert "the file's patch embedding is for patch 4; it was resampled to the model's patch 7" in (
         message
@@ -212,7 +225,10 @@ def test_failed_runs_remove_only_the_empty_directories_they_created(tmp_path):
     # A checkpoint that does not fit fails after checkpoints/ was made: both go.
     wide = tiny_config(**{"model.width": 64})
     path = str(tmp_path / "wide.npz")
-    checkpoint.save_npz(path, state_lib.initial_params(wide, state_lib.build_model(wide, 10), 28))
+    weights.save_npz(
+        path,
+        state_lib.initial_params(train.start_of(wide), state_lib.build_model(wide.model, 10), 28),
+    )
     with pytest.raises(CheckpointError):
         train.run(tiny_config(init_from=path), str(new))
     assert sorted(os.listdir(tmp_path)) == ["no_data", "wide.npz"]

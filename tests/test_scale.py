@@ -9,10 +9,13 @@ import orbax.checkpoint as ocp
 import pytest
 from helpers import batch, flat
 
-from vit_jax import checkpoint, optim, sharding, steps
-from vit_jax import state as state_lib
-from vit_jax import workdir as workdir_lib
+from vit_jax import weights
 from vit_jax.configs import fashion_mnist
+from vit_jax.parallel import sharding
+from vit_jax.training import optim, steps, train
+from vit_jax.training import state as state_lib
+from vit_jax.workdir import checks
+from vit_jax.workdir import manager as workdir_lib
 
 STEPS = 3
 
@@ -26,9 +29,9 @@ def config():
 
 def train_on(mesh):
     c = config()
-    model = state_lib.build_model(c, 10)
+    model = state_lib.build_model(c.model, 10)
     tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
-    state, shardings = state_lib.create_state(c, model, tx, mesh)
+    state, shardings = state_lib.create_state(train.start_of(c), model, tx, mesh)
     created = per_device_bytes(state)
     step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
     losses = []
@@ -80,7 +83,7 @@ def test_batch_is_split_over_data_and_fsdp():
 
 
 def test_each_device_holds_an_eighth_of_the_state(runs):
-    full = workdir_lib.tree_bytes(runs["one"]["state"])
+    full = checks.tree_bytes(runs["one"]["state"])
     assert full > 18e6  # ~1.6M parameters + Adam's two moments, float32
     fsdp = runs["fsdp8"]
     for what in ("created", "after steps"):
@@ -98,12 +101,12 @@ def test_each_device_holds_an_eighth_of_the_state(runs):
 
 def save_and_restore(state, mesh, directory):
     c = config()
-    model = state_lib.build_model(c, 10)
+    model = state_lib.build_model(c.model, 10)
     tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)
     manager = workdir_lib.open_manager(directory, 2)
     manager.save(STEPS, args=ocp.args.StandardSave(state))
     manager.wait_until_finished()
-    return state_lib.restore_or_create(c, model, tx, mesh, manager)
+    return state_lib.restore_or_create(train.start_of(c), model, tx, mesh, manager)
 
 
 def test_checkpoint_moves_between_meshes(runs, tmp_path):
@@ -122,7 +125,7 @@ def test_checkpoint_moves_between_meshes(runs, tmp_path):
     # The published-layout export gathers the sharded parameters.
     path = tmp_path / "final.npz"
     state_lib.export_npz(str(path), back.params)
-    got = flat(checkpoint.load_npz(path))
+    got = flat(weights.load_npz(path))
     want = flat(expected.params)
     assert got.keys() == want.keys()
     for k in want:

@@ -19,8 +19,12 @@ from flax import traverse_util
 from helpers import tiny_config
 from subprocesses import ROOT, Run, tiny_flags
 
-from vit_jax import checkpoint, integrity, recovery, saver, train
-from vit_jax import workdir as workdir_lib
+from vit_jax import weights
+from vit_jax.base.text import first_few
+from vit_jax.training import guard as guard_lib
+from vit_jax.training import train
+from vit_jax.workdir import integrity, recovery, saver
+from vit_jax.workdir import manager as workdir_lib
 
 # 20 steps with dropout on, a checkpoint every 5 (5 is deleted: 3 kept).
 RUN = {"checkpoint_every": 5, "eval_every": 0, "log_every": 5, "model.dropout": 0.1}
@@ -71,8 +75,8 @@ DAMAGES = {
 
 
 def assert_same_npz(got, want):
-    flat_got = traverse_util.flatten_dict(checkpoint.load_npz(got), sep="/")
-    flat_want = traverse_util.flatten_dict(checkpoint.load_npz(want), sep="/")
+    flat_got = traverse_util.flatten_dict(weights.load_npz(got), sep="/")
+    flat_want = traverse_util.flatten_dict(weights.load_npz(want), sep="/")
     assert flat_got.keys() == flat_want.keys()
     for k in flat_want:  # bit-identical, not just close
         np.testing.assert_array_equal(flat_got[k], flat_want[k], err_msg=k)
@@ -155,7 +159,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_run_falls_back(
     print(f"{damage}: {found[1]}")
     want = {
         "flipped bytes": r"file default/\S+ fails its checksum(; file \S+ fails its checksum)*"
-        r"(; and \d+ more files)?",
+        r"( and \d+ more files)?",
         "deleted data file": r"file default/\S+ is missing",
         "truncated _METADATA": r"file default/_METADATA has \d+ bytes, \d+ when written",
         "truncated data file": r"file default/\S+ has \d+ bytes, \d+ when written",
@@ -286,10 +290,30 @@ def test_nonfinite_guard_names_only_a_checkpoint_that_verifies(reference, tmp_pa
     ref, _ = reference["data"]
     workdir = finished_copy(ref, tmp_path / "run")
     delete_data_file(f"{workdir}/checkpoints/20")
-    guard = workdir_lib.FiniteGuard(workdir_lib.open_manager(workdir, 3), skip=False)
+    guard = guard_lib.FiniteGuard(workdir_lib.open_manager(workdir, 3), skip=False)
     metrics = {"loss": float("nan"), "grad_norm": 1.0, "finite": 0.0, "skipped": 0}
-    with pytest.raises(FloatingPointError, match="last good checkpoint is step 15 in"):
+    with pytest.raises(FloatingPointError, match="newest intact checkpoint is step 15 \\("):
         guard.check(metrics, 21)
+
+
+def test_one_sentence_names_the_newest_intact_checkpoint(tmp_path):
+    kept = saver.Saver(str(tmp_path / "run"), 0, {})
+    none = "There is no intact checkpoint yet; a rerun starts from step 0"
+    assert integrity.newest_intact_sentence(kept.directory) == none
+    for step in (3, 7):
+        kept.save(step, {"w": jax.numpy.arange(3.0) + step})
+        kept.wait()
+    newest = "The newest intact checkpoint is step {0} ({1}/{0}); a rerun resumes there"
+    assert integrity.newest_intact_sentence(kept.directory) == newest.format(7, kept.directory)
+    delete_data_file(f"{kept.directory}/7")  # damaged: the one before is named
+    assert integrity.newest_intact_sentence(kept.directory) == newest.format(3, kept.directory)
+
+
+def test_first_few_names_three_and_counts_the_rest():
+    assert first_few(["a", "b"]) == "a, b"
+    assert first_few(["a", "b", "c"]) == "a, b, c"
+    assert first_few(list("abcde"), "; ") == "a; b; c and 2 more"
+    assert first_few(list("abcd"), "; ", unit="files") == "a; b; c and 1 more files"
 
 
 def test_benchmark_prints_the_cost_of_the_record():
@@ -397,9 +421,9 @@ def test_export_to_a_full_disk_leaves_nothing_half_written(small_disk, tmp_path)
     with pytest.raises(OSError) as error:
         train._export(path, params, kept.directory)
     assert str(error.value) == (
-        f"could not write {path}: No space left on device. Nothing half-written was left; "
-        f"the newest intact checkpoint is step 7 ({kept.directory}/7): free space there (or "
-        "restore access to it) and run the same command again, which writes it without "
-        "training again"
+        f"could not write {path}: No space left on device. Nothing half-written was left. "
+        f"The newest intact checkpoint is step 7 ({kept.directory}/7); a rerun resumes there: "
+        "free space there (or restore access to it) and run the same command again, which "
+        "writes it without training again"
     )
     assert os.listdir(small_disk) == []

@@ -14,19 +14,21 @@ import pytest
 from helpers import batch, flat, run_command, snapshot, tiny_config
 from PIL import Image
 
-from vit_jax import checkpoint, configs, optim, sharding, steps, train
-from vit_jax import state as state_lib
+from vit_jax import configs, weights
 from vit_jax.configs import common
 from vit_jax.models import param_shapes
-from vit_jax.progress import Cadence, console_line, duration
+from vit_jax.parallel import sharding
+from vit_jax.training import optim, steps, train
+from vit_jax.training import state as state_lib
+from vit_jax.training.progress import Cadence, console_line, duration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def steps_on(mesh, config, batches, accum_steps=1):
-    model = state_lib.build_model(config, 10)
+    model = state_lib.build_model(config.model, 10)
     tx, lr = optim.make_optimizer(config.optimizer, config.total_steps)
-    state, shardings = state_lib.create_state(config, model, tx, mesh)
+    state, shardings = state_lib.create_state(train.start_of(config), model, tx, mesh)
     step, _ = steps.compile_steps(model, tx, lr, accum_steps, mesh, shardings)
     losses = []
     for b in batches:
@@ -78,15 +80,17 @@ def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
     """From the same parameters (a scanned model initialises its own differently), a run
     with remat and scan ends where the plain run does, and exports the published names."""
     start = tiny_config()
-    plain_model = state_lib.build_model(start, 10)
-    checkpoint.save_npz(tmp_path / "init.npz", state_lib.initial_params(start, plain_model, 28))
+    plain_model = state_lib.build_model(start.model, 10)
+    weights.save_npz(
+        tmp_path / "init.npz", state_lib.initial_params(train.start_of(start), plain_model, 28)
+    )
     finals = []
     for switches in ({}, {"remat": True, "scan": True}):
         config = tiny_config(total_steps=8, checkpoint_every=4, eval_every=8, log_every=4)
         config.update(init_from=str(tmp_path / "init.npz"), reset_head=False)
         config.model.update(switches)
         summary = train.run(config, str(tmp_path / str(len(finals))))
-        finals.append((summary, checkpoint.load_npz(tmp_path / str(len(finals)) / "final.npz")))
+        finals.append((summary, weights.load_npz(tmp_path / str(len(finals)) / "final.npz")))
     (plain, plain_npz), (scanned, scanned_npz) = finals
     assert flat(scanned_npz).keys() == flat(plain_npz).keys()  # published per-block names
     for k, v in flat(plain_npz).items():
@@ -124,7 +128,7 @@ def test_short_run_learns_and_resumes(tmp_path, capsys):
     assert scalars["loss"][-1][1] == pytest.approx(losses[-1], abs=5e-5)
     assert scalars["eval/accuracy"] == [(20, pytest.approx(s20["accuracy"])),
                                         (40, pytest.approx(s40["accuracy"]))]  # fmt: skip
-    exported = checkpoint.load_npz(os.path.join(workdir, "final.npz"))
+    exported = weights.load_npz(os.path.join(workdir, "final.npz"))
     assert exported["head"]["kernel"].shape == (32, 10)
 
 
@@ -146,8 +150,8 @@ def accuracy_of(npz: str, config) -> float:
     split's images through a direct apply of the model, argmax against the labels."""
     from vit_jax import data
 
-    model = state_lib.build_model(config, data.num_classes(config.dataset))
-    params = checkpoint.load_pretrained(npz, model, config.image_size, reset_head=False)
+    model = state_lib.build_model(config.model, data.num_classes(config.dataset))
+    params = weights.load_pretrained(npz, model, config.image_size, reset_head=False)
     split = config.dataset.test_split
     correct = total = 0
     size = config.image_size
@@ -185,16 +189,16 @@ def pretrained(tmp_path_factory):
 
 def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     npz = os.path.join(pretrained[0], "final.npz")
-    assert checkpoint.load_npz(npz)["pre_logits"]["kernel"].shape == (32, 32)
+    assert weights.load_npz(npz)["pre_logits"]["kernel"].shape == (32, 32)
     ft = tiny_config(total_steps=10, checkpoint_every=0, eval_every=0, image_size=42, init_from=npz)
     ft.dataset.classes = (5, 6, 7)
-    model = state_lib.build_model(ft, 3)
+    model = state_lib.build_model(ft.model, 3)
     assert model.representation_size is None
-    params = state_lib.initial_params(ft, model, 42)
+    params = state_lib.initial_params(train.start_of(ft), model, 42)
     pe = params["Transformer"]["posembed_input"]["pos_embedding"]
     assert pe.shape == (1, 1 + 6 * 6, 32)  # 4x4 grid at 28 px -> 6x6 at 42 px
     assert not params["head"]["kernel"].any() and params["head"]["kernel"].shape == (32, 3)
-    stored = checkpoint.load_npz(npz)
+    stored = weights.load_npz(npz)
     np.testing.assert_array_equal(params["embedding"]["kernel"], stored["embedding"]["kernel"])
     summary = train.run(ft, str(tmp_path / "ft"))
     assert summary["steps"] == 10
@@ -203,7 +207,7 @@ def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
 
 
 def test_fewshot_runs_on_its_cadence_and_matches_the_command(pretrained):
-    from vit_jax.evaluate import FewShotEvaluator
+    from vit_jax.evaluation import FewShotEvaluator
 
     workdir, summary, out = pretrained
     lines = [line for line in out.splitlines() if "few-shot" in line]
@@ -217,8 +221,8 @@ def test_fewshot_runs_on_its_cadence_and_matches_the_command(pretrained):
     assert json.load(open(os.path.join(workdir, "summary.json")))[keys[1]] == summary[keys[1]]
     # The same numbers as the evaluator run on its own on the exported parameters (up to
     # an example or two flipped by the 8-device vs one-device features).
-    params = checkpoint.load_npz(os.path.join(workdir, "final.npz"))
-    model = state_lib.build_model(pretrain_config(), None)  # no head
+    params = weights.load_npz(os.path.join(workdir, "final.npz"))
+    model = state_lib.build_model(pretrain_config().model, None)  # no head
     ev = FewShotEvaluator(
         [{"name": "fashion_mnist", "source": "idx", "test_split": "test[:200]"}],
         shots=(1, 5),
@@ -310,7 +314,7 @@ CONFIGS = (
 @pytest.mark.parametrize("preset,arg", CONFIGS)
 def test_every_config_parses_and_builds_its_model(preset, arg):
     config = configs.get(f"{preset}:{arg}")
-    model = state_lib.build_model(config, 10)
+    model = state_lib.build_model(config.model, 10)
     shapes = param_shapes(model, config.image_size)
     assert shapes["head"]["kernel"].shape[-1] == 10
     if preset == "pretrain":
@@ -365,7 +369,8 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
 @pytest.mark.slow
 def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     from vit_jax import fewshot as fewshot_command
-    from vit_jax import figures, infer, miniature
+    from vit_jax import figures, infer
+    from vit_jax.training import miniature
 
     short = {"total_steps": 6, "log_every": 3}
     summary = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
@@ -394,8 +399,8 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     assert "training " not in out and "step 6/6" not in out
     # The fine-tuned model started from the pretrained export: its position embeddings
     # grew from the 7x7 grid at 28 px to 10x10 at 40 px; pre_logits dropped, 5 classes.
-    pre = checkpoint.load_npz(tmp_path / "pretrain" / "final.npz")
-    ft = checkpoint.load_npz(tmp_path / "finetune" / "final.npz")
+    pre = weights.load_npz(tmp_path / "pretrain" / "final.npz")
+    ft = weights.load_npz(tmp_path / "finetune" / "final.npz")
     assert pre["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 1 + 7 * 7, 64)
     assert ft["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 1 + 10 * 10, 64)
     assert "pre_logits" in pre and "pre_logits" not in ft and ft["head"]["bias"].shape == (5,)

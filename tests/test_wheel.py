@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from vit_jax import quiet_tf
+from vit_jax.base import quiet_tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def sh(*cmd: str, cwd: str, env: dict | None = None) -> str:
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, " ".join(cmd) + "\n" + proc.stdout[-2000:] + proc.stderr[-3000:]
-    # No library start-up noise (TensorFlow's C++ notes are filtered by vit_jax/quiet_tf.py).
+    # No library start-up noise (TensorFlow's C++ notes are filtered by vit_jax/base/quiet_tf.py).
     noise = [line for line in proc.stderr.splitlines() if quiet_tf.NOISE.search(line)]
     assert not noise, noise
     return proc.stdout
@@ -49,7 +49,7 @@ def venv_python(tmp_path_factory):
        "-w", str(build), str(source), cwd=str(build))  # fmt: skip
     (wheel,) = [str(build / n) for n in os.listdir(build) if n.endswith(".whl")]
     names = zipfile.ZipFile(wheel).namelist()
-    for shipped in ("vit_jax/configs/fashion_mnist.py", "vit_jax/imagenet_classes.txt"):
+    for shipped in ("vit_jax/configs/fashion_mnist.py", "vit_jax/data/imagenet_classes.txt"):
         assert shipped in names
     assert not any(n.startswith(("configs/", "tests/", "benchmarks/")) for n in names)
     # A fresh venv with the wheel alone, its dependencies taken from the running

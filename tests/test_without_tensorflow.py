@@ -1,7 +1,7 @@
 """Models, checkpoints, the jitted steps, the classify command and the benchmarks run where
 TensorFlow is absent (accelerator machines often lack it): each runs in a subprocess in
 which importing tensorflow fails. A pipeline then names the extra to install; where
-TensorFlow is present, its start-up notes stay off stderr (vit_jax/quiet_tf.py)."""
+TensorFlow is present, its start-up notes stay off stderr (vit_jax/base/quiet_tf.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 from helpers import random_params
 from PIL import Image
 
-from vit_jax import checkpoint
+from vit_jax import weights
 from vit_jax.models import get_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,14 +51,16 @@ def test_the_block_works():
 def test_library_and_train_step_without_tensorflow():
     out = run_without_tf("""
 import jax, numpy as np
-from vit_jax import checkpoint, optim, sharding, state, steps
+from vit_jax import weights
+from vit_jax.training import optim, state, steps
+from vit_jax.parallel import sharding
 from vit_jax.configs import fashion_mnist
 from vit_jax.models import get_model
 c = fashion_mnist.get_config("tiny")
-model = state.build_model(c, 10)
+model = state.build_model(c.model, 10)
 tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
 mesh = sharding.make_mesh(devices=jax.devices()[:1])
-s, shardings = state.create_state(c, model, tx, mesh)
+s, shardings = state.create_state(state.Start(c.seed, c.image_size), model, tx, mesh)
 step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
 batch = {"image": np.zeros((8, 28, 28, 3), np.float32), "label": np.eye(10, dtype=np.float32)[:8]}
 s, m = step(s, batch)
@@ -72,7 +74,7 @@ assert "tensorflow" not in sys.modules
 def test_classify_command_without_tensorflow(tmp_path):
     model = get_model("testing", 3)
     path = str(tmp_path / "t.npz")
-    checkpoint.save_npz(path, random_params(model, 32))
+    weights.save_npz(path, random_params(model, 32))
     image = str(tmp_path / "x.png")
     Image.new("RGB", (40, 30), (10, 200, 40)).save(image)
     code = "import runpy; runpy.run_module('vit_jax.infer', run_name='__main__')"
@@ -127,12 +129,13 @@ VERSION = "stand-in"
         [
             sys.executable,
             "-c",
-            "from vit_jax import quiet_tf; print(quiet_tf.tensorflow().VERSION)",
+            "from vit_jax.base import quiet_tf; print(quiet_tf.tensorflow().VERSION)",
         ],
         capture_output=True,
         text=True,
         cwd="/",
-        env=dict(os.environ, PYTHONPATH=str(tmp_path)),  # the stand-in shadows TensorFlow
+        # the stand-in shadows TensorFlow; this checkout's vit_jax, whatever is installed
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT])),
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

@@ -4,7 +4,7 @@
 
 Each checkpoint is restored on one device and checked against its integrity record:
 every file there at its size, readable, every array hashing as saved, every value
-finite (vit_jax/recovery.py). Nothing is changed; a training run sets aside what fails.
+finite (vit_jax/workdir/recovery.py). Nothing is changed; a training run sets aside what fails.
 WORKDIR is a run's workdir (it holds checkpoints/) or a directory of them, such as the
 recipe's (pretrain/, finetune/, scratch/): then every run workdir found up to two
 levels below it is checked, its checkpoints named `pretrain/400`. Exits 1 when a
@@ -29,7 +29,7 @@ def main(args: list[str]) -> None:
     """`args`: the words after the command ('verify', WORKDIR)."""
     import json
 
-    from vit_jax import recovery
+    from vit_jax.workdir import recovery
 
     if len(args) != 2 or args[0] != "verify":
         raise ValueError(f"expected: python -m vit_jax.checkpoints verify WORKDIR, got {args}")

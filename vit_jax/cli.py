@@ -117,7 +117,7 @@ def _define_command_flags(define_flags: Callable[[], None], program: str) -> Non
 
 
 def command_name(program: str) -> str:
-    """sys.argv[0] of a command -> 'vit_jax.infer' ('.../vit_jax/evaluate/__main__.py' ->
+    """sys.argv[0] of a command -> 'vit_jax.infer' ('.../vit_jax/evaluate.py' ->
     'vit_jax.evaluate'); anything else as it is."""
     parts = os.path.normpath(program).split(os.sep)
     if program.endswith(".py") and "vit_jax" in parts:
@@ -222,16 +222,17 @@ def parse_overrides(items: Sequence[str]) -> dict[str, object]:
 
 
 def load_model(head: bool = True):
-    """The flags' checkpoint as (model, params, (H, W)); see checkpoint.load_model."""
+    """The flags' checkpoint as (model, params, (H, W)); see weights.load_model."""
     from absl import flags
 
-    from vit_jax import checkpoint, images
+    from vit_jax import weights
+    from vit_jax.data import images
 
     f = flags.FLAGS
     overrides = parse_overrides(f.override)
     size = images.parse_image_size(f.image_size)
     try:
-        return checkpoint.load_model(
+        return weights.load_model(
             f.checkpoint, f.model, size, head, patch_size=f.patch_size, **overrides
         )
     except TypeError as e:  # an override that is no model option

@@ -13,7 +13,7 @@ lines that build timm's VisionTransformer with every argument and load OUT stric
 for hf, from_pretrained and pipeline('image-classification'). An hf directory carries
 the class names (--labels=FILE, one a line as for vit_jax.infer; a 1000-class head gets
 the ImageNet names) and preprocessor_config.json (the resize and [-1, 1] scaling of
-vit_jax.infer). See vit_jax/formats/.
+vit_jax.infer). See vit_jax/weights/.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from vit_jax import cli
 
 
 def define_flags() -> None:
-    from vit_jax.formats.convert import FORMATS
+    from vit_jax.weights.convert import FORMATS
 
     cli.define_model_flags()
     flags.DEFINE_enum("format", None, list(FORMATS), "Output format.", required=True)
@@ -36,8 +36,8 @@ def define_flags() -> None:
 
 
 def main() -> None:
-    from vit_jax import images
-    from vit_jax.formats import convert
+    from vit_jax.data import images
+    from vit_jax.weights import convert
 
     f = flags.FLAGS
     overrides = cli.parse_overrides(f.override)

@@ -7,7 +7,7 @@
 
 For each dataset (comma-separated), max(shots) training images per class and the whole
 test split go through the model; a regularised least-squares fit of k of them per class
-to {-1, 1}^K targets classifies the test images (see vit_jax/evaluate/linear.py). Without
+to {-1, 1}^K targets classifies the test images (see vit_jax/evaluation/linear.py). Without
 --source, 'fashion_mnist' is read from the idx files of the Debian package
 dataset-fashion-mnist (offline), any other name from TFDS. Without --model the
 architecture is read from the checkpoint; without --image_size the images are resized
@@ -19,7 +19,7 @@ from __future__ import annotations
 from absl import flags
 
 from vit_jax import cli
-from vit_jax.evaluate import fewshot
+from vit_jax.evaluation import fewshot
 
 
 def define_flags() -> None:

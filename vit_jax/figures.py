@@ -28,7 +28,8 @@ import os
 
 from absl import flags
 
-from vit_jax import cli, images, inspection
+from vit_jax import cli, inspection
+from vit_jax.data import images
 from vit_jax.inspection import plots
 
 

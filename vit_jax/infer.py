@@ -6,7 +6,7 @@
 Without --model the architecture is read from the checkpoint (so the models this
 package trains, e.g. workdirs/recipe/finetune/final.npz, need no name). The number of
 classes is the checkpoint's head. With 1000 classes the names are the ImageNet-1k ones
-shipped in vit_jax/imagenet_classes.txt; any other head needs --labels (one name a line)
+shipped in vit_jax/data/imagenet_classes.txt; any other head needs --labels (one name a line)
 or is printed as `class i`. Without --image_size the images are resized to the
 resolution the checkpoint's position embeddings were made for.
 """
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from absl import flags
 
-from vit_jax import cli, images, predict
+from vit_jax import cli
+from vit_jax.data import images
+from vit_jax.models import predict
 
 
 def define_flags() -> None:

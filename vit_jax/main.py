@@ -8,14 +8,16 @@ see vit_jax/configs/) with its argument after ':', or the path of a config file
 (configs/finetune.py:b16,cifar10, or your own). Restarting with the same --workdir
 resumes from its latest checkpoint; a workdir that finished is left as it is (the
 command prints its stored results). On several hosts, run the same command on each
-with --config.distributed.* set (see vit_jax/distributed.py); JAX's distributed
+with --config.distributed.* set (see vit_jax/parallel/distributed.py); JAX's distributed
 runtime starts before anything else uses jax.
 """
 
 from absl import flags
 from ml_collections import config_flags
 
-from vit_jax import cli, configs, distributed, train
+from vit_jax import cli, configs
+from vit_jax.parallel import distributed
+from vit_jax.training import train
 
 
 def define_flags() -> None:

@@ -4,7 +4,7 @@
 
 Pretrains a small ViT on classes 0-4, fine-tunes it on a few labelled examples of
 classes 5-9 at a higher resolution, trains the same model from scratch on them, and
-prints the accuracies (vit_jax/miniature.py; about 5 minutes on 2 CPU cores). The same
+prints the accuracies (vit_jax/training/miniature.py; about 5 minutes on 2 CPU cores). The same
 command again resumes an interrupted recipe, and on a finished one changes nothing: each
 part says it has nothing to do and the stored accuracies are printed.
 """
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from absl import flags
 
-from vit_jax import cli, miniature
+from vit_jax import cli
+from vit_jax.training import miniature
 
 
 def define_flags() -> None:

@@ -12,7 +12,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from vit_jax import data
-from vit_jax.evaluate.fewshot import DEFAULT_L2, DEFAULT_SHOTS
+from vit_jax.evaluation.fewshot import DEFAULT_L2, DEFAULT_SHOTS
 
 # The short names of the paper presets ('b16' in --config=finetune:b16,cifar10).
 MODELS = {
@@ -84,7 +84,7 @@ def model_fields(model: str) -> ml_collections.ConfigDict:
 
 
 def optimizer_fields() -> ml_collections.ConfigDict:
-    """config.optimizer: the paper's fine-tuning SGD by default (vit_jax/optim.py)."""
+    """config.optimizer: the paper's fine-tuning SGD by default (vit_jax/training/optim.py)."""
     return ml_collections.ConfigDict(
         dict(
             name="sgd",
@@ -104,7 +104,7 @@ def optimizer_fields() -> ml_collections.ConfigDict:
 
 def fewshot_fields() -> ml_collections.ConfigDict:
     """config.fewshot: linear few-shot accuracy of the frozen pre-logits on a cadence
-    (pretraining runs; vit_jax/evaluate/fewshot.py): dataset names, comma-separated
+    (pretraining runs; vit_jax/evaluation/fewshot.py): dataset names, comma-separated
     ('fashion_mnist' reads the idx files, any other name TFDS, unless `source` says
     otherwise); '' turns it off. `every` 0 runs it with each evaluation (eval_every)."""
     return ml_collections.ConfigDict(
@@ -128,7 +128,7 @@ def base(model: str) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     # '' trains from scratch; a checkpoint (published .npz, a final.npz of an earlier run,
-    # timm or HF) is loaded with checkpoint.load_pretrained: position embeddings resized
+    # timm or HF) is loaded with weights.load_pretrained: position embeddings resized
     # to image_size, pre_logits dropped unless model.representation_size is set, new zero
     # head if reset_head. An interrupted run resumes from its workdir whatever this says.
     c.init_from = ""
@@ -142,9 +142,9 @@ def base(model: str) -> ml_collections.ConfigDict:
     c.total_steps = 10_000
     c.optimizer = optimizer_fields()
     # Parameters and optimizer state are replicated, or split over `fsdp` devices
-    # (vit_jax/sharding.py); the batch is split over all data x fsdp devices.
+    # (vit_jax/parallel/sharding.py); the batch is split over all data x fsdp devices.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: all devices left
-    # Multi-host: see vit_jax/distributed.py. Nothing set: one process.
+    # Multi-host: see vit_jax/parallel/distributed.py. Nothing set: one process.
     c.distributed = ml_collections.ConfigDict(
         dict(
             coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
@@ -161,7 +161,7 @@ def base(model: str) -> ml_collections.ConfigDict:
     c.keep_checkpoints = 3
     # Checkpoints that fail verification are set aside (<step>.damaged) and the run falls
     # back to the newest one that verifies. With none left: False stops with the list of
-    # what was found; True starts again from step 0 (vit_jax/recovery.py).
+    # what was found; True starts again from step 0 (vit_jax/workdir/recovery.py).
     c.from_scratch_if_damaged = False
     c.export_npz = True  # write workdir/final.npz in the published layout at the end
     c.progress_bars = True

@@ -24,8 +24,9 @@ All of Fashion-MNIST from scratch (figures in BENCHMARKS.md):
 from __future__ import annotations
 
 from vit_jax.configs.common import base
+from vit_jax.data.config import FASHION_MNIST_HALVES
 
-FIRST, SECOND = (0, 1, 2, 3, 4), (5, 6, 7, 8, 9)
+FIRST, SECOND = FASHION_MNIST_HALVES
 
 
 def small_vit(c, width=64, depth=4, heads=4, mlp=128, patch=4):

@@ -49,7 +49,7 @@ def patch_embeddings(params: dict[str, Any], model: Any, grid: tuple[int, int]) 
     if len(pe) != gh * gw:
         raise ValueError(
             f"{len(pe)} position embeddings do not make a {gh}x{gw} grid: adapt the parameters "
-            "to the image size first (vit_jax.checkpoint.adapt(params, model, image_size))"
+            "to the image size first (vit_jax.weights.adapt(params, model, image_size))"
         )
     return pe
 

@@ -17,9 +17,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax import predict
 from vit_jax.inspection import attention, filters, plots, posemb
-from vit_jax.models import apply_with_intermediates
+from vit_jax.models import apply_with_intermediates, predict
 from vit_jax.models.vit import VisionTransformer
 
 PNG = {
@@ -119,7 +118,7 @@ def compute(
     """Filter PCA, position-embedding similarity, attention distance and rollout.
 
     Args:
-      model: the model; `params` adapted to the images' size (`checkpoint.adapt`).
+      model: the model; `params` adapted to the images' size (`weights.adapt`).
       params: its parameters.
       images: inputs in [-1, 1].  # [B, H, W, C]
       num_components: principal components of the filters to keep.

@@ -4,7 +4,7 @@ Module names are the published checkpoint's (older Flax numbered all submodules 
 module with one counter: LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2,
 MlpBlock_3), so parameters load without renaming. ``remat`` and ``scan`` change how
 the stack is computed, not what it computes; ``scan`` stacks the blocks' parameters
-under ``encoderblock`` with a leading depth axis, which ``vit_jax.checkpoint``
+under ``encoderblock`` with a leading depth axis, which ``vit_jax.weights``
 converts to and from the published per-block names.
 """
 

@@ -86,7 +86,7 @@ class PositionEmbedding(nn.Module):
             raise ValueError(
                 f"position embeddings {name} have shape {tuple(stored)}, but these images make "
                 f"a {self.grid[0]}x{self.grid[1]} grid of patches, which needs {shape}: resize "
-                "them with vit_jax.checkpoint.load_pretrained(path, model, image_size) or "
+                "them with vit_jax.weights.load_pretrained(path, model, image_size) or "
                 "resize_posemb(), or feed images of the resolution they were trained at"
             )
 

@@ -1,0 +1,192 @@
+"""Reading images for the commands: paths, sizes, RGB conversion, class names.
+
+Every command that takes image files (classify, few-shot on folders, figures) reads
+them here, the same way: EXIF orientation, any PIL mode to RGB, bilinear resize to
+the model's resolution, scaled to [-1, 1].
+
+Where ``vit_jax/data/imagenet_classes.txt`` came from: line i is the first WordNet
+lemma (underscores as spaces) of the i-th ImageNet-1k synset in the order of
+tensorflow-datasets' ``imagenet2012`` labels (synset ids sorted, the standard
+class index 0..999). The synset -> lemma mapping is
+``timm/data/_info/imagenet_synset_to_lemma.txt`` from the PyPI package timm
+1.0.31 (Apache-2.0); its ``imagenet_synsets.txt`` lists the same 1000 synsets in
+the same order as tfds. The two names that are shared by two classes were made
+unique by hand: 134 ``crane (bird)``, 517 ``crane (machine)``, and 639 ``tank
+suit`` (the second lemma of that synset; 638 stays ``maillot``).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+IMAGENET_CLASSES_FILE = "imagenet_classes.txt"
+
+
+def parse_image_size(value: int | str | Sequence[int] | None) -> tuple[int, int] | None:
+    """Turns ``384``, ``"384"``, ``"384,512"`` or ``(384, 512)`` into ``(H, W)``.
+
+    Args:
+      value: A side length, ``"H,W"`` / ``"HxW"``, a pair, or None.
+
+    Returns:
+      ``(H, W)``, or None when ``value`` is None or empty.
+
+    Raises:
+      ValueError: If the value is not one or two positive integers.
+    """
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        parts = value.replace("x", ",").split(",")
+        try:
+            sizes = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"image size {value!r} is not N or H,W") from None
+    elif isinstance(value, (int, np.integer)):
+        sizes = [int(value)]
+    else:
+        sizes = [int(v) for v in value]
+    if len(sizes) == 1:
+        sizes = sizes * 2
+    if len(sizes) != 2 or min(sizes) <= 0:
+        raise ValueError(f"image size {value!r} must be one or two positive integers")
+    return sizes[0], sizes[1]
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    """Converts any PIL mode to RGB; transparency is composited on white."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("RGBA", "LA", "PA") or (
+        image.mode in ("P", "L", "RGB") and "transparency" in image.info
+    ):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+        # 16-bit (or 32-bit int) grayscale: scale 0..65535 onto 0..255.
+        array = np.asarray(image, dtype=np.float64) / 257.0
+        return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8)).convert("RGB")
+    if image.mode == "F":
+        array = np.asarray(image, dtype=np.float64)
+        if array.size and array.max() <= 1.0:
+            array = array * 255.0
+        return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8)).convert("RGB")
+    return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV.
+
+
+def load_image(path: str, image_size: tuple[int, int]) -> np.ndarray:
+    """Reads one image file as the model's input.
+
+    The image is turned upright by its EXIF orientation, converted to RGB
+    (grayscale, palette, CMYK, 16-bit; transparent pixels over white), resized
+    to ``image_size`` with bilinear interpolation (no crop, so the aspect ratio
+    is not kept) and scaled as ``(x - 127.5) / 127.5``.
+
+    Args:
+      path: Image file in any format PIL reads.
+      image_size: ``(H, W)`` of the result.
+
+    Returns:
+      ``[H, W, 3]`` float32 array in ``[-1, 1]``.
+
+    Raises:
+      FileNotFoundError: If ``path`` does not exist.
+      ValueError: If ``path`` is not a readable image.
+    """
+    height, width = image_size
+    try:
+        with Image.open(path) as image:
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            image = _to_rgb(image)
+            image = image.resize((width, height), Image.Resampling.BILINEAR)
+            array = np.asarray(image, dtype=np.float32)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"image not found: {path}") from None
+    except IsADirectoryError:
+        raise ValueError(f"cannot read image {path}: it is a directory") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"cannot read image {path}: {e}") from None
+    return (array - 127.5) / 127.5
+
+
+def load_images(paths: Sequence[str], image_size: tuple[int, int]) -> np.ndarray:
+    """Reads image files as one batch (see `load_image`).
+
+    Args:
+      paths: Image files.
+      image_size: ``(H, W)`` every image is resized to.
+
+    Returns:
+      ``[N, H, W, 3]`` float32 array in ``[-1, 1]``, N = ``len(paths)``.
+
+    Raises:
+      FileNotFoundError: If a file does not exist (the message names it).
+      ValueError: If a file is not a readable image (the message names it).
+    """
+    height, width = image_size
+    images = np.zeros((len(paths), height, width, 3), np.float32)
+    for i, path in enumerate(paths):
+        images[i] = load_image(path, (height, width))
+    return images
+
+
+def check_images_exist(paths: Sequence[str]) -> None:
+    """Fails early, before a checkpoint is loaded, on image paths that are not files.
+
+    Raises:
+      ValueError: If ``paths`` is empty.
+      FileNotFoundError: Naming the missing files.
+    """
+    if not paths:
+        raise ValueError("no images given: pass --image=PATH (repeat for more)")
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError("image not found: " + ", ".join(missing))
+
+
+def imagenet_class_names() -> list[str]:
+    """The 1000 ImageNet-1k class names, index i on line i (see the module doc)."""
+    text = (
+        importlib.resources.files("vit_jax.data").joinpath(IMAGENET_CLASSES_FILE).read_text("utf-8")
+    )
+    return text.splitlines()
+
+
+def class_names(num_classes: int, labels_file: str | None = None) -> list[str]:
+    """Names for the classes of a head with ``num_classes`` outputs.
+
+    Args:
+      num_classes: Width of the classification head.
+      labels_file: Optional text file with one class name a line (trailing
+        blank lines are ignored).
+
+    Returns:
+      The labels file's lines if given; else the ImageNet-1k names for 1000
+      classes; else ``["class 0", "class 1", ...]``.
+
+    Raises:
+      ValueError: If the labels file's line count differs from ``num_classes``.
+      FileNotFoundError: If the labels file does not exist.
+    """
+    if labels_file:
+        try:
+            with open(labels_file, encoding="utf-8") as f:
+                names = [line.strip() for line in f.read().rstrip().splitlines()]
+        except FileNotFoundError:
+            raise FileNotFoundError(f"labels file not found: {labels_file}") from None
+        if len(names) != num_classes:
+            raise ValueError(
+                f"labels file {labels_file} has {len(names)} lines but the model has "
+                f"{num_classes} classes"
+            )
+        return names
+    if num_classes == 1000:
+        return imagenet_class_names()
+    return [f"class {i}" for i in range(num_classes)]

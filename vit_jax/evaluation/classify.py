@@ -1,0 +1,162 @@
+"""Top-1 and top-5 accuracy of a classifier checkpoint on a dataset split.
+
+The images go through `vit_jax.data.eval_iterator`, the preprocessing of the training
+loop's own evaluation (resize to the model's resolution, values in [-1, 1]), so a
+checkpoint trained here scores exactly what its training run reported. A head whose
+class order differs from the dataset's (e.g. an ImageNet-21k head on a subset) takes a
+`label_map`: entry i is the head class of the dataset's class i. A head trained on a
+class subset (the config's `dataset.classes`, e.g. the recipe's classes 5-9) is evaluated
+on the same subset, relabelled 0..K-1 in the listed order as training does: pass
+`{'classes': (5, 6, 7, 8, 9)}` in `dataset` (`--classes=5,6,7,8,9`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vit_jax.base import console
+from vit_jax.data import config as data_config
+from vit_jax.models import predict
+from vit_jax.models.vit import VisionTransformer
+
+TOP_K = (1, 5)
+
+
+def counts(
+    model: VisionTransformer,
+    params: Any,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    label_map: Sequence[int] | None = None,
+    ks: Sequence[int] = TOP_K,
+) -> dict[str, int]:
+    """{'examples': n, 'top1': hits, 'top5': hits} over every real example of `batches`
+    ({'image', 'label' one-hot [b, K_data], 'mask' [b]} as eval_iterator yields them)."""
+    apply = predict.logits_fn(model)
+    lut = None if label_map is None else np.asarray(label_map, np.int64)
+    out = {"examples": 0, **{f"top{k}": 0 for k in ks}}
+    for batch in batches:
+        keep = np.asarray(batch.get("mask", np.ones(len(batch["image"])))) > 0
+        logits = np.asarray(apply(params, batch["image"]))[keep]  # [b, K_head]
+        label = np.argmax(batch["label"], -1)[keep]
+        if lut is not None:
+            if label.size and label.max() >= len(lut):
+                raise ValueError(
+                    f"the label map has {len(lut)} entries, the dataset has class "
+                    f"{label.max()}: give one head class per dataset class"
+                )
+            label = lut[label]
+        order = np.argsort(-logits, axis=-1, kind="stable")  # ties: lower index first
+        for k in ks:
+            out[f"top{k}"] += int(np.sum(order[:, :k] == label[:, None]))
+        out["examples"] += int(keep.sum())
+    return out
+
+
+def evaluate(
+    model: VisionTransformer,
+    params: Any,
+    dataset: Mapping[str, Any],
+    split: str,
+    image_size: int | tuple[int, int],
+    batch_size: int = 64,
+    label_map: Sequence[int] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Top-1/top-5 accuracy of `model` on `split` of `dataset` (fields of
+    `vit_jax.data.default_config()`, e.g. {'source': 'tfds', 'name': 'cifar10'}).
+
+    Only `split` is read (an image folder needs no train/ directory). `dataset['classes']`
+    keeps those classes, relabelled 0..K-1 in their order (as training does).
+
+    Returns:
+      {'dataset', 'split', 'classes', 'examples', 'top1', 'top5'} with accuracies in
+      [0, 1]; 'classes' is the subset's list or None.
+
+    Raises:
+      ValueError: a head narrower than the dataset's classes without a label map (the
+        message names the flag to pass), or a label map that names classes the head
+        lacks.
+    """
+    from vit_jax import data  # tf.data: only needed here
+
+    cfg = data.default_config()
+    cfg.update(dict(dataset))
+    cfg.train_split = split  # nothing else is read: an image folder needs only this split
+    k_data = data.num_classes(cfg)
+    k_head = model.num_classes or 0
+    if label_map is not None and (min(label_map) < 0 or max(label_map) >= k_head):
+        raise ValueError(f"the label map names head classes outside 0..{k_head - 1}")
+    if label_map is None and k_data > k_head:
+        raise ValueError(_narrow_head_message(cfg, k_data, k_head))
+    n = data.num_examples(cfg, split)
+    batches = data.eval_iterator(
+        cfg,
+        split,
+        global_batch=batch_size,
+        image_size=image_size,
+        process_index=0,
+        process_count=1,
+    )
+    bar = console.bar(batches, -(-n // batch_size), f"evaluate {cfg.name} {split}", progress)
+    got = counts(model, params, bar, label_map)
+    m = max(got["examples"], 1)
+    return {
+        "dataset": cfg.name,
+        "split": split,
+        "classes": None if cfg.classes is None else list(cfg.classes),
+        "examples": got["examples"],
+        **{f"top{k}": got[f"top{k}"] / m for k in TOP_K},
+    }
+
+
+def _narrow_head_message(cfg: Any, k_data: int, k_head: int) -> str:
+    """Which flag evaluates a head trained on a class subset (or in another order)."""
+    first, second = data_config.FASHION_MNIST_HALVES
+    subset = "" if cfg.classes is None else f" (--classes={_ids(cfg.classes)})"
+    recipe = ""
+    if cfg.name == "fashion_mnist" and cfg.classes is None and k_head == len(first):
+        recipe = (
+            f"; the recipe's pretrain/final.npz: --classes={_ids(first)}, its "
+            f"finetune/ and scratch/ final.npz: --classes={_ids(second)}"
+        )
+    return (
+        f"{cfg.name}{subset} has {k_data} classes, the checkpoint's head {k_head}: pass "
+        f"--classes=ID,... with the {k_head} dataset class ids the head was trained on, in "
+        f"its order (the training config's dataset.classes{recipe}), or --labels with the "
+        "head class of each dataset class"
+    )
+
+
+def _ids(classes: Sequence[int]) -> str:
+    return ",".join(str(c) for c in classes)
+
+
+def parse_classes(items: Sequence[str]) -> tuple[int, ...]:
+    """['5', '6', '7'] (the --classes list) -> (5, 6, 7); a ValueError for anything else."""
+    try:
+        classes = tuple(int(c) for c in items)
+    except ValueError:
+        classes = ()
+    if not classes or min(classes) < 0 or len(set(classes)) != len(classes):
+        raise ValueError(
+            f"--classes={','.join(items)}: expected distinct dataset class ids >= 0 in the "
+            "head's order, e.g. --classes=5,6,7,8,9"
+        )
+    return classes
+
+
+def read_label_map(spec: str) -> list[int]:
+    """'3,1,2' or a file with one head class index a line -> [3, 1, 2]."""
+    from pathlib import Path
+
+    text = Path(spec).read_text() if Path(spec).is_file() else spec.replace(",", "\n")
+    try:
+        return [int(t) for t in text.split()]
+    except ValueError:
+        raise ValueError(
+            f"--labels={spec}: expected head class indices, one per dataset class "
+            "(comma-separated, or a file with one a line)"
+        ) from None

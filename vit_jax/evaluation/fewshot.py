@@ -1,0 +1,231 @@
+"""Linear few-shot evaluation of a frozen ViT: features in, accuracy per shot out.
+
+The representation is the model's pre-logits output (after pooling and the optional
+tanh representation layer; `apply_with_intermediates(...)[1]['pre_logits']`). Fitting
+and prediction are in `vit_jax.evaluation.linear`.
+
+Per dataset, `FewShotEvaluator` reads
+  * a pool of max(shots) training examples per class: the training split's
+    `examples_per_class` subset drawn with `subset_seed = seed` (so only K * max(shots)
+    images go through the model, not the whole split), from which `choose_shots`
+    draws k per class with the same seed, and
+  * the whole test split (`test_split`, e.g. 'test[:2000]' to make it cheaper).
+Accuracies are deterministic for a given seed, dataset config and number of processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from vit_jax.evaluation.linear import fewshot_accuracy
+from vit_jax.models import predict
+from vit_jax.models.vit import VisionTransformer
+
+DEFAULT_SHOTS = (1, 5, 10, 25)
+DEFAULT_L2 = 1024.0
+PREFIX = "fewshot/"
+
+
+def metric_name(dataset: str, shots: int) -> str:
+    """The name of one few-shot accuracy: 'fewshot/fashion_mnist_5shot'."""
+    return f"{PREFIX}{dataset}_{shots}shot"
+
+
+def by_dataset(metrics: Mapping[str, float]) -> dict[str, dict[int, float]]:
+    """{dataset: {k: accuracy}} from the few-shot entries of a flat metrics dict (the
+    inverse of `metric_name`; other entries are ignored), shots in increasing order."""
+    out: dict[str, dict[int, float]] = {}
+    for key in metrics:
+        if key.startswith(PREFIX) and key.endswith("shot"):
+            name, shots = key[len(PREFIX) : -len("shot")].rsplit("_", 1)
+            out.setdefault(name, {})[int(shots)] = metrics[key]
+    return {name: dict(sorted(row.items())) for name, row in out.items()}
+
+
+def dataset_configs(
+    names: Sequence[str],
+    source: str | None = None,
+    data_dir: str | None = None,
+    train_split: str = "train",
+    test_split: str = "test",
+) -> list[dict]:
+    """Dataset configs (fields of vit_jax.data.default_config()) for the named datasets.
+
+    Without `source`, 'fashion_mnist' reads idx files and any other name a TFDS builder.
+    """
+    configs = []
+    for name in names:
+        cfg = {"name": name, "train_split": train_split, "test_split": test_split}
+        cfg["source"] = source or ("idx" if name == "fashion_mnist" else "tfds")
+        if data_dir:
+            cfg["data_dir"] = data_dir
+        configs.append(cfg)
+    return configs
+
+
+def extract_features(
+    model: VisionTransformer,
+    params: Any,
+    batches: Iterable[Mapping[str, np.ndarray]],
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pre-logits features and integer labels of every real example of `batches`.
+
+    Args:
+      model: the (frozen) model; its head is not used.
+      params: its parameters (any sharding).
+      batches: dicts {'image': [b, H, W, C], 'label': one-hot [b, K], 'mask': [b]}
+        as `vit_jax.data.eval_iterator` yields them; examples with mask 0 (padding)
+        are dropped. Without a 'mask' every example counts.
+      mesh: if given, each batch is this process's share of a global batch, laid out
+        over the mesh with `vit_jax.parallel.sharding.global_batch`, and the features of all
+        processes are gathered back. None: single-process, batches used as they are.
+
+    Returns:
+      (features [n, D] float32, labels [n] int64), in batch order.
+    """
+    fn = predict.features_fn(model)
+    feats, labels = [], []
+    for batch in batches:
+        mask = batch.get("mask", np.ones(len(batch["image"]), np.float32))
+        label = np.argmax(batch["label"], axis=-1)
+        if mesh is None:
+            out = fn(params, batch["image"])
+        else:
+            from jax.experimental import multihost_utils
+
+            from vit_jax.parallel import sharding
+
+            local = {"image": batch["image"], "label": label, "mask": mask}
+            arrays = sharding.global_batch(local, mesh)
+            out = fn(params, arrays["image"])
+            out, label, mask = multihost_utils.process_allgather(
+                (out, arrays["label"], arrays["mask"]), tiled=True
+            )
+        keep = np.asarray(mask) > 0
+        feats.append(np.asarray(out, np.float32)[keep])
+        labels.append(np.asarray(label, np.int64)[keep])
+    if not feats:
+        raise ValueError("no batches to extract features from: is the split empty?")
+    return np.concatenate(feats), np.concatenate(labels)
+
+
+class FewShotEvaluator:
+    """Linear few-shot accuracy on one or more datasets, for a training loop to call.
+
+    Example:
+      evaluator = FewShotEvaluator([{"source": "idx", "name": "fashion_mnist"}],
+                                   image_size=224)
+      evaluator.run(model, params)  # {'fewshot/fashion_mnist_1shot': 0.41, ...}
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[Mapping[str, Any]],
+        shots: Sequence[int] = DEFAULT_SHOTS,
+        l2: float = DEFAULT_L2,
+        seed: int = 0,
+        image_size: int | tuple[int, int] = 224,
+        batch_size: int = 256,
+    ):
+        """Checks the dataset configs; nothing is read until `run`.
+
+        Args:
+          datasets: dataset configs, each a dict of fields of
+            `vit_jax.data.default_config()` (source, name, data_dir, train_split,
+            test_split, classes, ...) overriding its defaults. `name` names the
+            metrics, so it must differ between datasets.
+          shots: examples per class, e.g. (1, 5, 10, 25).
+          l2: L2 strength of the least-squares fit (`vit_jax.evaluation.linear.fit`).
+          seed: which training examples are drawn.
+          image_size: resolution the images are resized to (the model's).
+          batch_size: images per forward pass (global; a multiple of the device count
+            when `run` is given a mesh).
+        """
+        from vit_jax import data  # tf.data: only needed by the evaluator
+
+        if not datasets:
+            raise ValueError("FewShotEvaluator needs at least one dataset config")
+        shots = tuple(int(k) for k in shots)
+        if not shots or min(shots) < 1:
+            raise ValueError(f"shots={shots}: expected positive numbers of examples per class")
+        self.configs = []
+        for i, fields in enumerate(datasets):
+            cfg = data.default_config()
+            unknown = sorted(set(fields) - set(cfg.keys()))
+            if unknown:
+                raise ValueError(
+                    f"few-shot dataset {i}: unknown field(s) {unknown}; the fields are "
+                    f"{sorted(cfg.keys())} (vit_jax.data.default_config())"
+                )
+            cfg.update(dict(fields))
+            cfg.examples_per_class = max(shots)  # the pool of training examples
+            cfg.subset_seed = seed
+            self.configs.append(cfg)
+        names = [c.name for c in self.configs]
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"few-shot datasets {names} share a name; metrics are named after it, so "
+                "give each config a distinct 'name'"
+            )
+        self.shots, self.l2, self.seed = shots, float(l2), seed
+        self.image_size, self.batch_size = image_size, batch_size
+
+    def features(
+        self, model: VisionTransformer, params: Any, cfg: Any, split: str, mesh: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(features [n, D], labels [n]) of one split of one dataset config."""
+        from vit_jax import data
+
+        if mesh is not None and self.batch_size % mesh.devices.size:
+            raise ValueError(
+                f"few-shot batch_size={self.batch_size} does not split over the mesh's "
+                f"{mesh.devices.size} devices: use a multiple of {mesh.devices.size}"
+            )
+        index, count = (jax.process_index(), jax.process_count()) if mesh is not None else (0, 1)
+        batches = data.eval_iterator(
+            cfg,
+            split,
+            global_batch=self.batch_size,
+            image_size=self.image_size,
+            process_index=index,
+            process_count=count,
+        )
+        return extract_features(model, params, batches, mesh)
+
+    def run(
+        self, model: VisionTransformer, params: Any, mesh: jax.sharding.Mesh | None = None
+    ) -> dict[str, float]:
+        """Few-shot accuracies of `model` with `params`.
+
+        Args:
+          model: the model being trained (its head is ignored).
+          params: its parameters, as they lie (e.g. `state.params`).
+          mesh: the training mesh to spread the batches over (see `extract_features`);
+            None runs on the default device of one process.
+
+        Returns:
+          {f'fewshot/{name}_{k}shot': accuracy in [0, 1]} for every dataset and k.
+        """
+        from vit_jax import data
+
+        out = {}
+        for cfg in self.configs:
+            train_x, train_y = self.features(model, params, cfg, cfg.train_split, mesh)
+            test_x, test_y = self.features(model, params, cfg, cfg.test_split, mesh)
+            accuracy = fewshot_accuracy(
+                train_x,
+                train_y,
+                test_x,
+                test_y,
+                self.shots,
+                self.l2,
+                self.seed,
+                num_classes=data.num_classes(cfg),
+            )
+            out.update({metric_name(cfg.name, k): acc for k, acc in accuracy.items()})
+        return out

@@ -1,0 +1,90 @@
+"""The paper's recipe in miniature, on the embedded Fashion-MNIST, as one library call.
+
+1. pretrain a small ViT on classes 0-4 at 28 px (Adam, tanh pre_logits head),
+   probing its frozen representation with linear few-shot accuracy on all ten classes;
+2. fine-tune it on a few labelled examples of classes 5-9 at 40 px: position
+   embeddings interpolated on their grid, pre_logits dropped, new zero head, SGD;
+3. train the same model from scratch on that subset with the same settings.
+Settings: vit_jax/configs/fashion_mnist.py. Each part runs in its own subdirectory of
+the workdir and resumes from it, so an interrupted recipe picks up where it stopped,
+and a finished one is left as it is (each part says it has nothing to do; recipe.json
+is not rewritten).
+The command is `python -m vit_jax.recipe` (the README's main job).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from vit_jax.base import files
+from vit_jax.configs import fashion_mnist
+from vit_jax.evaluation import fewshot
+from vit_jax.training import train
+
+PARTS = ("pretrain", "finetune", "scratch")
+
+
+def part_config(part: str, workdir: str, examples_per_class: int = 50) -> Any:
+    """The config of one part; the fine-tuning part starts from the pretrained final.npz."""
+    config = fashion_mnist.get_config(part)
+    if part != "pretrain":
+        config.dataset.examples_per_class = examples_per_class
+    if part == "finetune":
+        config.init_from = os.path.join(workdir, "pretrain", "final.npz")
+    return config
+
+
+def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = None) -> dict:
+    """Runs the three parts; returns and writes (workdir/recipe.json) the accuracies.
+    Finished parts are not run again (train.run returns their stored summaries).
+
+    Args:
+      workdir: one subdirectory per part goes here.
+      examples_per_class: labelled examples of each of classes 5-9.
+      overrides: {part: {config field: value}}, e.g. shorter runs for tests.
+    """
+    results = {}
+    for part in PARTS:
+        config = part_config(part, workdir, examples_per_class)
+        for key, value in (overrides or {}).get(part, {}).items():
+            config[key] = value
+        print(f"\n=== {part} ===", flush=True)
+        results[part] = train.run(config, os.path.join(workdir, part))
+    summary = {
+        "pretrain_accuracy_classes_0_4": results["pretrain"]["accuracy"],
+        "finetuned_accuracy_classes_5_9": results["finetune"]["accuracy"],
+        "scratch_accuracy_classes_5_9": results["scratch"]["accuracy"],
+        "examples_per_class": examples_per_class,
+        **{k: v for k, v in results["pretrain"].items() if k.startswith(fewshot.PREFIX)},
+    }
+    path = os.path.join(workdir, "recipe.json")
+    try:
+        with open(path) as f:
+            unchanged = json.load(f) == summary  # a rerun of a finished recipe
+    except (OSError, ValueError):
+        unchanged = False
+    if not unchanged:
+        with files.atomic_write(path, "w") as f:
+            json.dump(summary, f, indent=2, sort_keys=True)
+    return summary
+
+
+def report(summary: dict) -> str:
+    """The lines the command prints at the end."""
+    n = summary["examples_per_class"]
+    lines = [
+        "",
+        "pretrained on classes 0-4 (28 px): test accuracy "
+        f"{summary['pretrain_accuracy_classes_0_4']:.4f}",
+    ]
+    for row in fewshot.by_dataset(summary).values():
+        accs = "/".join(f"{acc:.3f}" for acc in row.values())
+        lines.append(f"  linear {'/'.join(map(str, row))}-shot on all ten classes: {accs}")
+    lines += [
+        f"classes 5-9 from {n} labelled examples each (40 px):",
+        f"  fine-tuned from the pretrained ViT: {summary['finetuned_accuracy_classes_5_9']:.4f}",
+        f"  trained from scratch:               {summary['scratch_accuracy_classes_5_9']:.4f}",
+    ]
+    return "\n".join(lines)

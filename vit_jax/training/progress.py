@@ -1,0 +1,160 @@
+"""When to log, evaluate and save; throughput, readable console lines; summary.json.
+
+Why not clu.periodic_actions (ReportProgress, PeriodicCallback): importing it imports
+TensorFlow, and the loop needs one decision per step for all four actions in a fixed
+order (the non-finite guard before a save); ReportProgress reports through absl logging
+rather than the console line below. Cadence is that one tested decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vit_jax.base import files
+from vit_jax.base.console import duration
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    """Decides, for the number of completed steps, whether to log, evaluate, run the
+    few-shot evaluation or save.
+
+    Each happens every `*_every` steps (0: never on a cadence) and always after the
+    last step; logging also after the first step (the end of the first compile).
+    """
+
+    total_steps: int
+    log_every: int
+    eval_every: int
+    save_every: int
+    fewshot_every: int = 0
+
+    def due(self, what: str, step: int) -> bool:
+        every = {
+            "log": self.log_every,
+            "eval": self.eval_every,
+            "save": self.save_every,
+            "fewshot": self.fewshot_every,
+        }[what]
+        if step == self.total_steps or (what == "log" and step == 1):
+            return True
+        return every > 0 and step % every == 0
+
+
+class StopRequest:
+    """Ctrl-C (SIGINT) during training, as a request the loop honours between steps.
+
+    Python's own handler raises KeyboardInterrupt wherever the main thread is, and where
+    that is a callback (JAX's garbage-collection hook runs during compilation) Python
+    prints "Exception ignored" and the run goes on; where native threads are still
+    compiling, the interpreter's shutdown can crash. So, inside `with StopRequest():`
+    (on the main thread), the first Ctrl-C only sets `requested` and says so on stderr;
+    the loop stops after the step in flight. A second Ctrl-C raises KeyboardInterrupt at
+    once. The previous handler is restored on exit.
+    """
+
+    NOTICE = b"\nCtrl-C: stopping after the step in flight (Ctrl-C again to stop at once)\n"
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        os.write(2, self.NOTICE)  # not print: the main thread may be inside a write
+
+
+class Throughput:
+    """Images/s per device and the ETA, from the steps between two log lines.
+
+    The first step of a run (or of a resumed run) compiles the train step, which can
+    take longer than hundreds of steps: `compiled(step)` restarts the clock once it is
+    done, so neither the speed nor the ETA counts it. Until a step after that has been
+    timed, `update` returns no speed and no ETA. `clock` (seconds) is for tests.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        batch: int,
+        devices: int,
+        start_step: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.total, self.batch, self.devices, self.clock = total_steps, batch, devices, clock
+        self.last_step, self.last_time = start_step, clock()
+
+    def compiled(self, step: int) -> float:
+        """The first step (compilation included) ended at `step`: restart the clock;
+        returns the seconds that step took."""
+        now = self.clock()
+        took = now - self.last_time
+        self.last_step, self.last_time = step, now
+        return took
+
+    def pause(self, step: int) -> None:
+        """Restart the clock after work that is not training (evaluation, saving)."""
+        self.last_step, self.last_time = step, self.clock()
+
+    def update(self, step: int) -> dict[str, float]:
+        """Speed and ETA over the steps since the last update, pause or compile;
+        {} when no step was timed since (the log line right after compiling)."""
+        now = self.clock()
+        steps, secs = step - self.last_step, max(now - self.last_time, 1e-9)
+        self.last_step, self.last_time = step, now
+        if steps <= 0:
+            return {}
+        return {
+            "img_per_sec_per_device": steps * self.batch / secs / self.devices,
+            "eta_seconds": secs / steps * (self.total - step),
+        }
+
+
+def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    """'step 100/1000 | loss 1.234 | lr 1.0e-03 | grad_norm 0.52 | 812 img/s/device | ETA 3m20s'."""
+    parts = [f"step {step}/{total}"]
+    for key, fmt in (
+        ("loss", "loss {:.4f}"),
+        ("lr", "lr {:.2e}"),
+        ("grad_norm", "grad_norm {:.3f}"),
+        ("img_per_sec_per_device", "{:.0f} img/s/device"),
+    ):
+        if key in metrics:
+            parts.append(fmt.format(metrics[key]))
+    if metrics.get("skipped"):
+        parts.append(f"skipped {metrics['skipped']:.0f} non-finite")
+    if "eta_seconds" in metrics:
+        parts.append(f"ETA {duration(metrics['eta_seconds'])}")
+    return " | ".join(parts)
+
+
+def write_summary(workdir: str, summary: dict[str, Any]) -> str:
+    """Write `summary.json` (atomically) and return its path."""
+    path = os.path.join(workdir, "summary.json")
+    clean = {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in summary.items()
+    }
+    with files.atomic_write(path, "w") as f:
+        json.dump(clean, f, indent=2, sort_keys=True)
+    return path

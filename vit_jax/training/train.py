@@ -1,0 +1,395 @@
+"""One training loop for pretraining and fine-tuning.
+
+They differ only in config: the optimizer (Adam / SGD), `init_from` ('' = from
+scratch with the model's own initialisation, or a published .npz loaded with
+`weights.load_pretrained`: new zero head, position embeddings resized), the
+resolution and the head. The jitted steps and their contract are in `steps.py`;
+creating and restoring the state in `state.py`; the non-finite guard in `guard.py`;
+the workdir (checks, checkpoints, integrity, recovery) in `vit_jax/workdir/`. This
+module reads the config, tells each of those what it needs (`plan_of`, `start_of`), and runs
+the loop: data in, steps, evaluations, saves, console lines and TensorBoard scalars out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax import data
+from vit_jax.base import console, quiet_tf
+from vit_jax.evaluation import fewshot as fewshot_lib
+from vit_jax.models import count_params
+from vit_jax.models.vit import VisionTransformer
+from vit_jax.parallel import distributed, sharding
+from vit_jax.training import optim, progress
+from vit_jax.training.guard import FiniteGuard
+from vit_jax.training.state import (
+    Start,
+    TrainState,
+    abstract_state,
+    build_model,
+    export_npz,
+    restore_or_create,
+)
+from vit_jax.training.steps import compile_steps
+from vit_jax.workdir import checks, integrity
+from vit_jax.workdir.saver import Saver
+
+
+@dataclasses.dataclass
+class Loop:
+    """What the loop works with, built once by `run`."""
+
+    config: ml_collections.ConfigDict
+    mesh: jax.sharding.Mesh
+    model: VisionTransformer
+    train_step: Any  # jitted (state, batch) -> (state, metrics); see steps.py
+    eval_step: Any  # jitted (params, batch) -> sums
+    saver: Saver  # checkpoints with their integrity records; .manager is Orbax's
+    writer: Any = None  # clu MetricWriter on the lead process, else None
+    fewshot: fewshot_lib.FewShotEvaluator | None = None
+    stop: progress.StopRequest = dataclasses.field(default_factory=progress.StopRequest)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Train (pretrain or fine-tune) as `config` says, in `workdir`; resumes from its
+    latest checkpoint. Returns the final metrics, also written to workdir/summary.json.
+
+    A workdir that this config already finished (summary.json at total_steps, final.npz,
+    the last checkpoint of the same model and optimizer) is left as it is: the run says
+    so and returns the stored summary. A run that fails before it wrote anything removes
+    the directories it created. Ctrl-C stops it with `Interrupted`, which names the step
+    reached and the newest checkpoint, where the same command resumes.
+
+    Raises:
+        OSError: the workdir is not writable or its disk too small (before training);
+            no checkpoint verifies (recovery.py); a save or the export failed.
+        ValueError: the workdir's checkpoints are of another model or image size;
+            `config.init_from` names no file.
+        FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
+        Interrupted: Ctrl-C (a KeyboardInterrupt).
+    """
+    done = checks.finished_summary(workdir, plan_of(config))
+    if done is not None:
+        if distributed.is_lead():
+            print(_finished_lines(workdir, done), flush=True)
+        return done
+    _check_init_from(config)
+    created = checks.missing_dirs(workdir)
+    where = Where(os.path.join(workdir, "checkpoints"))
+    try:
+        return _run(config, workdir, where)
+    except KeyboardInterrupt as e:
+        checks.remove_empty(created)
+        raise Interrupted(where.message()) from e
+    except BaseException:
+        checks.remove_empty(created)  # only what this run created, and only if empty
+        raise
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; str() is the one line that says where it stopped."""
+
+
+@dataclasses.dataclass
+class Where:
+    """How far a run got: the last completed step (None before the first)."""
+
+    checkpoints: str
+    step: int | None = None
+    saver: Saver | None = None
+
+    def message(self) -> str:
+        """'interrupted at step 37; the newest checkpoint is step 30 (DIR/30); rerun the
+        same command to resume'."""
+        if self.saver is not None:
+            try:
+                self.saver.wait()  # a save in flight: let it complete, it is the newest
+            except BaseException:  # noqa: BLE001 (a second Ctrl-C, a failed save)
+                pass
+        at = "before the first step" if self.step is None else f"at step {self.step}"
+        good = integrity.newest_intact(self.checkpoints)
+        if good is None:
+            return (
+                f"interrupted {at}; no checkpoint was saved yet: rerun the same command to "
+                "start again from step 0"
+            )
+        return (
+            f"interrupted {at}; the newest checkpoint is step {good} "
+            f"({self.checkpoints}/{good}): rerun the same command to resume from there"
+        )
+
+
+def plan_of(config: ml_collections.ConfigDict) -> checks.Plan:
+    """What the workdir's checks need of `config`: length, saves, export, and the state's
+    description for the integrity record (model, optimizer, image size)."""
+    state = integrity.describe(
+        config.model.to_dict(), config.optimizer.to_dict(), config.image_size
+    )
+    return checks.Plan(
+        total_steps=config.total_steps,
+        checkpoint_every=config.checkpoint_every,
+        keep_checkpoints=config.keep_checkpoints,
+        export_npz=bool(config.export_npz),
+        state=state,
+    )
+
+
+def start_of(config: ml_collections.ConfigDict) -> Start:
+    """How `config`'s state begins: seed, image size, and the checkpoint it fine-tunes."""
+    return Start(
+        seed=config.seed,
+        image_size=config.image_size,
+        init_from=config.init_from or None,
+        reset_head=config.reset_head,
+        patch_size=config.model.get("patch_size"),
+    )
+
+
+def _finished_lines(workdir: str, summary: dict[str, Any]) -> str:
+    """'WORKDIR: finished at step 20 (summary.json); nothing to do' and its results."""
+    step = summary.get("steps")
+    lines = [f"{workdir}: finished at step {step} (summary.json); nothing to do"]
+    if summary.get("accuracy") is not None:
+        loss = summary.get("eval_loss")
+        loss = f", loss {loss:.4f}" if isinstance(loss, float) else ""
+        lines.append(f"step {step}: test accuracy {summary['accuracy']:.4f}{loss}")
+    for name, row in fewshot_lib.by_dataset(summary).items():
+        shots = "/".join(map(str, row))
+        accs = "/".join(f"{100 * a:.1f}" for a in row.values())
+        lines.append(f"step {step}: few-shot {name} {shots}-shot {accs}%")
+    return "\n".join(lines)
+
+
+def _check_init_from(config: ml_collections.ConfigDict) -> None:
+    """Fails before anything is created when `config.init_from` names no local file."""
+    from vit_jax.weights import remote
+
+    path = config.init_from
+    if not path or remote.is_remote(path) or os.path.exists(os.path.expanduser(path)):
+        return
+    raise ValueError(
+        f"config.init_from={path}: no such file or directory. This config fine-tunes a "
+        "checkpoint: pass --config.init_from=PATH, where PATH is a .npz (a published "
+        "file, or the final.npz of a run: --config=fashion_mnist:pretrain writes "
+        "WORKDIR/final.npz), a timm .safetensors file, a Hugging Face model directory, or "
+        "a published file's gs:// path (vit_jax/weights/published_checkpoints.json); "
+        "--config.init_from='' trains from scratch"
+    )
+
+
+def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[str, Any]:
+    quiet_tf.tensorflow()  # as the input pipeline does; clu's writers import it too
+    from clu import metric_writers
+
+    checks.check_writable(workdir)
+    start_time = time.time()
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
+    _check_batches(config, mesh)
+    model = build_model(config.model, data.num_classes(config.dataset))
+    tx, lr_fn = optim.make_optimizer(
+        config.optimizer, config.total_steps, skip_nonfinite=config.skip_nonfinite
+    )
+    abstract = abstract_state(start_of(config), model, tx)
+    state_bytes, npz_bytes = checks.tree_bytes(abstract), 4 * count_params(abstract.params)
+    checks.check_free_space(workdir, plan_of(config), state_bytes, npz_bytes)
+    saver = Saver(workdir, config.keep_checkpoints, plan_of(config).state)
+    where.saver = saver
+    scratch = config.get("from_scratch_if_damaged", False)
+    state, shardings = restore_or_create(start_of(config), model, tx, mesh, saver.manager, scratch)
+    where.step = int(jax.device_get(state.step))
+    train_step, eval_step = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
+    writer = metric_writers.SummaryWriter(workdir) if distributed.is_lead() else None
+    loop = Loop(
+        config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
+    )
+    with loop.stop:  # Ctrl-C: stop between steps (see progress.StopRequest)
+        state, metrics, evals = train_loop(loop, state, where)
+    if "accuracy" not in evals:  # resumed after the last step: evaluate the final state again
+        evals.update(evaluate(loop, state.params))
+    if config.export_npz:
+        _export(os.path.join(workdir, "final.npz"), state.params, saver.directory)
+    summary = {
+        "model": config.model.name,
+        "steps": int(jax.device_get(state.step)),
+        "num_params": count_params(state.params),
+        "accuracy": evals["accuracy"],
+        "eval_loss": evals["loss"],
+        "train_loss": metrics.get("loss"),
+        "skipped_steps": int(jax.device_get(optim.skipped_steps(state.opt_state))),
+        **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
+        "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
+        "wall_seconds": time.time() - start_time,
+    }
+    if writer is not None:
+        writer.flush()
+        progress.write_summary(workdir, summary)
+    return summary
+
+
+def train_loop(
+    loop: Loop, state: TrainState, where: Where | None = None
+) -> tuple[TrainState, dict, dict]:
+    """The steps from the state's own to config.total_steps: (state, metrics, evals);
+    evals holds the last test accuracy and loss, and few-shot accuracies if any.
+    `where.step` follows the steps run (for the message of an interrupted run)."""
+    config, mesh = loop.config, loop.mesh
+    start, lead = int(jax.device_get(state.step)), distributed.is_lead()
+    batches = data.train_iterator(
+        config.dataset,
+        global_batch=config.batch_size,
+        image_size=config.image_size,
+        seed=config.seed,
+        start_step=start,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    cadence = progress.Cadence(
+        config.total_steps,
+        config.log_every,
+        config.eval_every,
+        config.checkpoint_every,
+        config.fewshot.every or config.eval_every,
+    )
+    speed = progress.Throughput(config.total_steps, config.batch_size, jax.device_count(), start)
+    skipped = int(jax.device_get(optim.skipped_steps(state.opt_state)))
+    guard = FiniteGuard(loop.saver.manager, config.skip_nonfinite, start, skipped)
+    metrics, evals = {}, {}
+    if lead and start < config.total_steps:
+        print(
+            f"training {config.model.name} ({count_params(state.params):,} parameters) for "
+            f"{config.total_steps - start} steps; compiling the first step...",
+            flush=True,
+        )
+    for step in range(start + 1, config.total_steps + 1):
+        state, m = loop.train_step(state, sharding.global_batch(next(batches), mesh))
+        if where is not None:
+            where.step = step
+        if step == start + 1:  # compiled: neither the speed nor the ETA counts that step
+            jax.block_until_ready(m)
+            took = speed.compiled(step)
+            if lead and not cadence.due("log", step):
+                print(f"step {step}: compiled and ran in {console.duration(took)}", flush=True)
+        log, ev, save = (cadence.due(what, step) for what in ("log", "eval", "save"))
+        few = loop.fewshot is not None and cadence.due("fewshot", step)
+        if log or save:  # before any save: nothing non-finite is ever written
+            metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+            if log:  # timed here: the step is done, the checks below are not training
+                metrics.update(speed.update(step))
+            if save and not config.skip_nonfinite:  # skipped steps keep a finite state
+                metrics["finite"] = min(metrics["finite"], float(integrity.all_finite(state)))
+            guard.check(metrics, step)
+        if log:
+            _write(loop.writer, step, config.total_steps, metrics)
+        if ev:
+            evals.update(evaluate(loop, state.params))
+            _write(loop.writer, step, config.total_steps, metrics, evals)
+        if few:
+            evals.update(loop.fewshot.run(loop.model, state.params, mesh))
+            _write_fewshot(loop.writer, step, evals)
+        if save:
+            loop.saver.save(step, state)
+            if lead:
+                print(f"step {step}: saving checkpoint {loop.saver.directory}/{step}", flush=True)
+        if ev or few or save:  # the throughput clock counts training steps only
+            speed.pause(step)
+        if loop.stop.requested:
+            if loop.writer is not None:
+                loop.writer.flush()
+            raise KeyboardInterrupt  # run() turns it into Interrupted, naming the step
+    loop.saver.wait()
+    return state, metrics, evals
+
+
+def _export(path: str, params: Any, checkpoints: str) -> None:
+    """export_npz, with the run's one message when the file cannot be written."""
+    try:
+        export_npz(path, params)
+    except OSError as e:
+        raise OSError(
+            f"could not write {path}: {e.strerror or e}. Nothing half-written was left. "
+            f"{integrity.newest_intact_sentence(checkpoints)}: free space there (or restore "
+            "access to it) and run the same command again, which writes it without training "
+            "again"
+        ) from e
+
+
+def evaluate(loop: Loop, params: Any) -> dict[str, float]:
+    """Accuracy and loss over the whole test split (each example exactly once)."""
+    config = loop.config
+    split = config.dataset.test_split
+    n = data.num_examples(config.dataset, split)
+    batches = data.eval_iterator(
+        config.dataset,
+        split,
+        global_batch=config.eval_batch_size,
+        image_size=config.image_size,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    total = None
+    show = distributed.is_lead() and config.progress_bars
+    for local in console.bar(batches, -(-n // config.eval_batch_size), f"eval {split}", show):
+        sums = loop.eval_step(params, sharding.global_batch(local, loop.mesh))
+        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+    total = jax.device_get(total)
+    count = max(float(total["count"]), 1.0)
+    return {"accuracy": float(total["correct"]) / count, "loss": float(total["loss"]) / count}
+
+
+def fewshot_evaluator(config: ml_collections.ConfigDict) -> fewshot_lib.FewShotEvaluator | None:
+    """The FewShotEvaluator of `config.fewshot`, or None when it names no dataset."""
+    f = config.fewshot
+    names = [n.strip() for n in f.datasets.split(",") if n.strip()]
+    if not names:
+        return None
+    datasets = fewshot_lib.dataset_configs(
+        names, f.source or None, f.data_dir or None, f.train_split, f.test_split
+    )
+    return fewshot_lib.FewShotEvaluator(
+        datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size
+    )
+
+
+def _write(writer: Any, step: int, total: int, metrics: dict, evals: dict | None = None) -> None:
+    """The console line and TensorBoard scalars of a log step, or of an evaluation."""
+    if writer is None:
+        return
+    if evals is None:
+        print(progress.console_line(step, total, metrics), flush=True)
+        writer.write_scalars(step, {k: v for k, v in metrics.items() if k != "eta_seconds"})
+    else:
+        accuracy, loss = evals["accuracy"], evals["loss"]
+        print(f"step {step}: test accuracy {accuracy:.4f}, loss {loss:.4f}", flush=True)
+        writer.write_scalars(step, {"eval/accuracy": accuracy, "eval/loss": loss})
+
+
+def _write_fewshot(writer: Any, step: int, evals: dict) -> None:
+    """'step 400: few-shot fashion_mnist 1/5/10/25-shot 41.2/63.0/70.1/76.5%'."""
+    if writer is None:
+        return
+    for name, row in fewshot_lib.by_dataset(evals).items():
+        shots, accs = "/".join(map(str, row)), "/".join(f"{100 * a:.1f}" for a in row.values())
+        print(f"step {step}: few-shot {name} {shots}-shot {accs}%", flush=True)
+    writer.write_scalars(step, {k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)})
+
+
+def _check_batches(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+    n = mesh.devices.size
+    batches = [("batch_size", config.batch_size), ("eval_batch_size", config.eval_batch_size)]
+    if config.fewshot.datasets:
+        batches.append(("fewshot.batch_size", config.fewshot.batch_size))
+    for name, b in batches:
+        if b % n:
+            raise ValueError(f"config.{name}={b} is not divisible by the {n} devices")
+    if config.batch_size % (config.accum_steps * n):
+        raise ValueError(
+            f"config.batch_size={config.batch_size} must split into "
+            f"accum_steps={config.accum_steps} micro-batches over {n} devices"
+        )

@@ -1,0 +1,90 @@
+"""Shared pieces of the PyTorch-layout formats (timm, Hugging Face).
+
+Conversions are written once over "array-likes" so that the same code turns
+parameters into the other layout and computes that layout's shape table from
+shapes alone (`Shape`), without allocating a model's worth of zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from vit_jax.weights.errors import CheckpointError
+
+
+class Shape:
+    """A shape that transposes, reshapes and concatenates like an array."""
+
+    def __init__(self, shape: Sequence[int]):
+        self.shape = tuple(int(s) for s in shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def transpose(self, *axes: int) -> Shape:
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return Shape([self.shape[a] for a in (axes or reversed(range(len(self.shape))))])
+
+    @property
+    def T(self) -> Shape:  # noqa: N802 (NumPy's name)
+        return self.transpose()
+
+    def reshape(self, *shape: int) -> Shape:
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return Shape(np.empty(self.shape, np.uint8).reshape(shape).shape)  # no copy of data
+
+
+def concat(parts: Sequence[Any], axis: int = 0) -> Any:
+    """np.concatenate for arrays, the concatenated shape for `Shape`s."""
+    if isinstance(parts[0], Shape):
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        return Shape(shape)
+    return np.concatenate(parts, axis=axis)
+
+
+def split(a: Any, n: int, axis: int = 0) -> list[Any]:
+    """np.split into n equal parts."""
+    if a.shape[axis] % n:
+        raise CheckpointError(f"cannot split a tensor of shape {a.shape} into {n} equal parts")
+    return np.split(np.asarray(a), n, axis=axis)
+
+
+def conv_to_torch(k: Any) -> Any:
+    """Flax conv kernel [kh, kw, in, out] -> torch weight [out, in, kh, kw]."""
+    return k.transpose(3, 2, 0, 1)
+
+
+def conv_from_torch(w: np.ndarray) -> np.ndarray:
+    """torch conv weight [out, in, kh, kw] -> Flax kernel [kh, kw, in, out]."""
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0))
+
+
+def top_from_torch(key: str, a: np.ndarray) -> np.ndarray:
+    """A top-level tensor (embedding, head, norms, tokens) in this package's layout: the
+    patch-embedding conv and the head's Linear weight change layout, the rest do not."""
+    if key == "embedding/kernel":
+        return conv_from_torch(a)
+    return a.T if key == "head/kernel" else a
+
+
+def check_table(
+    got: dict[str, Any], want: dict[str, Shape], source: str, layout: str, fix: str
+) -> None:
+    """Every tensor of `want` in `got` with its shape, and nothing else; else an error
+    that names each missing, extra and mis-shaped tensor (the first 12)."""
+    missing = sorted(set(want) - set(got))
+    extra = sorted(set(got) - set(want))
+    shaped = sorted(k for k in set(want) & set(got) if tuple(got[k].shape) != want[k].shape)
+    lines = [f"{k} has shape {tuple(got[k].shape)}, expected {want[k].shape}" for k in shaped]
+    lines += [f"{k} is missing (expected {want[k].shape})" for k in missing]
+    lines += [f"{k} {tuple(got[k].shape)} is not in the {layout} layout" for k in extra]
+    if lines:
+        shown = lines[:12] + ([f"... and {len(lines) - 12} more"] if len(lines) > 12 else [])
+        raise CheckpointError(
+            f"{source} is not a complete {layout} checkpoint:\n  " + "\n  ".join(shown) + f"\n{fix}"
+        )

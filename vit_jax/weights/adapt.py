@@ -1,0 +1,148 @@
+"""Fitting an original-layout parameter tree to a model: position embeddings resized to
+its grid, the patch kernel resampled to its patch size, its head kept or reset, and every
+key that still does not fit named (grouped by block, with a guess of the file's variant).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from flax import traverse_util
+
+from vit_jax.models import param_shapes
+from vit_jax.models.patch_resize import resample_kernel
+from vit_jax.models.posemb import resize_posemb, resize_table
+from vit_jax.models.vit import VisionTransformer
+from vit_jax.weights.architecture import POSEMB, guess_variant
+from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.npz import canonical, stack_blocks
+
+
+def adapt(
+    params: dict,
+    model: VisionTransformer,
+    image_size: int | tuple[int, int],
+    reset_head: bool = True,
+    source: str = "checkpoint",
+    patch_size: int | None = None,
+) -> dict:
+    """`load_pretrained` for a parameter tree already in memory (original layout)."""
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    flat = canonical(traverse_util.flatten_dict(params, sep="/"))
+    stored = dict(flat)  # as the file holds it, for the error of one that does not fit
+    if patch_size is not None:
+        _fit_patch(flat, model, patch_size, source)
+    plain = model.clone(scan=False, remat=False)
+    want = traverse_util.flatten_dict(param_shapes(plain, size), sep="/")  # key -> ShapeDtypeStruct
+    _fit_posemb(flat, want, model, size)
+    _fit_head(flat, want, model, reset_head, source)
+    _check_fits(flat, want, source, stored)
+    flat = {k: np.asarray(v, dtype=want[k].dtype) for k, v in flat.items()}
+    return traverse_util.unflatten_dict(stack_blocks(flat) if model.scan else flat, sep="/")
+
+
+def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[int, int]) -> None:
+    """Resize stored learned position embeddings to the model's grid at `size`."""
+    gh, gw = model.grid(size)
+    k = POSEMB
+    if (
+        k in flat
+        and k in want
+        and flat[k].shape != want[k].shape
+        and flat[k].shape[-1] == want[k].shape[-1]
+    ):
+        flat[k] = resize_posemb(flat[k], (gh, gw), int(model.has_class_token))
+    for k, n in ((POSEMB + "_row", gh), (POSEMB + "_col", gw)):
+        if k in flat and k in want and flat[k].shape[1] != n:
+            flat[k] = resize_table(flat[k], n)
+
+
+def _fit_patch(flat: dict, model: VisionTransformer, patch_size: int, source: str) -> None:
+    """Resample the stored patch-embedding kernel to `patch_size` (FlexiViT)."""
+    if patch_size != model.patch_size:
+        raise ValueError(
+            f"patch_size={patch_size} but the model's is {model.patch_size}: build the model "
+            f"with patch_size={patch_size} (get_model(..., patch_size={patch_size}))"
+        )
+    kernel = flat.get("embedding/kernel")
+    if kernel is None:
+        raise CheckpointError(f"{source} has no embedding/kernel to resample")
+    flat["embedding/kernel"] = resample_kernel(np.asarray(kernel), patch_size)
+
+
+def _fit_head(
+    flat: dict, want: dict, model: VisionTransformer, reset_head: bool, source: str
+) -> None:
+    has_pre_logits = any(k.startswith("pre_logits/") for k in flat)
+    if has_pre_logits and not model.representation_size:
+        if not reset_head:
+            raise CheckpointError(
+                f"{source} has a pre_logits layer (width {flat['pre_logits/bias'].shape[0]}) "
+                "under its head; build the model with that representation_size to use the "
+                "stored head, or reset_head=True for a new one"
+            )
+        for k in ("pre_logits/kernel", "pre_logits/bias"):
+            flat.pop(k, None)
+    if not model.num_classes:
+        flat.pop("head/kernel", None)
+        flat.pop("head/bias", None)
+    elif reset_head:
+        flat["head/kernel"] = np.zeros(want["head/kernel"].shape, np.float32)
+        flat["head/bias"] = np.full(want["head/bias"].shape, model.head_bias_init, np.float32)
+    elif "head/bias" in flat and flat["head/bias"].shape != want["head/bias"].shape:
+        raise CheckpointError(
+            f"{source} has a head for {flat['head/bias'].shape[0]} classes, the model has "
+            f"{model.num_classes}: build it with num_classes={flat['head/bias'].shape[0]}, or "
+            "pass reset_head=True for a new zero-initialised head"
+        )
+
+
+def _check_fits(flat: dict, want: dict, source: str, stored: dict | None = None) -> None:
+    """Raises CheckpointError naming every key that does not fit; `stored` is the tree
+    as the file holds it (before the patch kernel was resampled), whose variant is
+    guessed."""
+    stored = flat if stored is None else stored
+    missing = set(want) - set(flat)
+    extra = set(flat) - set(want)
+    shaped = {k for k in set(want) & set(flat) if tuple(flat[k].shape) != want[k].shape}
+    if not (missing or extra or shaped):
+        return
+    shape = lambda d, k: tuple(d[k].shape)
+    problems = (
+        (shaped, lambda k: f"has shape {shape(flat, k)}, model expects {shape(want, k)}"),
+        (missing, lambda k: f"is missing (model expects {shape(want, k)})"),
+        (extra, lambda k: f"{shape(flat, k)} is not in the model"),
+    )
+    lines = [
+        f"key {k} {say(k)}{note}" for keys, say in problems for k, note in _grouped(keys).items()
+    ]
+    shown = lines[:12] + ([f"... and {len(lines) - 12} more"] if len(lines) > 12 else [])
+    kernel, resampled = stored.get("embedding/kernel"), flat.get("embedding/kernel")
+    if kernel is not None and resampled is not None and kernel.shape != resampled.shape:
+        shown.append(
+            f"(the file's patch embedding is for patch {kernel.shape[0]}; it was resampled "
+            f"to the model's patch {resampled.shape[0]} before the shapes were compared)"
+        )
+    raise CheckpointError(
+        f"{source} does not fit the model:\n  "
+        + "\n  ".join(shown)
+        + f"\nThe file looks like {guess_variant(stored)}: is that the model "
+        "you meant? (get_model(name, num_classes, **overrides))"
+    )
+
+
+def _grouped(keys: set[str]) -> dict[str, str]:
+    """Keys in reading order (top level first), one representative per block pattern,
+    mapped to a note of the other blocks with the same problem."""
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        groups.setdefault(re.sub(r"encoderblock_\d+", "encoderblock_*", k), []).append(k)
+    out = {}
+    for pattern in sorted(groups, key=lambda p: ("encoderblock_" in p, p)):
+        ks = sorted(
+            groups[pattern],
+            key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)],
+        )
+        out[ks[0]] = f" (and in {len(ks) - 1} more blocks)" if len(ks) > 1 else ""
+    return out

@@ -1,0 +1,131 @@
+"""Exports for serving outside Python research code: ONNX and TensorFlow SavedModel.
+
+Routes, chosen by what is maintained today and gives exact logits:
+  saved_model  jax.experimental.jax2tf with native serialization: the jitted model
+               becomes StableHLO inside one XlaCallModule op, run by TensorFlow's own
+               XLA, so the logits are this package's (tested within 1e-4, in practice
+               ~1e-7). jax2tf ships and is tested with JAX; its non-native (graph op by
+               op) mode is gone, and `jax.export` alone writes StableHLO, not a
+               SavedModel. The batch dimension is polymorphic; parameters are variables.
+  onnx         the graph is built from the parameters here (onnx_graph.py) with opset-17
+               standard operators. jax2onnx, the maintained JAX->ONNX converter, pins
+               orbax-checkpoint below this package's version and pulls in equinox,
+               netron and more; tf2onnx cannot read jax2tf's XlaCallModule op and lags
+               TensorFlow releases. Written-out equations are exact (tested with
+               onnxruntime within 1e-4) and need only the `onnx` package. Plain ViTs
+               and hybrids (the ResNet stem in NCHW convs).
+Both take images float32 [N, H, W, C] in [-1, 1] and return `logits`; H, W are fixed at
+export (position embeddings resized to them first). Output is written under a
+temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from vit_jax.base import files, quiet_tf
+from vit_jax.models.vit import VisionTransformer
+
+
+def export(
+    params: dict, model: VisionTransformer, size: tuple[int, int], fmt: str, out: str
+) -> str:
+    """Write `fmt` ('onnx' or 'saved_model') at `out`; returns how to load it."""
+    if fmt == "onnx":
+        export_onnx(params, model, size, out)
+        return f"onnxruntime.InferenceSession({out!r}).run(['logits'], {{'images': x}})"
+    if fmt == "saved_model":
+        export_saved_model(params, model, size, out)
+        return f"tf.saved_model.load({out!r}).signatures['serving_default'](images=x)['logits']"
+    raise ValueError(f"unknown export format {fmt!r}: use onnx or saved_model")
+
+
+def export_onnx(
+    params: dict,
+    model: VisionTransformer,
+    size: tuple[int, int],
+    out: str,
+    external_above: int | None = None,
+) -> None:
+    """An ONNX model with a dynamic batch dimension at `out`. Weights over
+    `external_above` bytes (default onnx_graph.EXTERNAL_ABOVE, under protobuf's 2 GiB)
+    go to `out`.data beside it, which onnxruntime reads from the same directory.
+
+    Raises:
+      FileExistsError: `out` exists (`files.check_new`).
+      ImportError: no `onnx` package (pip install 'vit_jax[convert]').
+      ValueError: position embeddings the graph does not build (see onnx_graph.build).
+    """
+    try:
+        import onnx
+    except ImportError as e:
+        raise ImportError("the onnx export needs the onnx package: pip install onnx") from e
+    from vit_jax.weights import onnx_graph
+
+    path = Path(out)
+    files.check_new(path)  # before the graph is built
+    limit = onnx_graph.EXTERNAL_ABOVE if external_above is None else external_above
+    proto = onnx_graph.build(params, model, size)
+    with files.scratch_dir(path) as tmp:  # the graph and its data file, renamed when whole
+        if onnx_graph.weight_bytes(proto) > limit:
+            data = path.name + ".data"  # the graph names it: written under its final name
+            onnx.save_model(proto, str(tmp / path.name), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=data)  # fmt: skip
+            onnx.checker.check_model(str(tmp / path.name))  # by path: with its data
+            os.replace(tmp / data, path.with_name(data))
+        else:
+            onnx.save_model(proto, str(tmp / path.name))
+        os.replace(tmp / path.name, path)
+
+
+def export_saved_model(
+    params: dict, model: VisionTransformer, size: tuple[int, int], out: str
+) -> None:
+    """A SavedModel at `out` whose serving_default maps `images` to `logits`.
+
+    Raises:
+      FileExistsError: `out` exists and is not an empty directory (`files.check_new`).
+      ImportError: no TensorFlow (pip install 'vit_jax[data]').
+    """
+    try:
+        tf = quiet_tf.tensorflow()  # before jax2tf, which imports it too
+        from jax.experimental import jax2tf
+    except ImportError as e:
+        raise ImportError(
+            "the saved_model export needs TensorFlow: pip install 'vit_jax[data]'"
+        ) from e
+    with quiet_tf.quiet_stderr():  # saving loads more of TensorFlow's libraries
+        _write_saved_model(tf, jax2tf, params, model, size, out)
+
+
+def _write_saved_model(
+    tf: Any, jax2tf: Any, params: dict, model: VisionTransformer, size: tuple[int, int], out: str
+) -> None:
+    h, w = size
+    c = model.channels
+    fn = jax2tf.convert(
+        lambda p, x: model.apply({"params": p}, x, train=False),
+        polymorphic_shapes=[None, f"(b, {h}, {w}, {c})"],
+        with_gradient=False,
+    )
+    module = tf.Module()
+    module.params = tf.nest.map_structure(lambda a: tf.Variable(a, trainable=False), _numpy(params))
+
+    @tf.function(
+        input_signature=[tf.TensorSpec([None, h, w, c], tf.float32, name="images")], autograph=False
+    )
+    def serve(images: Any) -> dict:
+        return {"logits": fn(module.params, images)}
+
+    module.serve = serve
+    with files.atomic_dir(out) as tmp:
+        tf.saved_model.save(module, str(tmp), signatures={"serving_default": serve})
+
+
+def _numpy(tree: Any) -> Any:
+    import jax
+    import numpy as np
+
+    return jax.tree.map(lambda a: np.asarray(a, np.float32), tree)

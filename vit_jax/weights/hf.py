@@ -1,0 +1,298 @@
+"""Hugging Face `ViTForImageClassification` directories <-> the original layout.
+
+A directory holds `config.json` and `model.safetensors` with (per block i):
+  vit.embeddings.{cls_token, position_embeddings, patch_embeddings.projection.{weight, bias}}
+  vit.encoder.layer.{i}.layernorm_before, .attention.attention.{query, key, value},
+  .attention.output.dense, .layernorm_after, .intermediate.dense, .output.dense
+  vit.layernorm, classifier
+Linear weights are the transpose of Flax kernels. transformers' ViT config defaults
+to layer_norm_eps=1e-12 and the exact GELU ('gelu'); the original ViT (and this
+package) uses 1e-6 and the tanh approximation, whose name there is 'gelu_pytorch_tanh'
+(the same function as 'gelu_new'), so `config` writes both explicitly and the logits
+agree. Files converted by others from the original checkpoints (e.g. google/vit-base-
+patch16-224) often say 'gelu' and 1e-12: their weights are the original ones, and this
+package computes them as the original code did. Plain ViTs with a class token only:
+transformers' ViT has no hybrid stem, no 'gap' pooling and no representation layer.
+`preprocessor_config` writes this package's image preprocessing for transformers'
+image processors, so that `pipeline('image-classification', model=DIR)` runs, and
+`config(labels=...)` the class names pipelines print.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flax import traverse_util
+
+from vit_jax.base import files
+from vit_jax.models import get_model, param_shapes
+from vit_jax.models.vit import VisionTransformer
+from vit_jax.weights import safetensors_io
+from vit_jax.weights._tensors import (
+    Shape,
+    check_table,
+    conv_to_torch,
+    top_from_torch,
+)
+from vit_jax.weights.architecture import POSEMB
+from vit_jax.weights.errors import CheckpointError
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+PREPROCESSOR = "preprocessor_config.json"
+TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
+_ATT = "MultiHeadDotProductAttention_1"
+_TOP = {
+    "cls": "vit.embeddings.cls_token",
+    POSEMB: "vit.embeddings.position_embeddings",
+    "embedding/kernel": "vit.embeddings.patch_embeddings.projection.weight",
+    "embedding/bias": "vit.embeddings.patch_embeddings.projection.bias",
+    "Transformer/encoder_norm/scale": "vit.layernorm.weight",
+    "Transformer/encoder_norm/bias": "vit.layernorm.bias",
+    "head/kernel": "classifier.weight",
+    "head/bias": "classifier.bias",
+}
+_BLOCK = {
+    "LayerNorm_0/scale": "layernorm_before.weight",
+    "LayerNorm_0/bias": "layernorm_before.bias",
+    "LayerNorm_2/scale": "layernorm_after.weight",
+    "LayerNorm_2/bias": "layernorm_after.bias",
+    "MlpBlock_3/Dense_0/kernel": "intermediate.dense.weight",
+    "MlpBlock_3/Dense_0/bias": "intermediate.dense.bias",
+    "MlpBlock_3/Dense_1/kernel": "output.dense.weight",
+    "MlpBlock_3/Dense_1/bias": "output.dense.bias",
+    f"{_ATT}/query/kernel": "attention.attention.query.weight",
+    f"{_ATT}/query/bias": "attention.attention.query.bias",
+    f"{_ATT}/key/kernel": "attention.attention.key.weight",
+    f"{_ATT}/key/bias": "attention.attention.key.bias",
+    f"{_ATT}/value/kernel": "attention.attention.value.weight",
+    f"{_ATT}/value/bias": "attention.attention.value.bias",
+    f"{_ATT}/out/kernel": "attention.output.dense.weight",
+    f"{_ATT}/out/bias": "attention.output.dense.bias",
+}
+
+
+def is_hf_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is a directory with config.json."""
+    return Path(path).is_dir() and (Path(path) / CONFIG).is_file()
+
+
+def to_hf(params: dict) -> dict[str, Any]:
+    """An original-layout tree (arrays or `Shape`s) -> the HF state dict (same kind).
+
+    Raises:
+      CheckpointError: a hybrid, a model without class token or with a representation
+        layer, which transformers' ViT cannot hold.
+    """
+    flat = traverse_util.flatten_dict(params, sep="/")
+    if "conv_root/kernel" in flat:
+        raise CheckpointError(
+            "a hybrid (ResNet stem) has no transformers ViT equivalent: use --format=timm or npz"
+        )
+    if "cls" not in flat:
+        raise CheckpointError(
+            "the model pools without a class token ('gap'); transformers' ViT always uses "
+            "one: use --format=timm or npz"
+        )
+    if "pre_logits/kernel" in flat:
+        raise CheckpointError(
+            "the checkpoint has a representation layer (pre_logits); transformers' ViT has "
+            "none: convert with --num_classes=K for a new head (the layer is dropped)"
+        )
+    out: dict[str, Any] = {}
+    for key, a in flat.items():
+        m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.*)", key)
+        if m and m[2] in _BLOCK:
+            out[f"vit.encoder.layer.{m[1]}.{_BLOCK[m[2]]}"] = _block_to(m[2], a)
+        elif key in _TOP:
+            b = conv_to_torch(a) if key == "embedding/kernel" else a
+            out[_TOP[key]] = b.T if key == "head/kernel" else b
+        else:
+            raise CheckpointError(f"parameter {key} {tuple(a.shape)} has no place in HF's ViT")
+    return out
+
+
+def _block_to(name: str, a: Any) -> Any:
+    """One block tensor, original -> HF."""
+    if name.endswith("out/kernel"):  # [H, d, D] -> [D_out, H*d]
+        return a.reshape(-1, a.shape[-1]).T
+    if re.search(r"(query|key|value)/kernel$", name):  # [D, H, d] -> [H*d, D]
+        return a.reshape(a.shape[0], -1).T
+    if re.search(r"(query|key|value)/bias$", name):
+        return a.reshape(-1)
+    return a.T if name.endswith("kernel") else a
+
+
+def config(model: VisionTransformer, image_size: tuple[int, int], labels=None) -> dict:
+    """transformers' ViTConfig fields for `model` at `image_size` (square sizes only).
+
+    `labels` (one name per class) become id2label / label2id, which pipelines print;
+    None: transformers' default names, LABEL_0, LABEL_1, ...
+
+    Raises:
+      ValueError: a non-square size, or labels that do not fit the head (names repeated
+        or not one per class).
+    """
+    if image_size[0] != image_size[1]:
+        raise ValueError(f"transformers' ViT takes square images; got {image_size}")
+    k = model.num_classes or 0
+    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(k)]
+    if len(names) != k:
+        raise ValueError(f"{len(names)} class names for a head of {k} classes: give one a class")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(
+            f"class names must differ (label2id maps each name to one class); repeated: "
+            f"{', '.join(map(repr, twice[:5]))}"
+        )
+    return {
+        "architectures": ["ViTForImageClassification"],
+        "model_type": "vit",
+        "hidden_size": model.width,
+        "num_hidden_layers": model.depth,
+        "num_attention_heads": model.num_heads,
+        "intermediate_size": model.mlp_dim,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "layer_norm_eps": 1e-6,
+        "image_size": image_size[0],
+        "patch_size": model.patch_size,
+        "num_channels": model.channels,
+        "qkv_bias": True,
+        "encoder_stride": model.patch_size,
+        "id2label": {str(i): n for i, n in enumerate(names)},
+        "label2id": {n: i for i, n in enumerate(names)},
+        "torch_dtype": "float32",
+    }
+
+
+def preprocessor_config(image_size: tuple[int, int]) -> dict:
+    """`preprocessor_config.json` for transformers' ViTImageProcessor: the preprocessing of
+    `vit_jax.data.images.load_image` (RGB, PIL bilinear resize to `image_size` without a crop,
+    x / 255 then (x - 0.5) / 0.5, i.e. [-1, 1]), so that `pipeline('image-classification')`
+    feeds the model what `python -m vit_jax.infer` does."""
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_convert_rgb": True,
+        "do_resize": True,
+        "size": {"height": image_size[0], "width": image_size[1]},
+        "resample": 2,  # PIL.Image.Resampling.BILINEAR, as images.load_image
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+
+
+def hf_shapes(model: VisionTransformer, image_size: tuple[int, int]) -> dict[str, Shape]:
+    """The HF state dict shapes of `model` at `image_size`."""
+    shapes = traverse_util.flatten_dict(param_shapes(model.clone(scan=False), image_size), sep="/")
+    tree = traverse_util.unflatten_dict({k: Shape(v.shape) for k, v in shapes.items()}, sep="/")
+    return to_hf(tree)
+
+
+def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
+    """An HF ViT directory -> (original-layout tree, its config.json).
+
+    Raises:
+      CheckpointError: another architecture, missing weights, or tensors that do not
+        fit the config (each named).
+    """
+    path = Path(path)
+    try:
+        cfg = json.loads((path / CONFIG).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path / CONFIG} is not readable JSON: {e}") from None
+    if cfg.get("model_type") != "vit":
+        raise CheckpointError(
+            f"{path} holds a Hugging Face {cfg.get('model_type')!r} model "
+            f"({', '.join(cfg.get('architectures') or ['?'])}); only model_type 'vit' "
+            "(ViTModel / ViTForImageClassification) is read"
+        )
+    weights = path / WEIGHTS
+    if not weights.is_file():
+        raise CheckpointError(
+            f"{path} has no {WEIGHTS}; only safetensors weights are read (re-save with "
+            "model.save_pretrained(DIR, safe_serialization=True))"
+        )
+    tensors, _ = safetensors_io.read(weights)
+    tensors = {
+        ("vit." + k if k.startswith(("embeddings.", "encoder.", "layernorm.")) else k): v
+        for k, v in tensors.items()
+    }  # a bare ViTModel
+    tensors.pop("vit.embeddings.mask_token", None)  # masked image modelling only
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(("pooler.", "vit.pooler."))}
+    h = int(cfg.get("num_attention_heads", 12))
+    model = get_model(
+        None,
+        tensors["classifier.bias"].shape[0] if "classifier.bias" in tensors else None,
+        width=int(cfg.get("hidden_size", 768)),
+        depth=int(cfg.get("num_hidden_layers", 12)),
+        num_heads=h,
+        mlp_dim=int(cfg.get("intermediate_size", 3072)),
+        patch_size=int(cfg.get("patch_size", 16)),
+        channels=int(cfg.get("num_channels", 3)),
+    )
+    size = cfg.get("image_size", 224)
+    size = (int(size), int(size)) if isinstance(size, (int, float)) else tuple(map(int, size))
+    check_table(
+        tensors,
+        hf_shapes(model, size),
+        str(path),
+        "Hugging Face ViT",
+        "Is config.json the one saved with these weights?",
+    )
+    return from_hf(tensors, h), cfg
+
+
+def from_hf(tensors: dict[str, np.ndarray], num_heads: int) -> dict:
+    """The HF state dict (NumPy, keys with 'vit.') -> an original-layout tree."""
+    top = {v: k for k, v in _TOP.items()}
+    block = {v: k for k, v in _BLOCK.items()}
+    flat = {}
+    for key, a in tensors.items():
+        a = np.asarray(a)
+        m = re.fullmatch(r"vit\.encoder\.layer\.(\d+)\.(.*)", key)
+        if m and m[2] in block:
+            name = block[m[2]]
+            if name.endswith("out/kernel"):
+                a = a.T.reshape(num_heads, -1, a.shape[0])
+            elif re.search(r"(query|key|value)/kernel$", name):
+                a = a.T.reshape(a.shape[1], num_heads, -1)
+            elif re.search(r"(query|key|value)/bias$", name):
+                a = a.reshape(num_heads, -1)
+            elif name.endswith("kernel"):
+                a = a.T
+            flat[f"Transformer/encoderblock_{m[1]}/{name}"] = a
+        elif key in top:
+            flat[top[key]] = top_from_torch(top[key], a)
+        else:
+            raise CheckpointError(f"tensor {key} {a.shape} is not in Hugging Face's ViT layout")
+    return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def write_dir(
+    path: str | os.PathLike,
+    tensors: dict[str, np.ndarray],
+    cfg: dict,
+    preprocessor: dict | None = None,
+) -> None:
+    """Write config.json, model.safetensors and (given) preprocessor_config.json into a
+    new directory `path`, built under a temporary name and renamed, so nothing
+    half-written is left at `path` (`files.atomic_dir`).
+
+    Raises:
+        FileExistsError: `path` exists and is not an empty directory.
+    """
+    with files.atomic_dir(path) as tmp:
+        safetensors_io.write(tmp / WEIGHTS, tensors, {"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+        if preprocessor is not None:
+            (tmp / PREPROCESSOR).write_text(json.dumps(preprocessor, indent=2) + "\n")

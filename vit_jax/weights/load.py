@@ -1,0 +1,100 @@
+"""A checkpoint of any format, ready for a model: read (`read.read_checkpoint`), then
+fitted (`adapt.adapt`). The one way down from a path to parameters.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vit_jax.models import get_model
+from vit_jax.models.vit import VisionTransformer
+from vit_jax.weights import architecture
+from vit_jax.weights.adapt import adapt
+from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.read import read_checkpoint
+
+
+def load_pretrained(
+    path: str | os.PathLike,
+    model: VisionTransformer,
+    image_size: int | tuple[int, int],
+    reset_head: bool = True,
+    patch_size: int | None = None,
+) -> dict:
+    """Parameters of the checkpoint at `path` for `model` at `image_size`.
+
+    `path` is any format `read.read_checkpoint` reads: a published .npz, a timm
+    .safetensors file, a Hugging Face directory, or a remote path of a published file.
+    With `patch_size` (the model's own, e.g. 8 for a file trained with 16) the
+    patch-embedding kernel is resampled by the pseudo-inverse resize (FlexiViT; see
+    models/patch_resize.py) and the position embeddings are resized to the new grid.
+
+    Position embeddings are resized on their grid as the original code does (bilinear,
+    class row kept; also to non-square sizes such as (384, 512)); `pre_logits` is dropped
+    when the model has no representation layer; with `reset_head` the head is replaced
+    by a zero-initialised one for the model's classes, without it the stored head is
+    kept. The result is in the model's layout (blocks stacked if `model.scan`).
+
+    Raises:
+      FileNotFoundError, CheckpointError: unreadable file, or one that does not fit
+        `model` (each missing, extra or mis-shaped key is named, with a guess of the
+        variant the file holds).
+    """
+    params = read_checkpoint(path, model.num_heads)
+    return adapt(params, model, image_size, reset_head, source=str(path), patch_size=patch_size)
+
+
+def load_model(
+    path: str | os.PathLike,
+    name: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    head: bool = True,
+    patch_size: int | None = None,
+    **overrides: Any,
+) -> tuple[VisionTransformer, dict, tuple[int, int]]:
+    """A checkpoint ready for inference or features: (model, params, (H, W)).
+
+    Args:
+      path: a checkpoint in any format `read.read_checkpoint` reads.
+      name: a variant ('ViT-B_16', 'B/16'); its sizes must fit the file. None: the
+        architecture is read from the file (`architecture.architecture`), so the
+        checkpoints this package trains load without naming their sizes.
+      image_size: N or (H, W); None: the resolution the file's position embeddings
+        were made for (position embeddings are resized to any other).
+      head: keep the stored head (and its width); False drops it (features only).
+      patch_size: another patch size than the file's: the kernel is resampled
+        (FlexiViT) and the native resolution is kept in tokens per side.
+      **overrides: any `VisionTransformer` field, e.g. posemb='sincos_2d' for a file
+        without learned position embeddings, or dtype='bfloat16'.
+
+    Raises:
+      FileNotFoundError, CheckpointError: unreadable file, one that does not fit
+        `name`, or an architecture the file cannot tell (the message says which option).
+    """
+    heads = overrides.get("num_heads") or (get_model(name, None).num_heads if name else None)
+    params = read_checkpoint(path, heads)
+    arch = architecture.architecture(params)
+    if arch["posemb"] is None and "posemb" not in overrides:
+        raise CheckpointError(
+            f"{path} has no learned position embeddings: it was trained with posemb "
+            "'none' or 'sincos_2d', which the file cannot tell apart; name it "
+            "(--override=posemb=sincos_2d, or posemb='sincos_2d' in the library)"
+        )
+    if arch["posemb"] is None:
+        del arch["posemb"]
+    if name is not None:  # the name's sizes; what the file implies for everything else
+        arch = {k: arch[k] for k in ("classifier", "representation_size", "posemb") if k in arch}
+    classes = architecture.num_classes(params) if head else None
+    stored = get_model(name, classes, **{**arch, **overrides})
+    model = stored if patch_size is None else stored.clone(patch_size=patch_size)
+    if image_size is None:
+        grid = architecture.native_image_size(params, stored.token_stride)
+        size = (
+            grid[0] // stored.token_stride * model.token_stride,
+            grid[1] // stored.token_stride * model.token_stride,
+        )
+    else:
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    params = adapt(params, model, size, False, str(path), patch_size)
+    return model, params, size

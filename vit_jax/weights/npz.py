@@ -1,0 +1,158 @@
+"""The published ViT checkpoints (.npz): read any layout, write the original one.
+
+Layouts read by `load_npz` (keys joined with '/'):
+  original   embedding/, cls, Transformer/posembed_input/pos_embedding [1, N+1, D],
+             Transformer/encoderblock_{i}/{LayerNorm_0, MultiHeadDotProductAttention_1,
+             LayerNorm_2, MlpBlock_3}, Transformer/encoder_norm, [pre_logits/], head/;
+             hybrids add conv_root, gn_root, block{s}/unit{u}/{conv,gn}*. Older hybrid
+             files store GroupNorm scale/bias as [1, 1, 1, C].
+  opt/target/...  the same nested under an optimizer's target.
+  big_vision params/ prefix; top-level pos_embedding [1, N, D] without a class row;
+             per-type numbering (LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1,
+             MlpBlock_0); optionally all blocks stacked under Transformer/encoderblock/.
+All are turned into the original layout, which is also the parameter tree of this
+package's models (with scan=False) and what `save_npz` writes. A big_vision file's
+class token had no position embedding, so its class row is zero here: same function.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flax import traverse_util
+
+from vit_jax.base import files
+from vit_jax.weights.architecture import POSEMB
+from vit_jax.weights.errors import CheckpointError
+
+__all__ = ["canonical", "load_npz", "save_npz", "stack_blocks", "unstack_blocks"]
+_NEW_TO_OLD = {
+    "LayerNorm_0": "LayerNorm_0",
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
+
+
+# ---------------------------------------------------------------- trees
+
+
+def unstack_blocks(flat: dict[str, Any]) -> dict[str, Any]:
+    """Scanned blocks (Transformer/encoderblock/..., leading depth axis) -> encoderblock_{i}."""
+    out = {}
+    for k, v in flat.items():
+        if k.startswith("Transformer/encoderblock/"):
+            rest = k[len("Transformer/encoderblock/") :]
+            for i in range(v.shape[0]):
+                out[f"Transformer/encoderblock_{i}/{rest}"] = v[i]
+        else:
+            out[k] = v
+    return out
+
+
+def stack_blocks(flat: dict[str, Any]) -> dict[str, Any]:
+    """encoderblock_{i} -> Transformer/encoderblock/... stacked (for models with scan=True)."""
+    out, per = {}, {}
+    for k, v in flat.items():
+        m = re.match(r"Transformer/encoderblock_(\d+)/(.*)", k)
+        if m:
+            per.setdefault(m[2], {})[int(m[1])] = v
+        else:
+            out[k] = v
+    for rest, layers in per.items():
+        out[f"Transformer/encoderblock/{rest}"] = np.stack([layers[i] for i in sorted(layers)])
+    return out
+
+
+# ---------------------------------------------------------------- reading and writing
+
+
+def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """All arrays of an .npz, never unpickling; errors name the file and the way out."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"checkpoint {path}: no such file. Published checkpoints are "
+            "the .npz files released with the paper; download one first"
+        )
+    try:
+        npz = np.load(path, allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise CheckpointError(
+                f"checkpoint {path} is a single .npy array, not an .npz archive of named parameters"
+            )
+        with npz:
+            return {k: npz[k] for k in npz.files}
+    except CheckpointError:
+        raise
+    except ValueError as e:
+        if "pickle" in str(e) or "Object arrays" in str(e):
+            raise CheckpointError(
+                f"checkpoint {path} holds pickled Python objects; they are never loaded (that "
+                "would run code from the file). Re-save it with plain arrays (numpy.savez)"
+            ) from e
+        raise CheckpointError(f"checkpoint {path} is not a readable .npz archive: {e}") from e
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError) as e:
+        raise CheckpointError(
+            f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: "
+            f"{e}); download or copy it again"
+        ) from e
+
+
+def canonical(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Any published layout (flat keys) -> the original layout."""
+    for prefix in ("opt/target/", "params/"):
+        if flat and all(k.startswith(prefix) for k in flat):
+            flat = {k[len(prefix) :]: v for k, v in flat.items()}
+    flat = unstack_blocks(flat)
+    if any("/MultiHeadDotProductAttention_0/" in k for k in flat):  # big_vision numbering
+
+        def rename(k: str) -> str:
+            parts = k.split("/")
+            if len(parts) > 2 and parts[1].startswith("encoderblock_"):
+                parts[2] = _NEW_TO_OLD.get(parts[2], parts[2])
+            return "/".join(parts)
+
+        flat = {rename(k): v for k, v in flat.items()}
+    if "pos_embedding" in flat:  # big_vision: no class row
+        pe = flat.pop("pos_embedding")
+        if "cls" in flat:
+            pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
+        flat[POSEMB] = pe
+    for k, v in flat.items():
+        if re.search(r"(^|/)gn[^/]*/(scale|bias)$", k) and v.ndim == 4:
+            flat[k] = v.reshape(-1)  # older hybrid files: [1, 1, 1, C]
+    return flat
+
+
+def load_npz(path: str | os.PathLike) -> dict:
+    """A published .npz (any layout above) -> a parameter tree for this package's models.
+
+    Raises:
+      FileNotFoundError: no such file.
+      CheckpointError: truncated or corrupt, pickled objects, not an .npz archive.
+    """
+    return traverse_util.unflatten_dict(canonical(_read(path)), sep="/")
+
+
+def save_npz(path: str | os.PathLike, params: dict) -> None:
+    """Write `params` in the original published layout (per-block names, float32).
+
+    The file is written whole to a temporary name and then renamed, so a crash
+    never leaves a half-written checkpoint at `path`; a failed write (a full disk)
+    removes the temporary file.
+    """
+    if set(params) == {"params"}:
+        params = params["params"]
+    flat = unstack_blocks(traverse_util.flatten_dict(params, sep="/"))
+    arrays = {}
+    for k, v in flat.items():
+        a = np.asarray(v)
+        arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
+    with files.atomic_write(path) as f:
+        np.savez(f, **arrays)

@@ -1,0 +1,82 @@
+"""Reading any checkpoint a user holds: a published .npz, a timm .safetensors file, a
+Hugging Face directory, local or remote.
+
+`read_checkpoint(path)` recognises the input format from the file and returns the
+original-layout parameter tree that `adapt.adapt` fits to a model, so every command that
+takes --checkpoint (and `init_from`) reads every format.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from vit_jax.models import get_model
+from vit_jax.weights import architecture, hf, npz, remote, safetensors_io, timm
+from vit_jax.weights.errors import CheckpointError
+
+__all__ = ["FORMATS_READ", "detect_format", "read_checkpoint"]
+
+FORMATS_READ = "a published .npz, a timm .safetensors file, or a Hugging Face model directory"
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """'npz', 'timm' or 'hf' for a local path, from its contents.
+
+    Raises:
+      FileNotFoundError: no such file or directory.
+      CheckpointError: none of the three (the message says what was expected).
+    """
+    p = Path(path)
+    if p.is_dir():
+        if hf.is_hf_dir(p):
+            return "hf"
+        raise CheckpointError(
+            f"{p} is a directory without config.json: expected {FORMATS_READ} "
+            "(config.json + model.safetensors)"
+        )
+    if not p.is_file():
+        raise FileNotFoundError(f"checkpoint {p}: no such file or directory")
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if head.startswith(b"PK") or p.suffix == ".npz":
+        return "npz"
+    if safetensors_io.is_safetensors(p) or p.suffix == ".safetensors":
+        return "timm"
+    raise CheckpointError(
+        f"{p} is not a checkpoint this package reads: expected {FORMATS_READ} "
+        "(config.json + model.safetensors)"
+    )
+
+
+def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> dict:
+    """Any checkpoint (npz, timm safetensors, HF directory; local or remote) -> the
+    original-layout parameter tree.
+
+    Args:
+      path: a local path, or a gs:// / https:// path of a published file (fetched once
+        into the cache, see `remote.fetch`).
+      num_heads: attention heads for a timm file of a width that is no published size.
+
+    Raises:
+      FileNotFoundError, CheckpointError: unreadable, unrecognised or incomplete input,
+        each named with the way out.
+    """
+    path = remote.fetch(path) if remote.is_remote(path) else Path(path)
+    fmt = detect_format(path)
+    if fmt == "npz":
+        return npz.load_npz(path)
+    if fmt == "hf":
+        return hf.read_dir(path)[0]
+    tensors, meta = safetensors_io.read(path)
+    if any(k.startswith(("vit.", "embeddings.")) for k in tensors):
+        raise CheckpointError(
+            f"{path} holds Hugging Face ViT weights; pass the directory with its config.json"
+        )
+    heads = num_heads or (int(meta["num_heads"]) if "num_heads" in meta else None)
+    params = timm.from_timm(tensors, heads)
+    arch = architecture.architecture(params)
+    model = get_model(None, architecture.num_classes(params), **arch)
+    size = architecture.native_image_size(params, model.token_stride)
+    timm.check(tensors, model, size, str(path))
+    return params

@@ -1,0 +1,335 @@
+"""timm's `VisionTransformer` state dict <-> the original layout.
+
+Key map (torch Linear weights are the transpose of Flax kernels; convs [O, I, kh, kw]):
+  cls [1, 1, D]                          cls_token
+  Transformer/posembed_input/...         pos_embed [1, N(+1), D]
+  embedding/{kernel [P,P,C,D], bias}     patch_embed.proj.{weight [D,C,P,P], bias}
+  encoderblock_{i}/LayerNorm_0           blocks.{i}.norm1.{weight, bias}
+  .../MultiHeadDotProductAttention_1/{query,key,value}/{kernel [D,H,d], bias [H,d]}
+                                         blocks.{i}.attn.qkv.{weight [3D, D], bias [3D]}
+  .../out/{kernel [H,d,D], bias}         blocks.{i}.attn.proj.{weight [D, D], bias}
+  encoderblock_{i}/LayerNorm_2           blocks.{i}.norm2
+  .../MlpBlock_3/Dense_0, Dense_1        blocks.{i}.mlp.fc1 [M, D], fc2 [D, M]
+  Transformer/encoder_norm               norm
+  head/{kernel [D, K], bias}             head.{weight [K, D], bias}
+Hybrids (timm's ResNetV2 stem, `patch_embed.backbone.` + ...):
+  conv_root, gn_root                     stem.conv, stem.norm (root-only stems: conv, norm)
+  block{s}/unit{u}/conv{r}, gn{r}        stages.{s-1}.blocks.{u-1}.conv{r}, norm{r}
+  block{s}/unit{u}/conv_proj, gn_proj    stages.{s-1}.blocks.{u-1}.downsample.conv, .norm
+
+timm's VisionTransformer has no representation ('pre_logits') layer. Its named models
+(`timm.create_model`) cover the published sizes only, and their pretrained configs replace
+a head that is not 1000-class, so `recipe` prints lines that build timm's
+`VisionTransformer` class itself with every argument this package's model needs (the
+tanh GELU, LayerNorm eps 1e-6, mlp_ratio, image size, pooling: class token, or 'avg' with
+the final norm before pooling; a hybrid's ResNetV2 stem with GroupNorm eps 1e-6) and
+load the file with a strict `load_state_dict`. A hybrid's recipe also subclasses timm's
+StdConv2dSame: timm standardises conv weights as (w - mean) / sqrt(var + eps), the
+original (and this package) as (w - mean) / (std + 1e-5), a difference of ~1e-5 in the
+logits that the subclass removes. timm's logits are then this package's to float32
+round-off (~1e-6) for plain ViTs and hybrids alike.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import numpy as np
+from flax import traverse_util
+
+from vit_jax.models import SIZES, param_shapes
+from vit_jax.models.vit import VisionTransformer
+from vit_jax.weights._tensors import (
+    Shape,
+    check_table,
+    concat,
+    conv_from_torch,
+    conv_to_torch,
+    top_from_torch,
+)
+from vit_jax.weights.architecture import POSEMB
+from vit_jax.weights.errors import CheckpointError
+
+_ATT = "MultiHeadDotProductAttention_1"
+_BLOCK = {  # original name under encoderblock_{i}/ -> timm name under blocks.{i}.
+    "LayerNorm_0/scale": "norm1.weight",
+    "LayerNorm_0/bias": "norm1.bias",
+    "LayerNorm_2/scale": "norm2.weight",
+    "LayerNorm_2/bias": "norm2.bias",
+    "MlpBlock_3/Dense_0/kernel": "mlp.fc1.weight",
+    "MlpBlock_3/Dense_0/bias": "mlp.fc1.bias",
+    "MlpBlock_3/Dense_1/kernel": "mlp.fc2.weight",
+    "MlpBlock_3/Dense_1/bias": "mlp.fc2.bias",
+    f"{_ATT}/out/bias": "attn.proj.bias",
+}
+_TOP = {
+    "cls": "cls_token",
+    POSEMB: "pos_embed",
+    "embedding/kernel": "patch_embed.proj.weight",
+    "embedding/bias": "patch_embed.proj.bias",
+    "Transformer/encoder_norm/scale": "norm.weight",
+    "Transformer/encoder_norm/bias": "norm.bias",
+    "head/kernel": "head.weight",
+    "head/bias": "head.bias",
+}
+_PRE_LOGITS = (
+    "the checkpoint has a representation layer (pre_logits) under its head; timm's "
+    "VisionTransformer has none. Convert with --num_classes=K for a new head "
+    "(the layer is dropped), or use the npz format"
+)
+_GN = {"scale": "weight", "bias": "bias"}
+
+
+def _backbone_key(key: str, root_only: bool) -> str | None:
+    """A hybrid stem's original key -> timm's, or None for a key outside the stem."""
+    pre = "patch_embed.backbone." + ("" if root_only else "stem.")
+    if key == "conv_root/kernel":
+        return pre + "conv.weight"
+    m = re.fullmatch(r"gn_root/(scale|bias)", key)
+    if m:
+        return pre + "norm." + _GN[m[1]]
+    m = re.fullmatch(r"block(\d+)/unit(\d+)/(conv|gn)(\d|_proj)/(kernel|scale|bias)", key)
+    if not m:
+        return None
+    stage, unit, kind, which, leaf = m.groups()
+    at = f"patch_embed.backbone.stages.{int(stage) - 1}.blocks.{int(unit) - 1}."
+    if which == "_proj":
+        return at + ("downsample.conv.weight" if kind == "conv" else "downsample.norm." + _GN[leaf])
+    return at + (f"conv{which}.weight" if kind == "conv" else f"norm{which}." + _GN[leaf])
+
+
+def to_timm(params: dict) -> dict[str, Any]:
+    """An original-layout tree (arrays, or `Shape`s) -> timm's state dict (same kind).
+
+    Raises:
+      CheckpointError: a representation layer (timm has none), or a key timm lacks.
+    """
+    flat = traverse_util.flatten_dict(params, sep="/")
+    if "pre_logits/kernel" in flat:
+        raise CheckpointError(_PRE_LOGITS)
+    root_only = "block1/unit1/conv1/kernel" not in flat
+    out: dict[str, Any] = {}
+    qkv: dict[str, dict[str, Any]] = {}
+    for key, a in flat.items():
+        m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.*)", key)
+        if m and m[2] in _BLOCK:
+            t = _BLOCK[m[2]]
+            out[f"blocks.{m[1]}.{t}"] = a.T if t.endswith(("fc1.weight", "fc2.weight")) else a
+        elif m and m[2] == f"{_ATT}/out/kernel":  # [H, d, D] -> [D, H*d]
+            out[f"blocks.{m[1]}.attn.proj.weight"] = a.reshape(-1, a.shape[-1]).T
+        elif m and re.fullmatch(f"{_ATT}/(query|key|value)/(kernel|bias)", m[2]):
+            _, name, leaf = m[2].split("/")
+            leaf = "weight" if leaf == "kernel" else "bias"
+            qkv.setdefault(f"blocks.{m[1]}.attn.qkv.{leaf}", {})[name] = a
+        elif key in _TOP:
+            t = _TOP[key]
+            out[t] = conv_to_torch(a) if key == "embedding/kernel" else a
+            out[t] = a.T if key == "head/kernel" else out[t]
+        elif _backbone_key(key, root_only) is not None:
+            out[_backbone_key(key, root_only)] = conv_to_torch(a) if a.ndim == 4 else a
+        else:
+            raise CheckpointError(f"parameter {key} {tuple(a.shape)} has no place in timm's layout")
+    for key, parts in qkv.items():
+        if key.endswith("weight"):  # [D, H, d] each -> rows q, k, v of [3D, D]
+            out[key] = concat([parts[n].reshape(parts[n].shape[0], -1).T for n in _QKV], 0)
+        else:
+            out[key] = concat([parts[n].reshape(-1) for n in _QKV], 0)
+    return out
+
+
+_QKV = ("query", "key", "value")
+
+
+def timm_shapes(model: VisionTransformer, image_size: tuple[int, int]) -> dict[str, Shape]:
+    """timm's state dict shapes for `model` at `image_size` (its `strict=True` table)."""
+    shapes = param_shapes(model.clone(scan=False, remat=False), image_size)
+    return to_timm(
+        traverse_util.unflatten_dict(
+            {k: Shape(v.shape) for k, v in traverse_util.flatten_dict(shapes, sep="/").items()},
+            sep="/",
+        )
+    )
+
+
+def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> dict:
+    """timm's state dict (NumPy) -> an original-layout tree.
+
+    Args:
+      tensors: the state dict, e.g. `safetensors_io.read(path)[0]`.
+      num_heads: attention heads (a fused qkv weight does not tell them); None: the
+        published size with this width (192: 3, 384: 6, 768: 12, 1024 and 1280: 16).
+
+    Raises:
+      CheckpointError: a key that is not timm's ViT layout, or unknown heads.
+    """
+    d = np.shape(tensors.get("patch_embed.proj.weight", np.zeros((0,))))[0]
+    if num_heads is None:
+        num_heads = next((h for w, _, h, _ in SIZES.values() if w == d), None)
+        if num_heads is None:
+            raise CheckpointError(
+                f"width {d} is no published size, so the number of attention heads is "
+                "unknown: name the model (--model=NAME or --override=num_heads=H)"
+            )
+    if d % num_heads:
+        raise CheckpointError(
+            f"the file's width {d} is not divisible by {num_heads} heads: is it the model "
+            "you meant? (--model=NAME, or --override=num_heads=H)"
+        )
+    inverse = {v: k for k, v in _TOP.items()}
+    block = {v: k for k, v in _BLOCK.items()}
+    flat: dict[str, np.ndarray] = {}
+    for key, a in tensors.items():
+        a = np.asarray(a)
+        m = re.fullmatch(r"blocks\.(\d+)\.(.*)", key)
+        enc = f"Transformer/encoderblock_{m[1]}/" if m else ""
+        if m and m[2] in block:
+            flat[enc + block[m[2]]] = a.T if a.ndim == 2 else a
+        elif m and m[2] == "attn.proj.weight":  # [D, H*d] -> [H, d, D]
+            flat[enc + f"{_ATT}/out/kernel"] = a.T.reshape(num_heads, -1, a.shape[0])
+        elif m and m[2] in ("attn.qkv.weight", "attn.qkv.bias"):
+            for name, part in zip(_QKV, np.split(a, 3, axis=0), strict=True):
+                if a.ndim == 2:  # [D, D] rows out -> [D_in, H, d]
+                    flat[enc + f"{_ATT}/{name}/kernel"] = part.T.reshape(
+                        part.shape[1], num_heads, -1
+                    )
+                else:
+                    flat[enc + f"{_ATT}/{name}/bias"] = part.reshape(num_heads, -1)
+        elif key in inverse:
+            flat[inverse[key]] = top_from_torch(inverse[key], a)
+        elif key.startswith("patch_embed.backbone."):
+            flat[_backbone_from(key)] = conv_from_torch(a) if a.ndim == 4 else a
+        else:
+            raise CheckpointError(
+                f"tensor {key} {a.shape} is not in timm's VisionTransformer layout (this "
+                "package reads plain ViTs and the ResNetV2 hybrids)"
+            )
+    return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _backbone_from(key: str) -> str:
+    """timm's hybrid stem key -> the original one."""
+    k = key[len("patch_embed.backbone.") :]
+    leaf = {"weight": "scale", "bias": "bias"}
+    m = re.fullmatch(r"(?:stem\.)?(conv|norm)\.(weight|bias)", k)
+    if m:
+        return "conv_root/kernel" if m[1] == "conv" else f"gn_root/{leaf[m[2]]}"
+    m = re.fullmatch(
+        r"stages\.(\d+)\.blocks\.(\d+)\.(?:(conv|norm)(\d)|downsample\.(conv|norm))\.(weight|bias)",
+        k,
+    )
+    if not m:
+        raise CheckpointError(f"tensor {key} is not in timm's ResNetV2 hybrid stem layout")
+    stage, unit, kind, r, dkind, w = m.groups()
+    at = f"block{int(stage) + 1}/unit{int(unit) + 1}/"
+    kind, which = (kind, r) if kind else (dkind, "_proj")
+    return at + ("conv" + which + "/kernel" if kind == "conv" else "gn" + which + "/" + leaf[w])
+
+
+def check(
+    tensors: dict[str, np.ndarray], model: VisionTransformer, size: tuple[int, int], source: str
+) -> None:
+    """Raise naming every tensor of `tensors` that timm's table for `model` lacks,
+    misses or shapes differently."""
+    check_table(
+        tensors,
+        timm_shapes(model, size),
+        source,
+        "timm VisionTransformer",
+        "Is the file a timm ViT of this size? Pass --model=NAME for a size the file cannot tell.",
+    )
+
+
+def _mlp_ratio(width: int, mlp_dim: int) -> float:
+    """The float timm multiplies by the width: int(width * ratio) must be mlp_dim."""
+    ratio = mlp_dim / width
+    while int(width * ratio) < mlp_dim:  # 1 ulp up where the product rounds below
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
+
+
+def _call(head: str, args: list[str], width: int = 92) -> list[str]:
+    """`head(` and its keyword arguments, wrapped at `width`, then `)`."""
+    lines, line = [head + "("], "   "
+    for a in args:
+        if len(line) + len(a) + 2 > width:
+            lines.append(line)
+            line = "   "
+        line += f" {a},"
+    return [*lines, line, ")"]
+
+
+def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> str:
+    """Python lines that build timm's own `VisionTransformer` for `model` at `image_size`
+    and load the converted file at `path` with a strict `load_state_dict`.
+
+    Every argument is spelled out: sizes, mlp_ratio, patch, image size, channels, classes,
+    pooling (class token; 'avg' or none with the final norm before pooling), the tanh
+    GELU, LayerNorm eps 1e-6 and, for hybrids, the ResNetV2 stem with GroupNorm eps 1e-6
+    and the original weight standardisation. Pasted into Python (or exec'd), the lines
+    leave `model` in eval mode: float32 [N, C, H, W] in [-1, 1] -> this package's logits.
+
+    Raises:
+      CheckpointError: a model timm's VisionTransformer cannot compute (2D or sin-cos
+        position embeddings, a representation layer).
+    """
+    if model.representation_size:
+        raise CheckpointError(_PRE_LOGITS)
+    if model.posemb not in ("learned", "none"):
+        raise CheckpointError(
+            f"position embeddings {model.posemb!r} have no timm VisionTransformer "
+            "equivalent (it learns one [1, N, D] table or has none): use --format=npz or onnx"
+        )
+    h, w = image_size
+    pool = {"token": "'token'", "gap": "'avg'", "unpooled": "''"}[model.classifier]
+    args = [
+        f"img_size={(h, w)!r}",
+        f"patch_size={model.patch_size}",
+        f"in_chans={model.channels}",
+        f"embed_dim={model.width}",
+        f"depth={model.depth}",
+        f"num_heads={model.num_heads}",
+        f"mlp_ratio={_mlp_ratio(model.width, model.mlp_dim)!r}",
+        f"num_classes={model.num_classes or 0}",
+        f"class_token={model.has_class_token}",
+        f"global_pool={pool}",
+        "fc_norm=False",
+    ]
+    if model.posemb == "none":
+        args.append("pos_embed='none'")
+    args += ["act_layer='gelu_tanh'", "norm_layer=partial(torch.nn.LayerNorm, eps=1e-6)"]
+    lines = [
+        "from functools import partial",
+        "import safetensors.torch, torch",
+        "from timm.models.vision_transformer import VisionTransformer",
+    ]
+    if model.resnet_stages is not None:
+        stages = tuple(model.resnet_stages)
+        lines += [
+            "from timm.layers import GroupNormAct, HybridEmbed, StdConv2dSame",
+            "from timm.layers.padding import pad_same",
+            f"from timm.models.resnetv2 import {'ResNetV2' if stages else 'create_resnetv2_stem'}",
+            "class StdConv(StdConv2dSame):  # the original's standardisation: / (std + 1e-5)",
+            "    def forward(self, x):",
+            "        w = self.weight - self.weight.mean((1, 2, 3), keepdim=True)",
+            "        w = w / (w.std((1, 2, 3), correction=0, keepdim=True) + 1e-5)",
+            "        x = pad_same(x, self.kernel_size, self.stride) if self.same_pad else x",
+            "        return torch.nn.functional.conv2d(x, w, None, self.stride, self.padding)",
+            "",
+            "norm = partial(GroupNormAct, num_groups=32, eps=1e-6)",
+        ]
+        common = ["stem_type='same'", "preact=False", "conv_layer=StdConv", "norm_layer=norm"]
+        if stages:
+            lines += _call(
+                "backbone = ResNetV2",
+                [f"layers={stages!r}", f"in_chans={model.channels}", "num_classes=0"]
+                + ["global_pool=''", *common],
+            )
+        else:  # the root alone (conv, norm, pool)
+            lines += _call("backbone = create_resnetv2_stem", [str(model.channels), *common])
+        args.append("embed_layer=partial(HybridEmbed, backbone=backbone)")
+    lines += _call("model = VisionTransformer", args)
+    lines.append(f"model.load_state_dict(safetensors.torch.load_file({path!r}))  # strict")
+    lines.append(f"model.eval()  # takes float32 [N, {model.channels}, {h}, {w}] in [-1, 1]")
+    return "\n".join(lines)
