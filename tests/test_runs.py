@@ -38,7 +38,9 @@ def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp
     # The handler is in place once the loop says it compiles: the step in flight ends.
     notice = "Ctrl-C: stopping after the step in flight (Ctrl-C again to stop at once)"
     assert notice in run.log and "Exception ignored" not in "\n".join(run.log), run.tail()
-    assert run.log[-1].startswith("interrupted at step 1; no checkpoint was saved yet")
+    assert run.log[-1] == (
+        "interrupted at step 1. There is no intact checkpoint yet; a rerun starts from step 0"
+    )
 
     with Run(tiny_flags(workdir, **RUN), devices=1, env=cache) as run:
         run.wait_for(lambda line: line.startswith("step 7/20"), timeout=120)
@@ -46,8 +48,8 @@ def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp
         assert run.finish(timeout=60) == 130, run.tail()
     assert "Traceback" not in "\n".join(run.log) and "KeyboardInterrupt" not in run.log[-1]
     found = re.fullmatch(
-        r"interrupted at step (\d+); the newest checkpoint is step (\d+) \((\S+)\): "
-        "rerun the same command to resume from there",
+        r"interrupted at step (\d+)\. The newest intact checkpoint is step (\d+) \((\S+)\); "
+        "a rerun resumes there",
         run.log[-1],
     )
     assert found, run.tail()
@@ -90,8 +92,7 @@ def test_interrupted_command_prints_one_line_and_exits_130(capsys):
     assert run_command(Command) == 130
     err = capsys.readouterr().err
     assert err == (
-        "interrupted at step 37; no checkpoint was saved yet: rerun the same command to start "
-        "again from step 0\n"
+        "interrupted at step 37. There is no intact checkpoint yet; a rerun starts from step 0\n"
     )
 
 

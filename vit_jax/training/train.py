@@ -106,24 +106,15 @@ class Where:
     saver: Saver | None = None
 
     def message(self) -> str:
-        """'interrupted at step 37; the newest checkpoint is step 30 (DIR/30); rerun the
-        same command to resume'."""
+        """'interrupted at step 37. The newest intact checkpoint is step 30 (DIR/30); a
+        rerun resumes there' (integrity.newest_intact_sentence, as every stopped run)."""
         if self.saver is not None:
             try:
                 self.saver.wait()  # a save in flight: let it complete, it is the newest
             except BaseException:  # noqa: BLE001 (a second Ctrl-C, a failed save)
                 pass
         at = "before the first step" if self.step is None else f"at step {self.step}"
-        good = integrity.newest_intact(self.checkpoints)
-        if good is None:
-            return (
-                f"interrupted {at}; no checkpoint was saved yet: rerun the same command to "
-                "start again from step 0"
-            )
-        return (
-            f"interrupted {at}; the newest checkpoint is step {good} "
-            f"({self.checkpoints}/{good}): rerun the same command to resume from there"
-        )
+        return f"interrupted {at}. {integrity.newest_intact_sentence(self.checkpoints)}"
 
 
 def plan_of(config: ml_collections.ConfigDict) -> checks.Plan:
