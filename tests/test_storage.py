@@ -15,11 +15,9 @@ import sys
 import jax
 import numpy as np
 import pytest
-from flax import traverse_util
-from helpers import tiny_config
-from subprocesses import ROOT, Run, tiny_flags
+from helpers import ROOT, assert_npz_equal, tiny_config
+from subprocesses import Run, tiny_flags
 
-from vit_jax import weights
 from vit_jax.base.text import first_few
 from vit_jax.training import guard as guard_lib
 from vit_jax.training import train
@@ -72,14 +70,6 @@ DAMAGES = {
     "truncated _METADATA": truncate_metadata,
     "truncated data file": truncate_data_file,
 }
-
-
-def assert_same_npz(got, want):
-    flat_got = traverse_util.flatten_dict(weights.load_npz(got), sep="/")
-    flat_want = traverse_util.flatten_dict(weights.load_npz(want), sep="/")
-    assert flat_got.keys() == flat_want.keys()
-    for k in flat_want:  # bit-identical, not just close
-        np.testing.assert_array_equal(flat_got[k], flat_want[k], err_msg=k)
 
 
 def finished_copy(reference, path):
@@ -165,7 +155,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_run_falls_back(
         "truncated data file": r"file default/\S+ has \d+ bytes, \d+ when written",
     }
     assert re.fullmatch(want[damage], found[1]), found[1]
-    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{ref}/final.npz")
     assert integrity.step_dirs(checkpoints) == [10, 15, 20]  # 20 written again, with a record
     assert not integrity.quick_check(f"{checkpoints}/20")
 
@@ -178,7 +168,7 @@ def test_damaged_older_checkpoint_is_reported_but_does_not_stop_the_run(referenc
     assert re.fullmatch(r"DAMAGED: file default/\S+ fails its checksum.*", rows["10"]), rows
     assert rows["15"] == rows["20"] == "verifies"
     train.run(config(), workdir)  # resumes from 20: nothing to train, evaluates, exports
-    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{ref}/final.npz")
     # The command: a table and exit status 1; the FSDP-written record checks on one device.
     fsdp = finished_copy(reference["fsdp"][0], tmp_path / "fsdp")
     shutil.copytree(f"{workdir}/checkpoints/10", f"{fsdp}/checkpoints/10", dirs_exist_ok=True)
@@ -275,7 +265,7 @@ def test_with_no_intact_checkpoint_the_run_stops_unless_asked_to_start_again(
     capsys.readouterr()
     train.run(config(from_scratch_if_damaged=True), workdir)
     assert "step 1/20" in capsys.readouterr().out
-    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{ref}/final.npz")
 
 
 def test_a_checkpoint_of_another_shape_does_not_fit_and_is_not_set_aside(reference, tmp_path):
@@ -368,7 +358,7 @@ def test_killed_before_the_record_keeps_the_older_checkpoint(cli_reference, tmp_
     assert "ignoring incomplete checkpoint(s) 10.orbax-checkpoint-tmp" in log
     assert f"resuming from step 5 (checkpoint {workdir}/checkpoints/5)" in log
     assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["20"]  # keep_checkpoints=1
-    assert_same_npz(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
 
 
 @pytest.fixture
@@ -409,7 +399,7 @@ def test_disk_full_during_a_save_stops_with_one_message_and_resumes(
     with Run(flags, devices=1) as run:
         assert run.finish(timeout=300) == 0, run.tail()
     assert f"resuming from step {good} " in "\n".join(run.log)
-    assert_same_npz(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
 
 
 def test_export_to_a_full_disk_leaves_nothing_half_written(small_disk, tmp_path):
