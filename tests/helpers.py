@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -120,6 +122,20 @@ def run_command(module, *args: str) -> int:
             delattr(flags.FLAGS, name)
         flags.FLAGS.unparse_flags()
     return 0
+
+
+def python_m(module: str, *args: str, env: dict | None = None, timeout: int = 300):
+    """`python -m MODULE ARGS` in a fresh Python, as a user runs a command, from the
+    repository's root (so that this checkout's vit_jax is the one imported); `env` is set
+    on top of this process's environment. The finished process, its text output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def tiny_config(**overrides):

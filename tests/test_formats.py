@@ -2,13 +2,11 @@
 
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from format_helpers import HYBRID, TI16, TINY, make, run_in_timm
-from helpers import assert_npz_equal, assert_trees_equal, flat, images, logits
+from helpers import assert_npz_equal, assert_trees_equal, flat, images, logits, python_m
 
 from vit_jax import weights
 from vit_jax.models import get_model
@@ -455,36 +453,22 @@ def test_convert_command(tmp_path):
     model, params, _ = make(TINY)
     weights.save_npz(tmp_path / "a.npz", params)
     out = tmp_path / "exports" / "tiny" / "m.safetensors"  # --out's directories are made
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vit_jax.convert",
-            f"--checkpoint={tmp_path / 'a.npz'}",
-            "--format=timm",
-            f"--out={out}",
-            "--num_classes=3",
-        ],
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "PYTHONPATH": "."},
+    run = python_m(
+        "vit_jax.convert",
+        f"--checkpoint={tmp_path / 'a.npz'}",
+        "--format=timm",
+        f"--out={out}",
+        "--num_classes=3",
     )
     assert run.returncode == 0, run.stderr
     assert "model = VisionTransformer(" in run.stdout and "strict" in run.stdout
     assert "num_classes=3" in run.stdout and "act_layer='gelu_tanh'" in run.stdout
     assert safetensors_io.read(out)[0]["head.weight"].shape == (3, 32)
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vit_jax.convert",
-            f"--checkpoint={tmp_path / 'nope.npz'}",
-            "--format=hf",
-            f"--out={tmp_path / 'o'}",
-        ],
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "PYTHONPATH": "."},
+    bad = python_m(
+        "vit_jax.convert",
+        f"--checkpoint={tmp_path / 'nope.npz'}",
+        "--format=hf",
+        f"--out={tmp_path / 'o'}",
     )
     assert bad.returncode == 1 and bad.stderr.startswith("error: checkpoint")
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, random_params, run_command, write_idx_split
+from helpers import python_m, random_params, run_command, write_idx_split
 from PIL import Image
 
 from vit_jax import figures, inspection, weights
@@ -215,13 +214,7 @@ def command_run(tmp_path_factory):
     Image.fromarray(square).save(paths[1])
     out = tmp_path / "figures"
     args = ["--model=testing", f"--checkpoint={ckpt}", f"--out={out}"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "vit_jax.figures", *args, *[f"--image={p}" for p in paths]],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    proc = python_m("vit_jax.figures", *args, *[f"--image={p}" for p in paths])
     assert proc.returncode == 0, proc.stderr
     return proc, out, model, params, paths
 

@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, assert_npz_equal, tiny_config
+from helpers import ROOT, assert_npz_equal, python_m, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax.base.text import first_few
@@ -172,14 +172,7 @@ def test_damaged_older_checkpoint_is_reported_but_does_not_stop_the_run(referenc
     # The command: a table and exit status 1; the FSDP-written record checks on one device.
     fsdp = finished_copy(reference["fsdp"][0], tmp_path / "fsdp")
     shutil.copytree(f"{workdir}/checkpoints/10", f"{fsdp}/checkpoints/10", dirs_exist_ok=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "vit_jax.checkpoints", "verify", fsdp],
-        cwd=ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python_m("vit_jax.checkpoints", "verify", fsdp, env={"JAX_PLATFORMS": "cpu"})
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["checkpoint", "state"]
@@ -199,14 +192,7 @@ def test_verify_a_recipe_workdir_checks_each_run_below_it(reference, tmp_path):
     os.makedirs(recipe / "scratch" / "checkpoints")  # started, nothing saved yet
     (recipe / "recipe.json").write_text("{}")
     flip_bytes(f"{recipe}/finetune/checkpoints/15")
-    done = subprocess.run(
-        [sys.executable, "-m", "vit_jax.checkpoints", "verify", f"{recipe}/"],
-        cwd=ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python_m("vit_jax.checkpoints", "verify", f"{recipe}/", env={"JAX_PLATFORMS": "cpu"})
     assert done.returncode == 1, done.stderr  # a damaged checkpoint under its final name
     lines = done.stdout.splitlines()
     names = [line.split()[0] for line in lines]
@@ -238,13 +224,7 @@ def test_verify_a_directory_without_workdirs_says_what_it_expects(tmp_path):
         (tmp_path, "has no checkpoints/ directory"),
         (tmp_path / "c", "does not exist"),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "vit_jax.checkpoints", "verify", str(path)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        done = python_m("vit_jax.checkpoints", "verify", str(path))
         assert done.returncode == 1 and not done.stdout
         assert done.stderr.startswith(f"error: {path} {what}"), done.stderr
         assert "a run's workdir (with checkpoints/) or a directory of them" in done.stderr
