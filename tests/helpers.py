@@ -1,15 +1,20 @@
-"""Helpers the tests share: flat parameter trees, random parameters, idx files, images."""
+"""Helpers the tests share: the repository's root, flat parameter trees and their
+comparison, random parameters, a model set up for training, idx files, images."""
 
 from __future__ import annotations
 
 import gzip
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
 from flax import traverse_util
 
 from vit_jax.models import param_shapes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
 def logits(model, params, x, **kw) -> np.ndarray:
@@ -27,17 +32,50 @@ def unflat(tree: dict) -> dict:
     return traverse_util.unflatten_dict(tree, sep="/")
 
 
-def random_params(model, image_size, seed: int = 0, scale: float = 0.2) -> dict:
-    """Random float32 parameters of `model` at `image_size` (head included, non-zero),
-    LayerNorm and GroupNorm scales around 1 so that activations stay in range."""
+def random_params(model, image_size, seed: int = 0, scale: float = 0.3) -> dict:
+    """Random float32 parameters of `model` at `image_size`: every one non-zero (a zero head
+    or class token would hide mistakes), kernels scaled by 1/sqrt(fan-in) as in a trained
+    model so that float32 logits are well conditioned, LayerNorm and GroupNorm scales around
+    1, the rest N(0, `scale`)."""
     rng = np.random.default_rng(seed)
     out = {}
-    for key, s in flat(param_shapes(model, image_size)).items():
-        x = rng.normal(0.0, scale, s.shape).astype(np.float32)
-        if key.endswith("/scale"):
-            x = 1.0 + x
-        out[key] = x
+    for k, s in flat(param_shapes(model, image_size)).items():
+        std = scale
+        if k.endswith("kernel"):
+            qkv = k.endswith(("query/kernel", "key/kernel", "value/kernel"))
+            std = 1.0 / np.sqrt(s.shape[0] if qkv else np.prod(s.shape[:-1]))
+        v = rng.normal(0.0, std, s.shape)
+        if k.endswith("/scale"):
+            v = 1.0 + 0.2 * v
+        out[k] = v.astype(np.float32)
     return unflat(out)
+
+
+def _arrays(tree) -> dict:
+    """Any pytree (nested or '/'-flat dicts, dataclasses, an npz file) -> {path: array}."""
+    if isinstance(tree, np.lib.npyio.NpzFile):
+        tree = dict(tree)
+    return {
+        jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)
+    }
+
+
+def assert_trees_equal(got, want, atol: float = 0.0) -> None:
+    """`got` and `want` have the same structure, and each array the same dtype and shape
+    and the same values: bit for bit, or within `atol` (no relative tolerance)."""
+    got, want = _arrays(got), _arrays(want)
+    assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+    for k, w in want.items():
+        if atol == 0.0:
+            np.testing.assert_array_equal(got[k], w, err_msg=k, strict=True)
+        else:
+            np.testing.assert_allclose(got[k], w, atol=atol, rtol=0, err_msg=k, strict=True)
+
+
+def assert_npz_equal(got, want) -> None:
+    """Two .npz files hold the same arrays bit for bit under the same stored names."""
+    with np.load(got) as a, np.load(want) as b:
+        assert_trees_equal(a, b)
 
 
 def write_idx(path: str, array: np.ndarray) -> None:
@@ -47,6 +85,12 @@ def write_idx(path: str, array: np.ndarray) -> None:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "wb") as f:
         f.write(header + array.tobytes())
+
+
+def write_idx_split(root, split: str, images: np.ndarray, labels: np.ndarray) -> None:
+    """One split ('train' or 't10k') of a Fashion-MNIST directory: its gzipped idx files."""
+    write_idx(os.path.join(root, f"{split}-images-idx3-ubyte.gz"), images)
+    write_idx(os.path.join(root, f"{split}-labels-idx1-ubyte.gz"), labels)
 
 
 def images(size, n: int = 2, seed: int = 1) -> np.ndarray:
@@ -80,6 +124,20 @@ def run_command(module, *args: str) -> int:
     return 0
 
 
+def python_m(module: str, *args: str, env: dict | None = None, timeout: int = 300):
+    """`python -m MODULE ARGS` in a fresh Python, as a user runs a command, from the
+    repository's root (so that this checkout's vit_jax is the one imported); `env` is set
+    on top of this process's environment. The finished process, its text output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def tiny_config(**overrides):
     """The `fashion_mnist:tiny` preset (20 steps of a 2-block model) with fields
     overridden; 'model.dropout' names a nested one, as --config.model.dropout does."""
@@ -111,3 +169,27 @@ def snapshot(workdir):
             data = None if os.path.isdir(path) else open(path, "rb").read()
             out[os.path.relpath(path, workdir)] = (data, os.stat(path).st_mtime_ns)
     return out
+
+
+def model_and_optimizer(config, skip_nonfinite: bool = False):
+    """(model, tx, lr) of a training config (10 classes), as the training loop builds them."""
+    from vit_jax.training import optim
+    from vit_jax.training import state as state_lib
+
+    model = state_lib.build_model(config.model, 10)
+    tx, lr = optim.make_optimizer(
+        config.optimizer, config.total_steps, skip_nonfinite=skip_nonfinite
+    )
+    return model, tx, lr
+
+
+def training(config, mesh, accum_steps: int = 1, skip_nonfinite: bool = False):
+    """A new TrainState of `config` sharded over `mesh`, and its compiled train step:
+    (state, step, shardings)."""
+    from vit_jax.training import state as state_lib
+    from vit_jax.training import steps, train
+
+    model, tx, lr = model_and_optimizer(config, skip_nonfinite)
+    state, shardings = state_lib.create_state(train.start_of(config), model, tx, mesh)
+    step, _ = steps.compile_steps(model, tx, lr, accum_steps, mesh, shardings)
+    return state, step, shardings

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 def tiny_flags(workdir: str, **overrides) -> list[str]:

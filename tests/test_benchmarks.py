@@ -10,10 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
 
 from vit_jax.base import quiet_tf
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(script, *args):

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
+from helpers import assert_npz_equal, assert_trees_equal, images, logits, random_params, unflat
 from helpers import flat as flatten
-from helpers import images, logits, random_params, unflat
 from numpy_reference import resize_posemb as ref_resize_posemb
 from numpy_reference import vit_logits
 
@@ -71,11 +71,7 @@ def test_scanned_model_loads_the_same_file(tmp_path):
     )
     # Saving the scanned tree writes the published per-block names again.
     weights.save_npz(tmp_path / "again.npz", p)
-    again = np.load(tmp_path / "again.npz")
-    original = np.load(path)
-    assert sorted(again.files) == sorted(original.files)
-    for k in original.files:
-        np.testing.assert_array_equal(again[k], original[k])
+    assert_npz_equal(tmp_path / "again.npz", path)
 
 
 @pytest.mark.parametrize(
@@ -196,15 +192,10 @@ def test_every_layout_round_trips_bit_exactly(layout, tmp_path):
     assert differs == (layout != "original")
     np.savez(tmp_path / "in.npz", **stored)
     loaded = flatten(weights.load_npz(tmp_path / "in.npz"))
-    assert loaded.keys() == flat.keys()
-    for k, v in flat.items():
-        assert loaded[k].dtype == v.dtype and loaded[k].shape == v.shape, k
-        np.testing.assert_array_equal(loaded[k], v)
+    assert_trees_equal(loaded, flat)
     weights.save_npz(tmp_path / "out.npz", unflat(loaded))
-    out = np.load(tmp_path / "out.npz")
-    assert sorted(out.files) == sorted(flat)
-    for k in out.files:
-        np.testing.assert_array_equal(out[k], flat[k])
+    with np.load(tmp_path / "out.npz") as out:
+        assert_trees_equal(out, flat)  # the original layout's names
 
 
 # ------------------------------------------------------------------ load_pretrained

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMANDS = {  # python -m NAME -> the module that defines its flags
     "vit_jax.main": "vit_jax.main",
     "vit_jax.recipe": "vit_jax.recipe",

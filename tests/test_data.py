@@ -11,7 +11,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 tfds = pytest.importorskip("tensorflow_datasets")
-from helpers import write_idx  # noqa: E402
+from helpers import write_idx, write_idx_split  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vit_jax import data  # noqa: E402
@@ -31,8 +31,7 @@ def idx_images(n: int, offset: int) -> np.ndarray:
 def idx_dir(tmp_path_factory) -> str:
     root = str(tmp_path_factory.mktemp("idx"))
     for prefix, n, offset in (("train", N_TRAIN, 0), ("t10k", N_TEST, 60)):
-        write_idx(f"{root}/{prefix}-images-idx3-ubyte.gz", idx_images(n, offset))
-        write_idx(f"{root}/{prefix}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+        write_idx_split(root, prefix, idx_images(n, offset), np.arange(n) % 10)
     return root
 
 

@@ -4,12 +4,10 @@ import gzip
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import logits, random_params, run_command
+from helpers import logits, python_m, random_params, run_command
 from PIL import Image
 
 from vit_jax import weights
@@ -49,22 +47,14 @@ def test_command_prints_json_for_any_format(trained, tmp_path):
     path, summary = trained
     timm_file = tmp_path / "m.safetensors"
     convert.convert(path, "timm", timm_file)
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
     results = []
     for ckpt in (path, timm_file):
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "vit_jax.evaluate",
-                f"--checkpoint={ckpt}",
-                "--dataset=fashion_mnist",
-                f"--split={SPLIT}",
-                "--labels=" + ",".join(str(i) for i in range(10)),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
+        run = python_m(
+            "vit_jax.evaluate",
+            f"--checkpoint={ckpt}",
+            "--dataset=fashion_mnist",
+            f"--split={SPLIT}",
+            "--labels=" + ",".join(str(i) for i in range(10)),
         )
         assert run.returncode == 0, run.stderr
         assert "top-1" in run.stdout and "evaluate fashion_mnist" in run.stderr  # progress bar
@@ -132,20 +122,12 @@ def test_subset_head_on_the_embedded_data_as_a_user_runs_it(five_class_head):
     if not os.path.exists(f"{DEFAULT_IDX_DIR}/t10k-labels-idx1-ubyte.gz"):
         pytest.skip("the embedded Fashion-MNIST (apt-get install dataset-fashion-mnist)")
     classes = [5, 6, 7, 8, 9]
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vit_jax.evaluate",
-            f"--checkpoint={path}",
-            "--dataset=fashion_mnist",
-            "--split=test[:300]",
-            "--classes=5,6,7,8,9",
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-        timeout=300,
+    run = python_m(
+        "vit_jax.evaluate",
+        f"--checkpoint={path}",
+        "--dataset=fashion_mnist",
+        "--split=test[:300]",
+        "--classes=5,6,7,8,9",
     )
     assert run.returncode == 0, run.stderr
     line, js = run.stdout.strip().splitlines()[-2:]

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
 import pytest
-from helpers import random_params, run_command, write_idx
+from helpers import random_params, run_command, write_idx_split
 
 from vit_jax.evaluation import linear
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 # ---------------------------------------------------------------- the least-squares fit
 
@@ -141,8 +137,7 @@ def idx_dir(tmp_path_factory):
         images = rng.integers(0, 60, (n, 8, 8))
         for i, c in enumerate(labels):
             images[i, :, 3 * c : 3 * c + 2] += 25
-        write_idx(str(root / f"{prefix}-images-idx3-ubyte.gz"), images)
-        write_idx(str(root / f"{prefix}-labels-idx1-ubyte.gz"), labels)
+        write_idx_split(root, prefix, images, labels)
     return str(root)
 
 

@@ -2,13 +2,11 @@
 
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from format_helpers import HYBRID, TI16, TINY, assert_bit_exact, make, run_in_timm
-from helpers import flat, images, logits
+from format_helpers import HYBRID, TI16, TINY, make, run_in_timm
+from helpers import assert_npz_equal, assert_trees_equal, flat, images, logits, python_m
 
 from vit_jax import weights
 from vit_jax.models import get_model
@@ -255,12 +253,8 @@ def test_npz_to_format_and_back_is_bit_exact(case, fmt, middle, tmp_path):
     weights.save_npz(tmp_path / "a.npz", params)
     convert.convert(tmp_path / "a.npz", fmt, tmp_path / middle)
     convert.convert(tmp_path / middle, "npz", tmp_path / "c.npz")
-    a, c = np.load(tmp_path / "a.npz"), np.load(tmp_path / "c.npz")
-    assert sorted(a.files) == sorted(c.files)
-    for k in a.files:
-        np.testing.assert_array_equal(a[k], c[k], err_msg=k)
-        assert a[k].dtype == c[k].dtype
-    assert_bit_exact(params, weights.read_checkpoint(tmp_path / middle))
+    assert_npz_equal(tmp_path / "c.npz", tmp_path / "a.npz")
+    assert_trees_equal(weights.read_checkpoint(tmp_path / middle), params)
 
 
 # ------------------------------------------------------------------ Hugging Face
@@ -287,7 +281,7 @@ def test_hf_export_loads_in_transformers_with_same_logits(case, tmp_path):
             theirs = hf_model.eval()(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits
         ours = logits(done.model, convert.load(src, image_size=res)[1], x)
         np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4)
-    assert_bit_exact(params, weights.read_checkpoint(tmp_path / f"hf{size}"))
+    assert_trees_equal(weights.read_checkpoint(tmp_path / f"hf{size}"), params)
 
 
 def _png(path, h, w, seed=0):
@@ -459,36 +453,22 @@ def test_convert_command(tmp_path):
     model, params, _ = make(TINY)
     weights.save_npz(tmp_path / "a.npz", params)
     out = tmp_path / "exports" / "tiny" / "m.safetensors"  # --out's directories are made
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vit_jax.convert",
-            f"--checkpoint={tmp_path / 'a.npz'}",
-            "--format=timm",
-            f"--out={out}",
-            "--num_classes=3",
-        ],
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "PYTHONPATH": "."},
+    run = python_m(
+        "vit_jax.convert",
+        f"--checkpoint={tmp_path / 'a.npz'}",
+        "--format=timm",
+        f"--out={out}",
+        "--num_classes=3",
     )
     assert run.returncode == 0, run.stderr
     assert "model = VisionTransformer(" in run.stdout and "strict" in run.stdout
     assert "num_classes=3" in run.stdout and "act_layer='gelu_tanh'" in run.stdout
     assert safetensors_io.read(out)[0]["head.weight"].shape == (3, 32)
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vit_jax.convert",
-            f"--checkpoint={tmp_path / 'nope.npz'}",
-            "--format=hf",
-            f"--out={tmp_path / 'o'}",
-        ],
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "PYTHONPATH": "."},
+    bad = python_m(
+        "vit_jax.convert",
+        f"--checkpoint={tmp_path / 'nope.npz'}",
+        "--format=hf",
+        f"--out={tmp_path / 'o'}",
     )
     assert bad.returncode == 1 and bad.stderr.startswith("error: checkpoint")
 

@@ -11,11 +11,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import batch, tiny_config
+from helpers import assert_trees_equal, batch, model_and_optimizer, tiny_config, training
 
 from vit_jax.parallel import sharding
 from vit_jax.training import guard as guard_lib
-from vit_jax.training import optim, steps, train
+from vit_jax.training import optim, train
 from vit_jax.training import state as state_lib
 from vit_jax.workdir import checks, integrity
 from vit_jax.workdir import manager as workdir_lib
@@ -26,8 +26,7 @@ NAN = float("nan")
 
 def restore_all(config, workdir):
     """Every saved step of `workdir` -> its state on host."""
-    model = state_lib.build_model(config.model, 10)
-    tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
+    model, tx, _ = model_and_optimizer(config)
     abstract = state_lib.abstract_state(train.start_of(config), model, tx)
     target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(
@@ -68,10 +67,7 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
     c = tiny_config()
     c.optimizer.warmup_steps = 0
     mesh = sharding.make_mesh()
-    model = state_lib.build_model(c.model, 10)
-    tx, lr = optim.make_optimizer(c.optimizer, c.total_steps, skip_nonfinite=True)
-    state, shardings = state_lib.create_state(train.start_of(c), model, tx, mesh)
-    step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
+    state, step, _ = training(c, mesh, skip_nonfinite=True)
     good, bad = batch(64), batch(64)
     bad["image"][5] = np.nan  # one bad example poisons the whole step
     state, m = step(state, sharding.global_batch(good, mesh))
@@ -86,8 +82,7 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
         (before.params, before.opt_state.inner_state),
         (after.params, after.opt_state.inner_state),
     )
-    for x, y in zip(*map(jax.tree.leaves, kept), strict=True):
-        np.testing.assert_array_equal(x, y)
+    assert_trees_equal(kept[1], kept[0])
     state, m = step(state, sharding.global_batch(good, mesh))
     assert float(m["finite"]) == 1.0 and int(m["skipped"]) == 1
     assert int(state.opt_state.notfinite_count) == 0  # the row is broken
@@ -103,12 +98,9 @@ def test_finite_steps_with_skip_nonfinite_match_the_plain_optimizer():
     c = tiny_config()
     c.optimizer.update(name="sgd", warmup_steps=0)
     mesh = sharding.make_mesh()
-    model = state_lib.build_model(c.model, 10)
     states = []
     for skip in (False, True):
-        tx, lr = optim.make_optimizer(c.optimizer, c.total_steps, skip_nonfinite=skip)
-        state, shardings = state_lib.create_state(train.start_of(c), model, tx, mesh)
-        step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
+        state, step, _ = training(c, mesh, skip_nonfinite=skip)
         for seed in range(3):
             state, m = step(state, sharding.global_batch(batch(64, seed=seed), mesh))
         states.append(jax.device_get(state))
@@ -135,8 +127,7 @@ class TrainStateBeforeApplyIfFinite:
 @pytest.mark.parametrize("skip", [False, True])
 def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
     c = tiny_config(export_npz=False, skip_nonfinite=skip)
-    model = state_lib.build_model(c.model, 10)
-    tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)  # the optimizer state then
+    model, tx, _ = model_and_optimizer(c)  # the optimizer state then
     new = state_lib.new_state(train.start_of(c), model, tx)
     old = TrainStateBeforeApplyIfFinite(
         new.step + 3, new.params, new.opt_state, new.rng, jax.numpy.ones((), jax.numpy.int32)

@@ -202,9 +202,10 @@ def test_format_predictions():
 
 
 def _checkpoint(tmp_path, num_classes=1000, **overrides):
-    """A random 'testing' model (random head, so every class and image differs)."""
+    """A random 'testing' model (random head, so every class and image differs; small
+    biases, so that the kernels, and with them the image, decide the output)."""
     model = get_model("testing", num_classes, **overrides)
-    params = random_params(model, 32, seed=3, scale=0.5)
+    params = random_params(model, 32, seed=3, scale=0.1)
     path = str(tmp_path / "testing.npz")
     weights.save_npz(path, params)
     return path, model, params

@@ -6,21 +6,18 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from helpers import random_params, run_command, write_idx
+from helpers import python_m, random_params, run_command, write_idx_split
 from PIL import Image
 
 from vit_jax import figures, inspection, weights
 from vit_jax.data import images as images_lib
 from vit_jax.inspection import attention, filters, plots, posemb, report
 from vit_jax.models import apply_with_intermediates, get_model
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def attention_of(model, params, images):
@@ -217,13 +214,7 @@ def command_run(tmp_path_factory):
     Image.fromarray(square).save(paths[1])
     out = tmp_path / "figures"
     args = ["--model=testing", f"--checkpoint={ckpt}", f"--out={out}"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "vit_jax.figures", *args, *[f"--image={p}" for p in paths]],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    proc = python_m("vit_jax.figures", *args, *[f"--image={p}" for p in paths])
     assert proc.returncode == 0, proc.stderr
     return proc, out, model, params, paths
 
@@ -292,8 +283,7 @@ def test_run_without_images_uses_the_first_test_images(tmp_path, capsys, monkeyp
     pytest.importorskip("tensorflow")
     for prefix, n in (("train", 4), ("t10k", 5)):  # test image i is flat grey 40 * i
         flat = np.broadcast_to((40 * np.arange(n))[:, None, None], (n, 8, 8))
-        write_idx(str(tmp_path / f"{prefix}-images-idx3-ubyte.gz"), flat)
-        write_idx(str(tmp_path / f"{prefix}-labels-idx1-ubyte.gz"), np.arange(n) % 2)
+        write_idx_split(tmp_path, prefix, flat, np.arange(n) % 2)
     model = get_model("testing", num_classes=5)
     params = random_params(model, 32, seed=1)
     ckpt = str(tmp_path / "t.npz")

@@ -10,8 +10,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
-PACKAGE = Path(__file__).resolve().parents[1] / "vit_jax"
+PACKAGE = Path(ROOT) / "vit_jax"
 
 # The rooms, lowest first: a module may import from its own room or one below it.
 LAYERS = (

@@ -10,7 +10,7 @@ import socket
 import jax
 import numpy as np
 import pytest
-from helpers import flat, tiny_config
+from helpers import assert_trees_equal, flat, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax import weights
@@ -78,17 +78,13 @@ def test_two_processes_train_like_one(tmp_path):
     assert recovery.verify_workdir(workdir) == [("8", "verifies")]
     want = flat(weights.load_npz(tmp_path / "one" / "final.npz"))
     got = flat(weights.load_npz(f"{workdir}/final.npz"))
-    assert got.keys() == want.keys()
-    for k in want:
-        np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
+    assert_trees_equal(got, want, atol=1e-6)
     assert np.abs(want["head/kernel"]).max() > 0.01  # moved off its zero initialisation
     # Restarted, both processes restore their shards of step 8 and export it again.
     os.remove(f"{workdir}/final.npz")
     logs = finish_pair(launch_pair(workdir, cache))
     assert "resuming from step 8 " in logs[0] and "step 8: test accuracy" not in logs[0]
-    again = flat(weights.load_npz(f"{workdir}/final.npz"))
-    for k in got:
-        np.testing.assert_array_equal(again[k], got[k], err_msg=k)
+    assert_trees_equal(flat(weights.load_npz(f"{workdir}/final.npz")), got)
 
 
 def test_distributed_settings_are_checked():

@@ -8,9 +8,10 @@ import tempfile
 
 import nbformat
 import pytest
+from helpers import ROOT
 from nbclient import NotebookClient
 
-NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
 
 
 def execute(name, monkeypatch, tmp_path):

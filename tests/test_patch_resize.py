@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 from format_helpers import TINY, make
-from helpers import images, logits
+from helpers import images, logits, python_m
 
 from vit_jax import weights
 from vit_jax.models import get_model
@@ -118,28 +118,17 @@ def test_fine_tuning_init_from_resamples(tmp_path):
 
 
 def test_infer_command_takes_patch_size(tmp_path):
-    import os
-    import subprocess
-    import sys
-
     from PIL import Image
 
     model, params, _ = make(TINY)
     weights.save_npz(tmp_path / "p8.npz", params)
     Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(tmp_path / "x.png")
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vit_jax.infer",
-            f"--checkpoint={tmp_path / 'p8.npz'}",
-            f"--image={tmp_path / 'x.png'}",
-            "--patch_size=16",
-            "--top_k=2",
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    run = python_m(
+        "vit_jax.infer",
+        f"--checkpoint={tmp_path / 'p8.npz'}",
+        f"--image={tmp_path / 'x.png'}",
+        "--patch_size=16",
+        "--top_k=2",
     )
     assert run.returncode == 0, run.stderr
     assert "x.png" in run.stdout and "class" in run.stdout

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 from etils import epath
 from format_helpers import TINY, make
+from helpers import ROOT
 
 from vit_jax import weights
 from vit_jax.models import get_model
 from vit_jax.weights import published, remote
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(ROOT) / "README.md"
 
 
 def test_table_is_complete_and_in_the_readme():

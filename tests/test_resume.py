@@ -11,10 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import flat
+from helpers import assert_npz_equal
 from subprocesses import Run, tiny_flags
 
-from vit_jax import weights
 from vit_jax.workdir import manager as workdir_lib
 
 # 4 devices, FSDP over 2 of them (the MLP kernels are split), dropout on: the dropout
@@ -72,11 +71,7 @@ def test_killed_run_resumes_bit_identically(tmp_path):
         assert ("ignoring incomplete checkpoint" in logs[i + 1]) == leftovers[i]
     assert any(step is not None for step in resumable)  # some restart really resumed
     assert "step 24/24" in logs[-1] and "step 1/24" not in logs[-1]
-    flat_want = flat(weights.load_npz(f"{reference}/final.npz"))
-    flat_got = flat(weights.load_npz(f"{killed}/final.npz"))
-    assert flat_got.keys() == flat_want.keys()
-    for k in flat_want:  # bit-identical, not just close
-        np.testing.assert_array_equal(flat_got[k], flat_want[k], err_msg=k)
+    assert_npz_equal(f"{killed}/final.npz", f"{reference}/final.npz")  # bit-identical
     print(f"resumed from {resumable}; interrupted saves left behind: {leftovers}")
 
 

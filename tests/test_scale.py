@@ -7,13 +7,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import batch, flat
+from helpers import assert_trees_equal, batch, model_and_optimizer, training
 
 from vit_jax import weights
 from vit_jax.configs import fashion_mnist
 from vit_jax.parallel import sharding
-from vit_jax.training import optim, steps, train
 from vit_jax.training import state as state_lib
+from vit_jax.training import train
 from vit_jax.workdir import checks
 from vit_jax.workdir import manager as workdir_lib
 
@@ -28,12 +28,8 @@ def config():
 
 
 def train_on(mesh):
-    c = config()
-    model = state_lib.build_model(c.model, 10)
-    tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
-    state, shardings = state_lib.create_state(train.start_of(c), model, tx, mesh)
+    state, step, shardings = training(config(), mesh)
     created = per_device_bytes(state)
-    step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
     losses = []
     for _ in range(STEPS):  # the same batch: the loss must fall
         state, m = step(state, sharding.global_batch(batch(64, seed=0), mesh))
@@ -58,11 +54,6 @@ def per_device_bytes(tree):
         for shard in x.addressable_shards:
             per[shard.device] += shard.data.nbytes
     return per
-
-
-def assert_trees_equal(a, b, atol=0.0):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["fsdp8", "4x2"])
@@ -101,8 +92,7 @@ def test_each_device_holds_an_eighth_of_the_state(runs):
 
 def save_and_restore(state, mesh, directory):
     c = config()
-    model = state_lib.build_model(c.model, 10)
-    tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)
+    model, tx, _ = model_and_optimizer(c)
     manager = workdir_lib.open_manager(directory, 2)
     manager.save(STEPS, args=ocp.args.StandardSave(state))
     manager.wait_until_finished()
@@ -125,8 +115,4 @@ def test_checkpoint_moves_between_meshes(runs, tmp_path):
     # The published-layout export gathers the sharded parameters.
     path = tmp_path / "final.npz"
     state_lib.export_npz(str(path), back.params)
-    got = flat(weights.load_npz(path))
-    want = flat(expected.params)
-    assert got.keys() == want.keys()
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k])
+    assert_trees_equal(weights.load_npz(path), expected.params)

@@ -15,11 +15,9 @@ import sys
 import jax
 import numpy as np
 import pytest
-from flax import traverse_util
-from helpers import tiny_config
-from subprocesses import ROOT, Run, tiny_flags
+from helpers import ROOT, assert_npz_equal, python_m, tiny_config
+from subprocesses import Run, tiny_flags
 
-from vit_jax import weights
 from vit_jax.base.text import first_few
 from vit_jax.training import guard as guard_lib
 from vit_jax.training import train
@@ -72,14 +70,6 @@ DAMAGES = {
     "truncated _METADATA": truncate_metadata,
     "truncated data file": truncate_data_file,
 }
-
-
-def assert_same_npz(got, want):
-    flat_got = traverse_util.flatten_dict(weights.load_npz(got), sep="/")
-    flat_want = traverse_util.flatten_dict(weights.load_npz(want), sep="/")
-    assert flat_got.keys() == flat_want.keys()
-    for k in flat_want:  # bit-identical, not just close
-        np.testing.assert_array_equal(flat_got[k], flat_want[k], err_msg=k)
 
 
 def finished_copy(reference, path):
@@ -165,7 +155,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_run_falls_back(
         "truncated data file": r"file default/\S+ has \d+ bytes, \d+ when written",
     }
     assert re.fullmatch(want[damage], found[1]), found[1]
-    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{ref}/final.npz")
     assert integrity.step_dirs(checkpoints) == [10, 15, 20]  # 20 written again, with a record
     assert not integrity.quick_check(f"{checkpoints}/20")
 
@@ -178,18 +168,11 @@ def test_damaged_older_checkpoint_is_reported_but_does_not_stop_the_run(referenc
     assert re.fullmatch(r"DAMAGED: file default/\S+ fails its checksum.*", rows["10"]), rows
     assert rows["15"] == rows["20"] == "verifies"
     train.run(config(), workdir)  # resumes from 20: nothing to train, evaluates, exports
-    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{ref}/final.npz")
     # The command: a table and exit status 1; the FSDP-written record checks on one device.
     fsdp = finished_copy(reference["fsdp"][0], tmp_path / "fsdp")
     shutil.copytree(f"{workdir}/checkpoints/10", f"{fsdp}/checkpoints/10", dirs_exist_ok=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "vit_jax.checkpoints", "verify", fsdp],
-        cwd=ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python_m("vit_jax.checkpoints", "verify", fsdp, env={"JAX_PLATFORMS": "cpu"})
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["checkpoint", "state"]
@@ -209,14 +192,7 @@ def test_verify_a_recipe_workdir_checks_each_run_below_it(reference, tmp_path):
     os.makedirs(recipe / "scratch" / "checkpoints")  # started, nothing saved yet
     (recipe / "recipe.json").write_text("{}")
     flip_bytes(f"{recipe}/finetune/checkpoints/15")
-    done = subprocess.run(
-        [sys.executable, "-m", "vit_jax.checkpoints", "verify", f"{recipe}/"],
-        cwd=ROOT,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = python_m("vit_jax.checkpoints", "verify", f"{recipe}/", env={"JAX_PLATFORMS": "cpu"})
     assert done.returncode == 1, done.stderr  # a damaged checkpoint under its final name
     lines = done.stdout.splitlines()
     names = [line.split()[0] for line in lines]
@@ -248,13 +224,7 @@ def test_verify_a_directory_without_workdirs_says_what_it_expects(tmp_path):
         (tmp_path, "has no checkpoints/ directory"),
         (tmp_path / "c", "does not exist"),
     ):
-        done = subprocess.run(
-            [sys.executable, "-m", "vit_jax.checkpoints", "verify", str(path)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        done = python_m("vit_jax.checkpoints", "verify", str(path))
         assert done.returncode == 1 and not done.stdout
         assert done.stderr.startswith(f"error: {path} {what}"), done.stderr
         assert "a run's workdir (with checkpoints/) or a directory of them" in done.stderr
@@ -275,7 +245,7 @@ def test_with_no_intact_checkpoint_the_run_stops_unless_asked_to_start_again(
     capsys.readouterr()
     train.run(config(from_scratch_if_damaged=True), workdir)
     assert "step 1/20" in capsys.readouterr().out
-    assert_same_npz(f"{workdir}/final.npz", f"{ref}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{ref}/final.npz")
 
 
 def test_a_checkpoint_of_another_shape_does_not_fit_and_is_not_set_aside(reference, tmp_path):
@@ -368,7 +338,7 @@ def test_killed_before_the_record_keeps_the_older_checkpoint(cli_reference, tmp_
     assert "ignoring incomplete checkpoint(s) 10.orbax-checkpoint-tmp" in log
     assert f"resuming from step 5 (checkpoint {workdir}/checkpoints/5)" in log
     assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["20"]  # keep_checkpoints=1
-    assert_same_npz(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
 
 
 @pytest.fixture
@@ -409,7 +379,7 @@ def test_disk_full_during_a_save_stops_with_one_message_and_resumes(
     with Run(flags, devices=1) as run:
         assert run.finish(timeout=300) == 0, run.tail()
     assert f"resuming from step {good} " in "\n".join(run.log)
-    assert_same_npz(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
+    assert_npz_equal(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
 
 
 def test_export_to_a_full_disk_leaves_nothing_half_written(small_disk, tmp_path):

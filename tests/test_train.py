@@ -11,35 +11,33 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from helpers import batch, flat, run_command, snapshot, tiny_config
+from helpers import (
+    assert_trees_equal,
+    batch,
+    flat,
+    run_command,
+    snapshot,
+    tiny_config,
+    training,
+)
 from PIL import Image
 
 from vit_jax import configs, weights
 from vit_jax.configs import common
 from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
-from vit_jax.training import optim, steps, train
+from vit_jax.training import optim, train
 from vit_jax.training import state as state_lib
 from vit_jax.training.progress import Cadence, console_line, duration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def steps_on(mesh, config, batches, accum_steps=1):
-    model = state_lib.build_model(config.model, 10)
-    tx, lr = optim.make_optimizer(config.optimizer, config.total_steps)
-    state, shardings = state_lib.create_state(train.start_of(config), model, tx, mesh)
-    step, _ = steps.compile_steps(model, tx, lr, accum_steps, mesh, shardings)
+    state, step, _ = training(config, mesh, accum_steps)
     losses = []
     for b in batches:
         state, m = step(state, sharding.global_batch(b, mesh))
         losses.append(float(m["loss"]))
     return losses, jax.device_get(state.params)
-
-
-def assert_trees_close(a, b, atol):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(x, y, atol=atol, rtol=0)
 
 
 def test_eight_devices_match_one():
@@ -50,7 +48,7 @@ def test_eight_devices_match_one():
     eight = steps_on(sharding.make_mesh(), config, batches)
     np.testing.assert_allclose(one[0], eight[0], rtol=1e-5)
     assert one[0][2] != one[0][0]  # the steps did change something
-    assert_trees_close(one[1], eight[1], atol=2e-5)
+    assert_trees_equal(one[1], eight[1], atol=2e-5)
 
 
 def test_accumulation_equals_one_big_batch():
@@ -60,7 +58,7 @@ def test_accumulation_equals_one_big_batch():
     whole = steps_on(mesh, config, big)
     accumulated = steps_on(mesh, config, big, accum_steps=4)
     np.testing.assert_allclose(whole[0], accumulated[0], rtol=1e-5)
-    assert_trees_close(whole[1], accumulated[1], atol=2e-5)
+    assert_trees_equal(whole[1], accumulated[1], atol=2e-5)
 
 
 def test_bfloat16_training_steps_track_float32():

@@ -13,10 +13,9 @@ import sys
 import zipfile
 
 import pytest
+from helpers import ROOT
 
 from vit_jax.base import quiet_tf
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def sh(*cmd: str, cwd: str, env: dict | None = None) -> str:

@@ -10,13 +10,12 @@ import subprocess
 import sys
 
 import numpy as np
-from helpers import random_params
+from helpers import ROOT, random_params
 from PIL import Image
 
 from vit_jax import weights
 from vit_jax.models import get_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = """
 import importlib.abc, sys
 class NoTensorFlow(importlib.abc.MetaPathFinder):
