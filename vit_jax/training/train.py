@@ -148,14 +148,24 @@ def _finished_lines(workdir: str, summary: dict[str, Any]) -> str:
     step = summary.get("steps")
     lines = [f"{workdir}: finished at step {step} (summary.json); nothing to do"]
     if summary.get("accuracy") is not None:
-        loss = summary.get("eval_loss")
-        loss = f", loss {loss:.4f}" if isinstance(loss, float) else ""
-        lines.append(f"step {step}: test accuracy {summary['accuracy']:.4f}{loss}")
-    for name, row in fewshot_lib.by_dataset(summary).items():
-        shots = "/".join(map(str, row))
-        accs = "/".join(f"{100 * a:.1f}" for a in row.values())
+        lines.append(_eval_line(step, summary["accuracy"], summary.get("eval_loss")))
+    return "\n".join(lines + _fewshot_lines(step, summary))
+
+
+def _eval_line(step: int, accuracy: float, loss: float | None) -> str:
+    """'step 400: test accuracy 0.7758, loss 0.5990' (the loss left out where unknown)."""
+    loss_part = f", loss {loss:.4f}" if isinstance(loss, float) else ""
+    return f"step {step}: test accuracy {accuracy:.4f}{loss_part}"
+
+
+def _fewshot_lines(step: int, evals: dict) -> list[str]:
+    """'step 400: few-shot fashion_mnist 1/5/10/25-shot 41.2/63.0/70.1/76.5%', a dataset
+    a line, from the few-shot entries of `evals` (or of a stored summary)."""
+    lines = []
+    for name, row in fewshot_lib.by_dataset(evals).items():
+        shots, accs = "/".join(map(str, row)), "/".join(f"{100 * a:.1f}" for a in row.values())
         lines.append(f"step {step}: few-shot {name} {shots}-shot {accs}%")
-    return "\n".join(lines)
+    return lines
 
 
 def _check_init_from(config: ml_collections.ConfigDict) -> None:
@@ -187,13 +197,14 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
     tx, lr_fn = optim.make_optimizer(
         config.optimizer, config.total_steps, skip_nonfinite=config.skip_nonfinite
     )
-    abstract = abstract_state(start_of(config), model, tx)
+    plan, start = plan_of(config), start_of(config)
+    abstract = abstract_state(start, model, tx)
     state_bytes, npz_bytes = checks.tree_bytes(abstract), 4 * count_params(abstract.params)
-    checks.check_free_space(workdir, plan_of(config), state_bytes, npz_bytes)
-    saver = Saver(workdir, config.keep_checkpoints, plan_of(config).state)
+    checks.check_free_space(workdir, plan, state_bytes, npz_bytes)
+    saver = Saver(workdir, config.keep_checkpoints, plan.state)
     where.saver = saver
     scratch = config.get("from_scratch_if_damaged", False)
-    state, shardings = restore_or_create(start_of(config), model, tx, mesh, saver.manager, scratch)
+    state, shardings = restore_or_create(start, model, tx, mesh, saver.manager, scratch)
     where.step = int(jax.device_get(state.step))
     train_step, eval_step = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
     writer = metric_writers.SummaryWriter(workdir) if distributed.is_lead() else None
@@ -357,17 +368,16 @@ def _write(writer: Any, step: int, total: int, metrics: dict, evals: dict | None
         writer.write_scalars(step, {k: v for k, v in metrics.items() if k != "eta_seconds"})
     else:
         accuracy, loss = evals["accuracy"], evals["loss"]
-        print(f"step {step}: test accuracy {accuracy:.4f}, loss {loss:.4f}", flush=True)
+        print(_eval_line(step, accuracy, loss), flush=True)
         writer.write_scalars(step, {"eval/accuracy": accuracy, "eval/loss": loss})
 
 
 def _write_fewshot(writer: Any, step: int, evals: dict) -> None:
-    """'step 400: few-shot fashion_mnist 1/5/10/25-shot 41.2/63.0/70.1/76.5%'."""
+    """The few-shot lines (`_fewshot_lines`) and their TensorBoard scalars."""
     if writer is None:
         return
-    for name, row in fewshot_lib.by_dataset(evals).items():
-        shots, accs = "/".join(map(str, row)), "/".join(f"{100 * a:.1f}" for a in row.values())
-        print(f"step {step}: few-shot {name} {shots}-shot {accs}%", flush=True)
+    for line in _fewshot_lines(step, evals):
+        print(line, flush=True)
     writer.write_scalars(step, {k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)})
 
 
