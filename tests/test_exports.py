@@ -118,3 +118,16 @@ def test_every_directory_export_keeps_an_existing_output(tmp_path, fmt):
             export.export_onnx(params, model, (size, size), str(out))
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_an_output_in_a_missing_directory_names_that_directory(tmp_path):
+    missing = tmp_path / "no" / "such"
+    want = f"cannot write {missing}/m.npz: its directory {missing} does not exist"
+    with pytest.raises(FileNotFoundError) as error:
+        with files.atomic_write(missing / "m.npz") as f:
+            f.write(b"x")
+    assert str(error.value) == want  # not the hidden m.npz.tmp
+    with pytest.raises(FileNotFoundError, match=f"its directory {missing} does not exist"):
+        with files.atomic_dir(missing / "hf"):
+            pass
+    assert list(tmp_path.iterdir()) == []

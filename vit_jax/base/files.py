@@ -16,8 +16,13 @@ from typing import IO
 def atomic_write(path: str | os.PathLike, mode: str = "wb", sync: bool = False) -> Iterator[IO]:
     """Opens `path`.tmp for the block, then renames it to `path`: a crash never leaves
     a half-written `path`, and a block that raises (a full disk) removes the temporary
-    file. `sync` flushes it to the disk before the rename."""
+    file. `sync` flushes it to the disk before the rename.
+
+    Raises:
+        FileNotFoundError: `path`'s directory does not exist (named, not the `.tmp` file).
+    """
     path = Path(path)
+    _check_parent(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, mode) as f:
@@ -48,6 +53,7 @@ def scratch_dir(path: str | os.PathLike) -> Iterator[Path]:
     """A new directory beside `path` (same file system, so a rename moves what is built
     in it to `path` at once), removed with whatever is left in it when the block ends."""
     path = Path(path)
+    _check_parent(path)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp", dir=path.parent))
     try:
         yield tmp
@@ -70,3 +76,10 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         if path.exists():
             path.rmdir()  # empty (check_new)
         os.replace(tmp, path)
+
+
+def _check_parent(path: Path) -> None:
+    """The error of an output whose directory does not exist, naming that directory (the
+    temporary file or directory beside `path` would otherwise be what the OS names)."""
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {path}: its directory {path.parent} does not exist")
