@@ -305,31 +305,39 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
         "from timm.models.vision_transformer import VisionTransformer",
     ]
     if model.resnet_stages is not None:
-        stages = tuple(model.resnet_stages)
-        lines += [
-            "from timm.layers import GroupNormAct, HybridEmbed, StdConv2dSame",
-            "from timm.layers.padding import pad_same",
-            f"from timm.models.resnetv2 import {'ResNetV2' if stages else 'create_resnetv2_stem'}",
-            "class StdConv(StdConv2dSame):  # the original's standardisation: / (std + 1e-5)",
-            "    def forward(self, x):",
-            "        w = self.weight - self.weight.mean((1, 2, 3), keepdim=True)",
-            "        w = w / (w.std((1, 2, 3), correction=0, keepdim=True) + 1e-5)",
-            "        x = pad_same(x, self.kernel_size, self.stride) if self.same_pad else x",
-            "        return torch.nn.functional.conv2d(x, w, None, self.stride, self.padding)",
-            "",
-            "norm = partial(GroupNormAct, num_groups=32, eps=1e-6)",
-        ]
-        common = ["stem_type='same'", "preact=False", "conv_layer=StdConv", "norm_layer=norm"]
-        if stages:
-            lines += _call(
-                "backbone = ResNetV2",
-                [f"layers={stages!r}", f"in_chans={model.channels}", "num_classes=0"]
-                + ["global_pool=''", *common],
-            )
-        else:  # the root alone (conv, norm, pool)
-            lines += _call("backbone = create_resnetv2_stem", [str(model.channels), *common])
+        lines += _hybrid_stem(model)
         args.append("embed_layer=partial(HybridEmbed, backbone=backbone)")
     lines += _call("model = VisionTransformer", args)
     lines.append(f"model.load_state_dict(safetensors.torch.load_file({path!r}))  # strict")
     lines.append(f"model.eval()  # takes float32 [N, {model.channels}, {h}, {w}] in [-1, 1]")
     return "\n".join(lines)
+
+
+def _hybrid_stem(model: VisionTransformer) -> list[str]:
+    """The lines that define `backbone`, a hybrid's ResNet stem in timm's layers: its
+    ResNetV2 stages (or the root alone) with GroupNorm eps 1e-6, and a StdConv subclass
+    with the original weight standardisation."""
+    stages = tuple(model.resnet_stages)
+    lines = [
+        "from timm.layers import GroupNormAct, HybridEmbed, StdConv2dSame",
+        "from timm.layers.padding import pad_same",
+        f"from timm.models.resnetv2 import {'ResNetV2' if stages else 'create_resnetv2_stem'}",
+        "class StdConv(StdConv2dSame):  # the original's standardisation: / (std + 1e-5)",
+        "    def forward(self, x):",
+        "        w = self.weight - self.weight.mean((1, 2, 3), keepdim=True)",
+        "        w = w / (w.std((1, 2, 3), correction=0, keepdim=True) + 1e-5)",
+        "        x = pad_same(x, self.kernel_size, self.stride) if self.same_pad else x",
+        "        return torch.nn.functional.conv2d(x, w, None, self.stride, self.padding)",
+        "",
+        "norm = partial(GroupNormAct, num_groups=32, eps=1e-6)",
+    ]
+    common = ["stem_type='same'", "preact=False", "conv_layer=StdConv", "norm_layer=norm"]
+    if stages:
+        lines += _call(
+            "backbone = ResNetV2",
+            [f"layers={stages!r}", f"in_chans={model.channels}", "num_classes=0"]
+            + ["global_pool=''", *common],
+        )
+    else:  # the root alone (conv, norm, pool)
+        lines += _call("backbone = create_resnetv2_stem", [str(model.channels), *common])
+    return lines
