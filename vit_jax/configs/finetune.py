@@ -32,7 +32,6 @@ def get_config(arg: str = "b16,cifar10"):
     c = base(name)
     ds.apply(c)
     c.init_from = f"{name}.npz"
-    c.dataset.shuffle_buffer = 250_000 if ds.name == "imagenet2012" else 50_000
     c.image_size = RESOLUTION.get(name, 384)
     c.total_steps = ds.steps
     c.optimizer.warmup_steps = min(500, ds.steps // 10)

@@ -64,7 +64,6 @@ def get_config(arg: str = "b16,imagenet21k"):
     name, ds = parse_model_dataset("pretrain", arg, DATASETS)
     c = base(name)
     ds.apply(c)
-    c.dataset.shuffle_buffer = 250_000
     c.image_size = 224
     c.batch_size = c.eval_batch_size = 4096
     c.total_steps = ds.epochs * ds.train_examples // c.batch_size

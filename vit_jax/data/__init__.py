@@ -1,22 +1,26 @@
-"""tf.data input pipelines for ViT training and evaluation.
+"""The input pipeline for ViT training and evaluation, on Grain; no TensorFlow.
 
 Sources: MNIST-format idx files (the default, Fashion-MNIST from the Debian package
-dataset-fashion-mnist), image folders, and TFDS builders. Layout:
+dataset-fashion-mnist), image folders, and TFDS datasets prepared as ArrayRecord (read
+by `tfds.data_source`). Every source is a random-access table, so a batch is a pure
+function of (seed, step): a resumed run reads what an uninterrupted run reads, and each
+process reads only its share. Layout:
 
   config.py         default_config() and its validation
   splits.py         'train[:10%]' slicing syntax, per-process ranges
   subsets.py        class subsets and per-class budgets on label arrays
   idx_source.py     idx file parsing
   folder_source.py  image-folder scanning, decoding, corrupt files
-  tfds_source.py    TFDS builders as ordered record streams
-  tables.py         random-access tables of the idx and folder sources
-  preprocess.py     pure per-example / per-batch TF functions (crop, resize, flip, mixup)
-  streams.py        which example sits at each position of a process's share
-  pipeline.py       the public iterators and counts
+  tfds_source.py    TFDS datasets through tfds.data_source (ArrayRecord)
+  tables.py         the random-access tables of the three sources
+  pixels.py         the one preprocessing: decode, resize (PIL bilinear), [-1, 1]
+  augment.py        Inception crop, flip, mixup, label smoothing, seeded per step
+  order.py          which example sits at each position of a process's share
+  pipeline.py       Grain datasets: the public iterators and counts
+  images.py         image files for the commands (infer, figures), class names
 
-Importing this package does not import TensorFlow: the config is plain, and the
-iterators (and CorruptImageError) load the tf.data modules on first use, so models,
-checkpoints and the jitted steps run where TensorFlow is absent.
+Training, evaluation, few-shot, `infer`, `evaluate` and the figures read pixels through
+pixels.py, so one image file gives the same model input everywhere.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ _PIPELINE = ("eval_iterator", "num_classes", "num_examples", "train_iterator")
 __all__ = ["DEFAULT_IDX_DIR", "CorruptImageError", "default_config", *_PIPELINE]
 
 
-def __getattr__(name: str) -> Any:  # PEP 562: TensorFlow only when a pipeline is used
+def __getattr__(name: str) -> Any:  # PEP 562: Grain and PIL only when a pipeline is used
     if name in _PIPELINE:
         from vit_jax.data import pipeline
 

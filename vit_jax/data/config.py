@@ -17,7 +17,7 @@ def default_config() -> ml_collections.ConfigDict:
     Fields:
         source: Where examples come from: 'idx' (MNIST-format idx files, read into
             memory), 'folder' (DIR/<split>/<class>/*.jpg|jpeg|png) or 'tfds' (a prepared
-            TFDS builder).
+            TFDS builder prepared in the ArrayRecord format).
         name: TFDS builder name ('cifar10', 'imagenet2012', 'oxford_iiit_pet', ...), any
             image-classification builder with 'image' and 'label' features. Only for 'tfds'.
         data_dir: The idx directory, the image-folder root, or the TFDS data_dir. None
@@ -32,8 +32,6 @@ def default_config() -> ml_collections.ConfigDict:
             the train split after a shuffle seeded with subset_seed.
         subset_seed: Seed of that shuffle (fixed, so the subset does not change with the
             training seed).
-        shuffle_buffer: Shuffle buffer of the streamed TFDS source (the idx and folder
-            sources permute all indices and do not use it).
         crop_min_area: Smallest crop area (fraction of the image) of the Inception crop.
         flip: Random horizontal flips in training.
         mixup: Beta(alpha, alpha) mixup within the local batch; 0 turns it off.
@@ -41,6 +39,10 @@ def default_config() -> ml_collections.ConfigDict:
         skip_corrupt: Skip images that do not decode (folder source; counted and
             logged) instead of raising an error that names the file.
         cache: Keep decoded images in memory (folder and tfds sources; idx always is).
+        threads: Threads that prepare batches ahead of the loop in this process; 0 means
+            one per CPU core.
+        workers: Grain worker processes that prepare batches (each with one thread);
+            0 prepares them in this process, on `threads` threads.
     """
     return ml_collections.ConfigDict(
         {
@@ -52,13 +54,14 @@ def default_config() -> ml_collections.ConfigDict:
             "classes": config_dict.placeholder(tuple),
             "examples_per_class": config_dict.placeholder(int),
             "subset_seed": 0,
-            "shuffle_buffer": 50_000,
             "crop_min_area": 0.05,
             "flip": True,
             "mixup": 0.0,
             "label_smoothing": 0.0,
             "skip_corrupt": False,
             "cache": False,
+            "threads": 0,
+            "workers": 0,
         }
     )
 
@@ -93,8 +96,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise ValueError(f"dataset.mixup={cfg.mixup}: expected alpha >= 0 (0 turns it off).")
     if not 0.0 <= cfg.label_smoothing < 1.0:
         raise ValueError(f"dataset.label_smoothing={cfg.label_smoothing}: expected 0 <= s < 1.")
-    if cfg.shuffle_buffer < 1:
-        raise ValueError(f"dataset.shuffle_buffer={cfg.shuffle_buffer}: expected >= 1.")
+    for field in ("threads", "workers"):
+        if cfg[field] < 0:
+            raise ValueError(f"dataset.{field}={cfg[field]}: expected an int >= 0.")
 
 
 def data_dir(cfg: ml_collections.ConfigDict) -> str | None:

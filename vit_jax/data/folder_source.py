@@ -1,30 +1,24 @@
 """Image folders: ``DIR/<split>/<class>/*.jpg|jpeg|png``, class ids by sorted class name.
 
-Corrupt files. tf.data cannot catch a decoding error inside the pipeline, and the
-error it raises does not say which file failed. Two paths keep errors nameable:
+Files are decoded by `pixels.decode` (PIL: EXIF orientation, any mode to RGB) where the
+pipeline reads them. Corrupt files:
 
-* skip_corrupt=False, cache=False (default): files are read and decoded lazily in the
-  pipeline (a JPEG only inside its training crop window). When a batch fails, the
-  iterator re-decodes that batch's files one by one (``find_corrupt``) and raises
-  ``CorruptImageError`` naming the file.
-* skip_corrupt=True or cache=True: every file is decoded once up front by a parallel
-  tf.data pass (``decode_all``) that drops failing files with ``ignore_errors`` and
-  reports which were dropped. With skip_corrupt they are left out of the split,
-  counted and logged; otherwise the first one is named in a ``CorruptImageError``.
-  The pass costs one decode of the split (minutes for ImageNet-sized folders).
-
-Grayscale and RGBA files decode to RGB (``tf.io.decode_image(channels=3)``).
+* skip_corrupt=False, cache=False (default): a file that does not decode stops the run
+  with a ``CorruptImageError`` naming it.
+* skip_corrupt=True or cache=True: every file is decoded once up front, by threads
+  (``decode_all``). With skip_corrupt the failures are left out of the split, counted
+  and logged; otherwise the first is named in a ``CorruptImageError``. The pass costs
+  one decode of the split (minutes for ImageNet-sized folders).
 """
 
 from __future__ import annotations
 
 import os
-import re
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from vit_jax.data import preprocess
-from vit_jax.data._tf import tf
+from vit_jax.data import pixels
 
 EXTENSIONS = (".jpg", ".jpeg", ".png")
 
@@ -95,66 +89,44 @@ def scan_split(root: str, name: str, classes: list[str]) -> tuple[np.ndarray, np
     return np.asarray(paths, dtype=object), np.asarray(labels, np.int64)
 
 
-def decode(path: tf.Tensor) -> tf.Tensor:
-    """Reads and decodes one file.  # uint8 [h, w, 3]"""
-    return preprocess.decode(tf.io.read_file(path))
+def load(path: str) -> np.ndarray:
+    """Reads and decodes one file.  -> uint8 [h, w, 3]
+
+    Raises:
+        CorruptImageError: The file does not decode (or is missing), naming it.
+    """
+    try:
+        return pixels.decode(path)
+    except (ValueError, OSError) as e:
+        raise corrupt_error(path, str(e)) from None
 
 
-def find_corrupt(paths: list[str]) -> list[tuple[str, str]]:
-    """Decodes files one by one in eager mode: [(path, error message)] of those that fail."""
-    bad = []
-    for path in paths:
-        try:
-            decode(tf.constant(path))
-        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
-            message = re.sub(r"\{\{[^}]*\}\}|\[Op:.*", "", e.message.splitlines()[0])
-            bad.append((path, message.strip()))
-    return bad
-
-
-def decode_all(paths: np.ndarray, keep_images: bool) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Decodes every file once with a parallel tf.data pass that drops failures.
+def decode_all(paths: np.ndarray, keep_images: bool) -> tuple[np.ndarray, list, list]:
+    """Decodes every file once, by threads (PIL decodes without the GIL).
 
     Args:
         paths: Files to decode.  # [N]
         keep_images: Return the decoded images (for the in-memory cache).
 
     Returns:
-        (ok, images): positions of the files that decode, ascending  # [M]
-        and, with keep_images, their uint8 images [h, w, 3] (else an empty list).
+        (ok, images, failures): positions of the files that decode, ascending  # [M]
+        with keep_images their uint8 images [h, w, 3] (else an empty list), and
+        [(path, reason)] of those that do not.
     """
-    ds = tf.data.Dataset.from_tensor_slices((np.arange(len(paths)), paths.astype(str)))
 
-    def load(i, path):
-        image = decode(path)
-        return i, (image if keep_images else tf.shape(image))  # the shape forces the decode
+    def one(path):
+        try:
+            return pixels.decode(path), None
+        except (ValueError, OSError) as e:
+            return None, str(e)
 
-    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).ignore_errors()
-    ok, images = [], []
-    for i, image in ds.as_numpy_iterator():
-        ok.append(i)
-        if keep_images:
-            images.append(image)
-    return np.asarray(ok, np.int64), images
-
-
-def image_store(images: list[np.ndarray]):
-    """An in-memory random-access loader for images of varying sizes.
-
-    Images are packed into one flat uint8 buffer; the loader slices image i out of it.
-
-    Returns:
-        load(index int64 scalar tensor) -> uint8 [h, w, 3].
-    """
-    shapes = np.asarray([im.shape for im in images], np.int64).reshape(-1, 3)  # [N, 3]
-    ends = np.cumsum(np.prod(shapes, axis=1))
-    starts = ends - np.prod(shapes, axis=1)
-    flat = tf.constant(np.concatenate([im.reshape(-1) for im in images]) if images else [])
-    flat = tf.cast(flat, tf.uint8)
-    shapes_t, starts_t, ends_t = (tf.constant(a) for a in (shapes, starts, ends))
-
-    def load(index: tf.Tensor) -> tf.Tensor:
-        image = flat[starts_t[index] : ends_t[index]]
-        return tf.reshape(image, shapes_t[index])
-
-    return load
+    ok, images, failures = [], [], []
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for i, (image, error) in enumerate(pool.map(one, list(paths), chunksize=64)):
+            if error is not None:
+                failures.append((str(paths[i]), error))
+                continue
+            ok.append(i)
+            if keep_images:
+                images.append(image)
+    return np.asarray(ok, np.int64), images, failures

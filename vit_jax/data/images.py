@@ -1,8 +1,9 @@
 """Reading images for the commands: paths, sizes, RGB conversion, class names.
 
 Every command that takes image files (classify, few-shot on folders, figures) reads
-them here, the same way: EXIF orientation, any PIL mode to RGB, bilinear resize to
-the model's resolution, scaled to [-1, 1].
+them here, through the input pipeline's own preprocessing (pixels.py): EXIF
+orientation, any PIL mode to RGB, bilinear resize to the model's resolution, scaled
+to [-1, 1].
 
 Where ``vit_jax/data/imagenet_classes.txt`` came from: line i is the first WordNet
 lemma (underscores as spaces) of the i-th ImageNet-1k synset in the order of
@@ -22,7 +23,8 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+
+from vit_jax.data import pixels
 
 IMAGENET_CLASSES_FILE = "imagenet_classes.txt"
 
@@ -58,35 +60,12 @@ def parse_image_size(value: int | str | Sequence[int] | None) -> tuple[int, int]
     return sizes[0], sizes[1]
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
-    """Converts any PIL mode to RGB; transparency is composited on white."""
-    if image.mode == "RGB":
-        return image
-    if image.mode in ("RGBA", "LA", "PA") or (
-        image.mode in ("P", "L", "RGB") and "transparency" in image.info
-    ):
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
-        # 16-bit (or 32-bit int) grayscale: scale 0..65535 onto 0..255.
-        array = np.asarray(image, dtype=np.float64) / 257.0
-        return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8)).convert("RGB")
-    if image.mode == "F":
-        array = np.asarray(image, dtype=np.float64)
-        if array.size and array.max() <= 1.0:
-            array = array * 255.0
-        return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8)).convert("RGB")
-    return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV.
-
-
 def load_image(path: str, image_size: tuple[int, int]) -> np.ndarray:
-    """Reads one image file as the model's input.
+    """Reads one image file as the model's input, as the input pipeline's evaluation does.
 
-    The image is turned upright by its EXIF orientation, converted to RGB
-    (grayscale, palette, CMYK, 16-bit; transparent pixels over white), resized
-    to ``image_size`` with bilinear interpolation (no crop, so the aspect ratio
-    is not kept) and scaled as ``(x - 127.5) / 127.5``.
+    `pixels.decode` (EXIF orientation, any mode to RGB, transparency over white), then
+    `pixels.resize` to ``image_size`` (PIL bilinear, no crop, so the aspect ratio is not
+    kept), then ``(x - 127.5) / 127.5``.
 
     Args:
       path: Image file in any format PIL reads.
@@ -99,21 +78,11 @@ def load_image(path: str, image_size: tuple[int, int]) -> np.ndarray:
       FileNotFoundError: If ``path`` does not exist.
       ValueError: If ``path`` is not a readable image.
     """
-    height, width = image_size
     try:
-        with Image.open(path) as image:
-            image.load()
-            image = ImageOps.exif_transpose(image)
-            image = _to_rgb(image)
-            image = image.resize((width, height), Image.Resampling.BILINEAR)
-            array = np.asarray(image, dtype=np.float32)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"image not found: {path}") from None
-    except IsADirectoryError:
-        raise ValueError(f"cannot read image {path}: it is a directory") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        image = pixels.decode(path)
+    except ValueError as e:
         raise ValueError(f"cannot read image {path}: {e}") from None
-    return (array - 127.5) / 127.5
+    return pixels.normalize(pixels.resize(image, image_size))
 
 
 def load_images(paths: Sequence[str], image_size: tuple[int, int]) -> np.ndarray:

@@ -1,37 +1,38 @@
-"""The public input pipeline: class and example counts, train and eval iterators.
+"""The public input pipeline on Grain: class and example counts, train and eval iterators.
 
 Batches are numpy dicts holding this process's share of the global batch:
 ``{'image': float32 [b, H, W, 3] in [-1, 1], 'label': float32 [b, K]}`` (+ 'mask'
-float32 [b] in eval), b = global_batch // process_count. See streams.py for how
-positions map to examples (determinism, exact resume, per-process shares).
+float32 [b] in eval), b = global_batch // process_count.
+
+A Grain MapDataset indexed by step maps each step to its whole batch (`TrainBatch`):
+the examples order.py assigns to this process, loaded, augmented (augment.py) and
+stacked. The batch is a pure function of (seed, step), so a run resumed at step s is
+the same dataset sliced at s -- no iterator state to save. Grain runs the batches
+ahead of the loop on threads (PIL and NumPy release the GIL) or, with
+dataset.workers > 0, in worker processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from collections.abc import Iterator
 
+import grain
 import ml_collections
 import numpy as np
 
+from vit_jax.data import augment, order, pixels, splits, tables
 from vit_jax.data import config as config_lib
-from vit_jax.data import folder_source, preprocess, splits, streams, tables, tfds_source
-from vit_jax.data._tf import tf
 
 Batch = dict[str, np.ndarray]
-
-
-def _plan(cfg: ml_collections.ConfigDict, spec: str) -> tfds_source.Plan:
-    classes = None if cfg.classes is None else tuple(cfg.classes)
-    epc = cfg.examples_per_class if spec == cfg.train_split else None
-    return tfds_source.plan(cfg.name, cfg.data_dir, spec, classes, epc, cfg.subset_seed)
+_FOREVER = 2**62
 
 
 def num_classes(cfg: ml_collections.ConfigDict) -> int:
     """Number of classes the model predicts: len(cfg.classes), else all of the dataset's."""
     config_lib.validate(cfg)
-    if cfg.source == "tfds":
-        return _plan(cfg, cfg.train_split).num_classes
     return tables.open_table(cfg, cfg.train_split).num_classes
 
 
@@ -44,8 +45,6 @@ def num_examples(cfg: ml_collections.ConfigDict, split: str) -> int:
             examples_per_class applies when it equals cfg.train_split.
     """
     config_lib.validate(cfg)
-    if cfg.source == "tfds":
-        return _plan(cfg, split).size
     return len(tables.open_table(cfg, split))
 
 
@@ -68,57 +67,93 @@ def _processes(
     return process_index, process_count, global_batch // process_count
 
 
-def _finish(ds: tf.data.Dataset) -> tf.data.Dataset:
-    options = tf.data.Options()
-    options.deterministic = True
-    options.experimental_optimization.map_fusion = True  # load + preprocess in one map
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+@dataclasses.dataclass(frozen=True)
+class TrainBatch:
+    """step -> this process's train batch (a picklable callable for Grain's workers)."""
+
+    cfg: ml_collections.ConfigDict
+    split: str
+    size: tuple[int, int]
+    seed: int
+    global_batch: int
+    process_index: int
+    process_count: int
+
+    def __call__(self, step: int) -> Batch:
+        cfg, table = self.cfg, tables.open_table(self.cfg, self.split)
+        index, slots = order.train_share(
+            len(table),
+            step,
+            global_batch=self.global_batch,
+            process_index=self.process_index,
+            process_count=self.process_count,
+            seed=self.seed,
+        )
+        draws = augment.step_draws(self.seed, step, self.global_batch)[slots]  # [b, DRAWS]
+        if table.images is not None:  # in memory, one size: crop + resize as one batch
+            images, labels = table.images[index], table.labels[index]
+            h, w = images.shape[1:3]
+            boxes = [augment.crop_window(h, w, u, cfg.crop_min_area) for u in draws]
+            images = pixels.resize_batch(images, np.asarray(boxes), self.size)
+            if cfg.flip:
+                mirror = draws[:, -1] < 0.5
+                images[mirror] = images[mirror, :, ::-1]
+        else:
+            images, labels = [], []
+            for i, u in zip(index, draws, strict=True):
+                image, label = table.example(int(i))
+                images.append(augment.train_image(image, u, self.size, cfg.crop_min_area, cfg.flip))
+                labels.append(label)
+            images, labels = np.stack(images), np.asarray(labels)
+        batch = {
+            "image": pixels.normalize(images),
+            "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
+        }
+        if cfg.mixup > 0:
+            augment.mixup(batch, self.seed, step, cfg.mixup)
+        return batch
 
 
-def _train_dataset(
-    cfg: ml_collections.ConfigDict,
-    *,
-    global_batch: int,
-    image_size: int | tuple[int, int],
-    seed: int,
-    start_step: int,
-    process_index: int | None,
-    process_count: int | None,
-) -> tf.data.Dataset:
-    """The batched train tf.data pipeline of this process (see train_iterator)."""
-    index, count, b = _processes(global_batch, process_index, process_count)
-    shares = dict(
-        global_batch=global_batch,
-        process_index=index,
-        process_count=count,
-        start_step=start_step,
-        seed=seed,
-    )
-    batched = False  # whether the stream yields whole shares of a step already
-    if cfg.source == "tfds":
-        plan = _plan(cfg, cfg.train_split)
-        k = plan.num_classes
-        ds = streams.tfds_train(plan, shuffle_buffer=cfg.shuffle_buffer, cache=cfg.cache, **shares)
-    else:
-        table = tables.open_table(cfg, cfg.train_split)
-        k, batched = table.num_classes, table.images is not None
-        ds = streams.table_train(table, **shares)
-    size = preprocess.image_size_hw(image_size)
-    augment = preprocess.train_batch if batched else preprocess.train_image
+@dataclasses.dataclass(frozen=True)
+class EvalBatch:
+    """batch number -> this process's eval batch, padded with mask 0 past its share."""
 
-    def example(ex):  # one example, or one share of a step if batched
-        image = augment(ex["image"], ex["seed"], size, cfg.crop_min_area, cfg.flip)
-        label = preprocess.one_hot(ex["label"], k, cfg.label_smoothing)
-        return {"image": image, "label": label, "step": ex["step"]}
+    cfg: ml_collections.ConfigDict
+    split: str
+    size: tuple[int, int]
+    lo: int
+    hi: int
+    batch_size: int
 
-    ds = ds.map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if not batched:
-        ds = ds.batch(b, drop_remainder=True)
-    if cfg.mixup > 0:
-        mix_key = preprocess.key(seed, preprocess.MIXUP_SALT)
-        mix_seed = lambda batch: preprocess.seeds(mix_key, batch["step"][0])
-        ds = ds.map(lambda batch: preprocess.mixup(batch, mix_seed(batch), cfg.mixup))
-    return _finish(ds.map(lambda batch: {"image": batch["image"], "label": batch["label"]}))
+    def __call__(self, number: int) -> Batch:
+        table = tables.open_table(self.cfg, self.split)
+        start = self.lo + number * self.batch_size
+        stop = min(start + self.batch_size, self.hi)
+        images = np.zeros([self.batch_size, *self.size, 3], np.float32)
+        labels = np.zeros([self.batch_size, table.num_classes], np.float32)
+        real = np.arange(start, stop)
+        if table.images is not None and len(real):  # in memory, one size: one batch
+            h, w = table.images.shape[1:3]
+            boxes = np.tile([0, 0, h, w], (len(real), 1))
+            resized = pixels.resize_batch(table.images[real], boxes, self.size)
+            images[: len(real)] = pixels.normalize(resized)
+            labels[np.arange(len(real)), table.labels[real]] = 1.0
+        for j, i in enumerate(real if table.images is None else []):
+            image, label = table.example(int(i))
+            images[j] = pixels.normalize(pixels.resize(image, self.size))
+            labels[j, label] = 1.0
+        mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)
+        return {"image": images, "label": labels, "mask": mask}
+
+
+def _run(ds: grain.MapDataset, cfg: ml_collections.ConfigDict) -> Iterator[Batch]:
+    """Iterates ds ahead of the consumer: threads, or worker processes if cfg.workers."""
+    threads = 1 if cfg.workers else cfg.threads or os.cpu_count() or 1
+    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+    it = ds.to_iter_dataset(options)
+    if cfg.workers > 0:
+        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.workers))
+    return iter(it)
 
 
 def train_iterator(
@@ -149,24 +184,15 @@ def train_iterator(
         configured.
     """
     config_lib.validate(cfg)
-    ds = _train_dataset(
-        cfg,
-        global_batch=global_batch,
-        image_size=image_size,
-        seed=seed,
-        start_step=start_step,
-        process_index=process_index,
-        process_count=process_count,
-    )
     index, count, _ = _processes(global_batch, process_index, process_count)
-
-    def indices(step: int) -> np.ndarray:
-        n = num_examples(cfg, cfg.train_split)
-        shares = dict(global_batch=global_batch, process_index=index, process_count=count)
-        step_t = tf.constant(step, tf.int64)
-        return streams.table_positions(n, step_t, seed=seed, **shares)[0].numpy()
-
-    return _iterate(cfg, cfg.train_split, ds, start_step, indices)
+    if not num_examples(cfg, cfg.train_split):
+        raise ValueError(
+            "the train split has no examples after slicing and class subsetting; check "
+            "dataset.train_split, dataset.classes and dataset.examples_per_class."
+        )
+    size = splits.image_size_hw(image_size)
+    make = TrainBatch(cfg, cfg.train_split, size, seed, global_batch, index, count)
+    return _run(grain.MapDataset.range(start_step, _FOREVER).map(make), cfg)
 
 
 def eval_iterator(
@@ -197,52 +223,8 @@ def eval_iterator(
     """
     config_lib.validate(cfg)
     index, count, b = _processes(global_batch, process_index, process_count)
-    if cfg.source == "tfds":
-        source = _plan(cfg, split)
-        ds = streams.tfds_eval(source, index, count)
-    else:
-        source = tables.open_table(cfg, split)
-        ds = streams.table_eval(source, index, count)
-    k, size = source.num_classes, preprocess.image_size_hw(image_size)
-
-    def example(ex):
-        image = preprocess.eval_image(ex["image"], size)
-        return {"image": image, "label": preprocess.one_hot(ex["label"], k), "mask": 1.0}
-
-    ds = ds.map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    padding = {"image": tf.zeros([*size, 3]), "label": tf.zeros([k]), "mask": 0.0}
-    num_batches = math.ceil(math.ceil(num_examples(cfg, split) / count) / b)
-    ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat())
-    ds = _finish(ds.take(num_batches * b).batch(b))
-    share_lo, share_hi = splits.process_range(num_examples(cfg, split), index, count)
-
-    def indices(batch: int) -> np.ndarray:
-        return np.arange(share_lo + batch * b, min(share_lo + (batch + 1) * b, share_hi))
-
-    return _iterate(cfg, split, ds, 0, indices)
-
-
-def _iterate(cfg, split: str, ds: tf.data.Dataset, first: int, indices) -> Iterator[Batch]:
-    """Yields ds as numpy; a folder image that fails to decode is named in the error.
-
-    Args:
-        indices: batch number -> table positions it reads (folder source only).
-    """
-    iterator = ds.as_numpy_iterator()
-    batch_number = first
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
-            if cfg.source != "folder":
-                raise
-            table = tables.open_table(cfg, split)
-            bad = folder_source.find_corrupt(list(table.paths[indices(batch_number)]))
-            bad = bad or folder_source.find_corrupt(list(table.paths))
-            if not bad:
-                raise
-            raise folder_source.corrupt_error(*bad[0]) from e
-        yield batch
-        batch_number += 1
+    n = num_examples(cfg, split)
+    lo, hi = splits.process_range(n, index, count)
+    num_batches = math.ceil(math.ceil(n / count) / b)
+    make = EvalBatch(cfg, split, splits.image_size_hw(image_size), lo, hi, b)
+    return _run(grain.MapDataset.range(num_batches).map(make), cfg)

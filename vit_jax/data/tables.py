@@ -1,7 +1,7 @@
-"""Random-access example tables for the idx and folder sources.
+"""Random-access example tables of the idx, folder and TFDS sources.
 
 A table is the list of examples a split keeps (after slicing, class subsetting and the
-per-class budget) with a TF function that loads example i. Random access lets the
+per-class budget) with a function that loads example i. Random access lets the
 pipeline draw any permutation of the split from a seed, so a batch depends only on
 (seed, step) and each process loads only the examples of its share.
 """
@@ -16,8 +16,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax.data import config as config_lib
-from vit_jax.data import folder_source, idx_source, splits, subsets
-from vit_jax.data._tf import tf
+from vit_jax.data import folder_source, idx_source, pixels, splits, subsets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,25 +24,26 @@ class Table:
     """The examples of one split, addressable by position 0..N-1.
 
     Attributes:
-        labels: Labels after relabelling.  # int64 [N]
+        size: Number of examples N.
         num_classes: Number of classes after subsetting.
-        load: TF function: int64 scalar position -> uint8 image [h, w, 1 or 3], or the
-            encoded file bytes (folder source without cache; decoded in preprocessing).
-        paths: The file of each example (folder source) to name corrupt files, else None.
+        example: Position -> (uint8 image [h, w, 1 or 3], label after relabelling).
+        paths: The file of each example (folder source), else None.
         num_skipped: Corrupt files left out (skip_corrupt=True).
-        images: All images when they are in memory and of one size (idx source), for
-            batched preprocessing.  # uint8 [N, h, w, c]
+        images: All images, when they are in memory and of one size (idx source), for
+            batched preprocessing (pixels.resize_batch).  # uint8 [N, h, w, c]
+        labels: Their labels, with images.  # int64 [N]
     """
 
-    labels: np.ndarray
+    size: int
     num_classes: int
-    load: Callable[[tf.Tensor], tf.Tensor]
+    example: Callable[[int], tuple[np.ndarray, int]]
     paths: np.ndarray | None = None
     num_skipped: int = 0
-    images: tf.Tensor | None = None
+    images: np.ndarray | None = None
+    labels: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return self.size
 
 
 _TABLES: dict[tuple, Table] = {}
@@ -59,8 +59,10 @@ def open_table(cfg: ml_collections.ConfigDict, spec: str) -> Table:
     key = (cfg.source, config_lib.data_dir(cfg), spec, classes, epc, cfg.subset_seed)
     if cfg.source == "folder":
         key += (cfg.skip_corrupt, cfg.cache, cfg.train_split, cfg.test_split)
+    if cfg.source == "tfds":
+        key += (cfg.name, cfg.cache)
     if key not in _TABLES:
-        opener = _open_idx if cfg.source == "idx" else _open_folder
+        opener = {"idx": _open_idx, "folder": _open_folder, "tfds": _open_tfds}[cfg.source]
         _TABLES[key] = opener(cfg, spec, classes, epc)
     return _TABLES[key]
 
@@ -73,9 +75,10 @@ def _open_idx(cfg, spec: str, classes, epc) -> Table:
     kept, new_labels = subsets.select(
         labels[split.start : split.stop], classes, total, epc, cfg.subset_seed
     )
-    images_t = tf.constant(images[split.start + kept])  # uint8 [N, H, W, C]
+    kept_images = images[split.start + kept]  # uint8 [N, H, W, C]
     num_classes = len(classes) if classes else total
-    return Table(new_labels, num_classes, lambda i: images_t[i], images=images_t)
+    example = lambda i: (kept_images[i], int(new_labels[i]))
+    return Table(len(kept), num_classes, example, images=kept_images, labels=new_labels)
 
 
 def _open_folder(cfg, spec: str, classes, epc) -> Table:
@@ -90,27 +93,54 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     paths = paths[split.start + kept]
     num_classes = len(classes) if classes else len(class_names)
     if not (cfg.skip_corrupt or cfg.cache):
-        paths_t = tf.constant(paths.astype(str))
-        return Table(new_labels, num_classes, lambda i: tf.io.read_file(paths_t[i]), paths)
+        example = lambda i: (folder_source.load(paths[i]), int(new_labels[i]))
+        return Table(len(paths), num_classes, example, paths)
 
-    ok, images = folder_source.decode_all(paths, keep_images=cfg.cache)
-    bad = np.setdiff1d(np.arange(len(paths)), ok)
-    if len(bad) and not cfg.skip_corrupt:
-        detail = folder_source.find_corrupt([paths[bad[0]]])
-        raise folder_source.corrupt_error(paths[bad[0]], detail[0][1] if detail else "error")
-    if len(bad):
+    ok, images, failures = folder_source.decode_all(paths, keep_images=cfg.cache)
+    if failures and not cfg.skip_corrupt:
+        raise folder_source.corrupt_error(*failures[0])
+    if failures:
         logging.warning(
             "image folder %s split %r: skipped %d corrupt image(s) of %d (skip_corrupt=True): %s",
             root,
             spec,
-            len(bad),
+            len(failures),
             len(paths),
-            [paths[i] for i in bad[:5]],
+            [path for path, _ in failures[:5]],
         )
     paths, new_labels = paths[ok], new_labels[ok]
+    load = images.__getitem__ if cfg.cache else (lambda i: folder_source.load(paths[i]))
+    example = lambda i: (load(i), int(new_labels[i]))
+    return Table(len(paths), num_classes, example, paths, num_skipped=len(failures))
+
+
+def _open_tfds(cfg, spec: str, classes, epc) -> Table:
+    from vit_jax.data import tfds_source  # noqa: PLC0415 -- tensorflow_datasets only here
+
+    builder = tfds_source.open_builder(cfg.name, cfg.data_dir)
+    total = tfds_source.num_classes(builder)
+    subsets.check_classes(classes, total, f"TFDS dataset {cfg.name!r}")
+    name = splits.split_name(spec)
+    split = splits.resolve(spec, tfds_source.split_size(builder, name))
+    kept = np.arange(split.start, split.stop)  # record numbers
+    if classes is not None or epc is not None:  # needs every label of the range
+        labels = tfds_source.labels(builder, name)[split.start : split.stop]
+        kept = kept[subsets.select(labels, classes, total, epc, cfg.subset_seed)[0]]
+    relabel = subsets.relabel_table(classes, total)
+    records = tfds_source.records(builder, name)
+
+    def example(i: int) -> tuple[np.ndarray, int]:
+        record = records[int(kept[i])]
+        try:
+            image = pixels.decode(record["image"])
+        except ValueError as e:
+            raise ValueError(
+                f"TFDS dataset {cfg.name!r} split {name!r} record {int(kept[i])}: the image "
+                f"does not decode ({e})."
+            ) from None
+        return image, int(relabel[int(record["label"])])
+
     if cfg.cache:
-        load = folder_source.image_store(images)
-    else:
-        paths_t = tf.constant(paths.astype(str))
-        load = lambda i: tf.io.read_file(paths_t[i])
-    return Table(new_labels, num_classes, load, paths, num_skipped=len(bad))
+        examples = [example(i) for i in range(len(kept))]
+        example = examples.__getitem__
+    return Table(len(kept), len(classes) if classes else total, example)

@@ -80,7 +80,7 @@ def evaluate(
         message names the flag to pass), or a label map that names classes the head
         lacks.
     """
-    from vit_jax import data  # tf.data: only needed here
+    from vit_jax import data  # the input pipeline: only needed here
 
     cfg = data.default_config()
     cfg.update(dict(dataset))

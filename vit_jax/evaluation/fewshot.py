@@ -146,7 +146,7 @@ class FewShotEvaluator:
           batch_size: images per forward pass (global; a multiple of the device count
             when `run` is given a mesh).
         """
-        from vit_jax import data  # tf.data: only needed by the evaluator
+        from vit_jax import data  # the input pipeline: only needed by the evaluator
 
         if not datasets:
             raise ValueError("FewShotEvaluator needs at least one dataset config")

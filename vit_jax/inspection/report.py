@@ -85,7 +85,7 @@ def sample_images(
     num_images: int, image_size: tuple[int, int], data_dir: str | None = None
 ) -> np.ndarray:
     """The first `num_images` test images of the idx dataset (Fashion-MNIST by default),
-    through the evaluation preprocessing (tf.data).
+    through the evaluation preprocessing (vit_jax/data/pixels.py).
 
     Returns:
       images in [-1, 1].  # [num_images, H, W, 3]

@@ -22,12 +22,13 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data
-from vit_jax.base import console, quiet_tf
+from vit_jax.base import console
 from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.models import count_params
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
 from vit_jax.training import optim, progress
+from vit_jax.training.events import EventWriter
 from vit_jax.training.guard import FiniteGuard
 from vit_jax.training.state import (
     Start,
@@ -52,7 +53,7 @@ class Loop:
     train_step: Any  # jitted (state, batch) -> (state, metrics); see steps.py
     eval_step: Any  # jitted (params, batch) -> sums
     saver: Saver  # checkpoints with their integrity records; .manager is Orbax's
-    writer: Any = None  # clu MetricWriter on the lead process, else None
+    writer: EventWriter | None = None  # TensorBoard scalars, on the lead process
     fewshot: fewshot_lib.FewShotEvaluator | None = None
     stop: progress.StopRequest = dataclasses.field(default_factory=progress.StopRequest)
 
@@ -186,9 +187,6 @@ def _check_init_from(config: ml_collections.ConfigDict) -> None:
 
 
 def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[str, Any]:
-    quiet_tf.tensorflow()  # as the input pipeline does; clu's writers import it too
-    from clu import metric_writers
-
     checks.check_writable(workdir)
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
@@ -207,7 +205,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
     state, shardings = restore_or_create(start, model, tx, mesh, saver.manager, scratch)
     where.step = int(jax.device_get(state.step))
     train_step, eval_step = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
-    writer = metric_writers.SummaryWriter(workdir) if distributed.is_lead() else None
+    writer = EventWriter(workdir) if distributed.is_lead() else None
     loop = Loop(
         config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
     )
@@ -230,7 +228,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
         "wall_seconds": time.time() - start_time,
     }
     if writer is not None:
-        writer.flush()
+        writer.close()
         progress.write_summary(workdir, summary)
     return summary
 
