@@ -1,4 +1,5 @@
-"""Tests of vit_jax.data: idx, folder and TFDS sources, determinism, resume, sharding."""
+"""Tests of vit_jax.data: idx and folder sources, preprocessing against PIL, determinism,
+resume, sharding (the TFDS source: test_tfds.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,11 @@ import os
 
 import numpy as np
 import pytest
+from helpers import write_idx, write_idx_split
+from PIL import Image
 
-tf = pytest.importorskip("tensorflow")
-tfds = pytest.importorskip("tensorflow_datasets")
-from helpers import write_idx, write_idx_split  # noqa: E402
-from PIL import Image  # noqa: E402
-
-from vit_jax import data  # noqa: E402
-from vit_jax.data import idx_source, preprocess, splits, subsets  # noqa: E402
+from vit_jax import data
+from vit_jax.data import augment, idx_source, pixels, splits, subsets
 
 H = W = 8  # stored image size of the synthetic datasets
 N_TRAIN, N_TEST = 40, 20
@@ -224,15 +222,72 @@ def test_mixup_mixes_with_the_rolled_batch(idx_dir):
     )
 
 
-def test_batched_augmentation_matches_per_example():
-    """The in-memory fast path (batched matmuls) equals the per-example TF ops."""
+def pil_crop_resize(image: np.ndarray, box, size) -> np.ndarray:
+    """PIL itself: crop (y0, x0, h, w), then bilinear resize to size (H, W).  -> uint8"""
+    y0, x0, h, w = box
+    pil = Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
+    out = np.asarray(pil.crop((x0, y0, x0 + w, y0 + h)).resize(size[::-1], Image.BILINEAR))
+    return out[..., None] if image.shape[-1] == 1 else out
+
+
+def test_batched_resize_equals_pil_bit_for_bit():
+    """The in-memory fast path (Pillow's fixed-point arithmetic in NumPy matmuls) gives
+    PIL's pixels exactly, growing and shrinking, gray and RGB, any crop."""
     rng = np.random.default_rng(0)
-    seeds = tf.constant(rng.integers(0, 2**31, (16, 2)), tf.int64)
-    for shape, size in (((16, 9, 7, 1), (12, 5)), ((16, 20, 20, 3), (32, 32))):
-        images = tf.constant(rng.integers(0, 256, shape, np.uint8))
-        batched = preprocess.train_batch(images, seeds, size, 0.05, True)
-        singles = [preprocess.train_image(images[i], seeds[i], size, 0.05, True) for i in range(16)]
-        np.testing.assert_allclose(batched.numpy(), np.stack(singles), atol=1e-5)
+    for trial in range(60):
+        h, w = rng.integers(1, 40, 2)
+        out = tuple(int(v) for v in rng.integers(1, 60, 2))
+        images = rng.integers(0, 256, (4, h, w, 1 + 2 * (trial % 2)), np.uint8)
+        boxes = []
+        for _ in range(4):
+            ch, cw = rng.integers(1, h + 1), rng.integers(1, w + 1)
+            boxes.append((rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1), ch, cw))
+        batched = pixels.resize_batch(images, np.asarray(boxes), out)
+        for image, box, got in zip(images, boxes, batched, strict=True):
+            np.testing.assert_array_equal(got, pil_crop_resize(image, box, out), err_msg=box)
+
+
+def test_crop_window_follows_the_inception_rule():
+    """Windows of area in [min_area, 1] x image and aspect ratio in [3/4, 4/3], inside the
+    image, placed by the last uniforms; no window fits -> the whole image."""
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        u = rng.random(augment.DRAWS)
+        y0, x0, ch, cw = augment.crop_window(30, 40, u, 0.1)
+        assert 0 <= y0 and y0 + ch <= 30 and 0 <= x0 and x0 + cw <= 40
+        area, ratio = ch * cw / 1200, cw / ch
+        if (ch, cw) != (30, 40):  # a sampled window (rounding moves area/ratio a little)
+            assert 0.1 - 0.02 <= area <= 1.0 and 3 / 4 - 0.1 <= ratio <= 4 / 3 + 0.1
+    # u = 0: area 0.1 * 1200 = 120, ratio 3/4 -> width round(sqrt(90)) = 9, height
+    # round(sqrt(160)) = 13, at the top left corner.
+    assert augment.crop_window(30, 40, np.zeros(augment.DRAWS), 0.1) == (0, 0, 13, 9)
+    u = np.zeros(augment.DRAWS)
+    u[-3:-1] = 0.999  # placed at the far corner
+    assert augment.crop_window(30, 40, u, 0.1) == (30 - 13, 40 - 9, 13, 9)
+    # A 1 x 100 image fits no window of ratio <= 4/3: the whole image.
+    assert augment.crop_window(1, 100, rng.random(augment.DRAWS), 0.5) == (0, 0, 1, 100)
+
+
+def test_train_batch_is_the_crop_resize_flip_of_pil(idx_dir):
+    """One train batch recomputed from the stored images with PIL and the batch's own
+    windows and flips: the in-memory path and the per-example path both match."""
+    cfg = idx_cfg(idx_dir, crop_min_area=0.3)
+    batch = train(cfg, 1, image_size=(12, 10), seed=5)[0]
+    table_images = idx_images(N_TRAIN, 0)[..., None]
+    from vit_jax.data import order
+
+    index, slots = order.train_share(
+        N_TRAIN, 0, global_batch=8, process_index=0, process_count=1, seed=5
+    )
+    draws = augment.step_draws(5, 0, 8)[slots]
+    for j, (i, u) in enumerate(zip(index, draws, strict=True)):
+        window = augment.crop_window(H, W, u, 0.3)
+        expected = pil_crop_resize(table_images[i], window, (12, 10))
+        if u[-1] < 0.5:
+            expected = expected[:, ::-1]
+        got = np.rint(batch["image"][j] * 127.5 + 127.5)
+        np.testing.assert_array_equal(got, np.repeat(expected, 3, -1))
+        np.testing.assert_array_equal(batch["label"][j].argmax(), i % 10)
 
 
 @pytest.mark.skipif(not os.path.isdir(data.DEFAULT_IDX_DIR), reason="no dataset-fashion-mnist")
@@ -275,7 +330,13 @@ def folder_cfg(root, **overrides):
 
 
 def as_rgb(array: np.ndarray) -> np.ndarray:
-    return np.repeat(array[..., None], 3, -1) if array.ndim == 2 else array[..., :3]
+    """Gray repeated; RGBA over white (as `infer` always did): rgb * a + 255 * (1 - a)."""
+    if array.ndim == 2:
+        return np.repeat(array[..., None], 3, -1)
+    if array.shape[-1] == 4:
+        alpha = array[..., 3:] / 255.0
+        return np.rint(array[..., :3] * alpha + 255.0 * (1.0 - alpha))
+    return array
 
 
 def test_folder_decodes_gray_rgba_rgb_and_jpeg(tmp_path):
@@ -286,12 +347,12 @@ def test_folder_decodes_gray_rgba_rgb_and_jpeg(tmp_path):
     for cache in (False, True):
         cfg.cache = cache
         out = eval_all(cfg, "train")
-        pixels = np.rint(out["image"] * 127.5 + 127.5)
+        values = np.rint(out["image"] * 127.5 + 127.5)
         for i, name in enumerate(
             ["train/cat/a_gray.png", "train/cat/b_rgba.png", "train/dog/c_rgb.png"]
         ):
-            np.testing.assert_array_equal(pixels[i], as_rgb(images[name]))
-        np.testing.assert_allclose(pixels[3], 200, atol=3)  # JPEG is lossy
+            np.testing.assert_allclose(values[i], as_rgb(images[name]), atol=1)  # PIL rounds
+        np.testing.assert_allclose(values[3], 200, atol=3)  # JPEG is lossy
         np.testing.assert_array_equal(out["label"].argmax(1), [0, 0, 1, 1])
     # Training: a JPEG decoded inside its crop window (no cache) equals decode-then-crop.
     runs = []
@@ -301,6 +362,34 @@ def test_folder_decodes_gray_rgba_rgb_and_jpeg(tmp_path):
     for a, b in zip(*runs, strict=True):
         assert a["image"].shape == (4, 16, 16, 3)
         np.testing.assert_array_equal(a["image"], b["image"])
+
+
+def test_one_file_gives_the_same_pixels_on_every_path(tmp_path):
+    """A JPEG through `infer`/the figures (images.load_images), through the evaluation
+    pipeline (evaluation, few-shot, `evaluate`; folder source, cached or not) and through
+    training without augmentation: the same array, equal to PIL's own decode + resize."""
+    from vit_jax.data import images
+
+    rng = np.random.default_rng(2)
+    smooth = np.linspace(0, 255, 37 * 23 * 3).reshape(37, 23, 3) + rng.normal(0, 20, (37, 23, 3))
+    for split in ("train", "test"):
+        os.makedirs(tmp_path / split / "only")
+        Image.fromarray(np.clip(smooth, 0, 255).astype(np.uint8)).save(
+            tmp_path / split / "only" / "x.jpg", quality=90
+        )
+    path = str(tmp_path / "test" / "only" / "x.jpg")
+    with Image.open(path) as f:  # independent: PIL's decode and bilinear resize
+        expected = np.asarray(f.convert("RGB").resize((12, 16), Image.BILINEAR), np.float32)
+    expected = (expected - 127.5) / 127.5
+    np.testing.assert_array_equal(images.load_images([path], (16, 12))[0], expected)
+    for cache in (False, True):
+        cfg = folder_cfg(tmp_path, cache=cache, crop_min_area=1.0, flip=False)
+        out = eval_all(cfg, "test", global_batch=1, image_size=(16, 12))
+        np.testing.assert_array_equal(out["image"][0], expected)
+        # Training without flips, crop_min_area 1: a 37 x 23 image (ratio 0.62) fits no
+        # full-area window of ratio in [3/4, 4/3], so the crop is the whole image.
+        batch = train(cfg, 1, global_batch=1, image_size=(16, 12))[0]
+        np.testing.assert_array_equal(batch["image"][0], expected)
 
 
 def test_corrupt_image_is_named_or_skipped_and_counted(tmp_path, caplog):
@@ -334,126 +423,3 @@ def test_folder_class_errors(tmp_path):
     os.makedirs(tmp_path / "c" / "test")
     with pytest.raises(ValueError, match="has no class directories"):
         data.num_classes(folder_cfg(tmp_path / "c"))
-
-
-# ---- tfds source -------------------------------------------------------------------
-
-
-def tfds_cfg(name: str, data_dir=None, **overrides):
-    return idx_cfg(data_dir, source="tfds", name=name, **overrides)
-
-
-def test_tfds_mock_cifar10_offline():
-    with tfds.testing.mock_data(num_examples=24):
-        cfg = tfds_cfg("cifar10", shuffle_buffer=16)
-        assert data.num_classes(cfg) == 10
-        assert data.num_examples(cfg, "train") == 24
-        batch = train(cfg, 1, image_size=16)[0]
-        assert batch["image"].shape == (8, 16, 16, 3)
-        assert -1 <= batch["image"].min() and batch["image"].max() <= 1
-        np.testing.assert_array_equal(batch["label"].sum(1), 1.0)
-        labels = np.asarray(
-            [int(ex["label"]) for ex in tfds.builder("cifar10").as_dataset(split="test")]
-        )
-        cfg = tfds_cfg("cifar10", classes=[3, 1, 7])
-        keep = np.isin(labels, [3, 1, 7])
-        assert data.num_classes(cfg) == 3
-        assert data.num_examples(cfg, "test") == keep.sum()
-        out = eval_all(cfg, "test", global_batch=8, image_size=32)
-        real = out["mask"] == 1
-        np.testing.assert_array_equal(
-            out["label"][real].argmax(1), [[3, 1, 7].index(c) for c in labels[keep]]
-        )
-
-
-def test_tfds_unknown_name_lists_close_matches():
-    with pytest.raises(ValueError, match=r"not a TFDS builder.*'cifar10'"):
-        data.num_classes(tfds_cfg("cifar11"))
-
-
-class TinyShapes(tfds.core.GeneratorBasedBuilder):
-    """A prepared-on-the-spot TFDS dataset: image i has all pixels equal to 4 * i."""
-
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-        features = {
-            "image": tfds.features.Image(shape=(H, W, 3)),
-            "label": tfds.features.ClassLabel(num_classes=4),
-        }
-        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
-
-    def _split_generators(self, dl_manager):
-        return {"train": self._generate_examples(0, 24), "test": self._generate_examples(24, 34)}
-
-    def _generate_examples(self, lo, hi):
-        for i in range(lo, hi):
-            yield i, {"image": np.full((H, W, 3), 4 * i, np.uint8), "label": i % 4}
-
-
-@pytest.fixture(scope="module")
-def tiny_tfds(tmp_path_factory) -> str:
-    root = str(tmp_path_factory.mktemp("tfds"))
-    config = tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP)
-    TinyShapes(data_dir=root).download_and_prepare(download_config=config)
-    return root
-
-
-def tfds_ids(images: np.ndarray) -> list[int]:
-    return [int(p) // 4 for p in to_pixels(images)[:, 0, 0]]
-
-
-def test_tfds_not_prepared_says_how(tmp_path):
-    """The hint's --data_dir is the root TFDS reads: preparing there makes the same
-    config work (a versioned directory would nest as tiny_shapes/1.0.0/tiny_shapes/...)."""
-    import re
-
-    from vit_jax.data import tfds_source
-
-    root = str(tmp_path / "tfds")
-    cfg = tfds_cfg("tiny_shapes", root)
-    with pytest.raises(FileNotFoundError) as raised:
-        data.num_examples(cfg, "train")
-    message = str(raised.value)
-    assert f"not prepared in {root}/tiny_shapes/1.0.0. " in message, message
-    found = re.search(r"`tfds build tiny_shapes --data_dir=(\S+)`", message)
-    assert found and found[1] == root, message
-    assert f"archives in {root}/downloads/manual first" in message
-    config = tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP)
-    TinyShapes(data_dir=found[1]).download_and_prepare(download_config=config)  # = tfds build
-    tfds_source.open_builder.cache_clear()  # a new process: nothing cached from the failure
-    tfds_source.split_size.cache_clear()
-    assert data.num_examples(cfg, "train") == 24
-    # Without a data_dir, the hint names TFDS's default root: where tfds.builder looks.
-    default = tfds.builder("tiny_shapes")
-    with pytest.raises(FileNotFoundError) as raised:
-        data.num_examples(tfds_cfg("tiny_shapes"), "train")
-    assert f"not prepared in {default.data_dir}. " in str(raised.value)
-    assert f"--data_dir={default.data_dir_root}`" in str(raised.value)
-    assert os.path.join(default.data_dir_root, "tiny_shapes", "1.0.0") == str(default.data_dir)
-
-
-def test_tfds_slices_shares_subsets_and_resume(tiny_tfds):
-    cfg = tfds_cfg("tiny_shapes", tiny_tfds, crop_min_area=1.0, flip=False, shuffle_buffer=8)
-    assert data.num_examples(cfg, "train[:50%]") == 12
-    parts = [eval_all(cfg, "test", process_index=k, process_count=2) for k in (0, 1)]
-    ids = [tfds_ids(p["image"][p["mask"] == 1]) for p in parts]
-    assert sorted(ids[0] + ids[1]) == list(range(24, 34)) and not set(ids[0]) & set(ids[1])
-    cfg.classes = [2, 0]
-    out = eval_all(cfg, "test")
-    real = out["mask"] == 1
-    ids = tfds_ids(out["image"][real])
-    assert sorted(ids) == [24, 26, 28, 30, 32]
-    expected = [1 - (i % 4) // 2 for i in ids]  # class 2 -> 0, class 0 -> 1
-    np.testing.assert_array_equal(out["label"][real].argmax(1), expected)
-    share = dict(global_batch=4, process_count=2)
-    # 12 train examples of classes 2 and 0, 6 per process: an epoch is 3 steps.
-    epoch = [tfds_ids(b["image"]) for k in (0, 1) for b in train(cfg, 3, process_index=k, **share)]
-    assert sorted(sum(epoch, [])) == list(range(0, 24, 2))
-    full = train(cfg, 6, process_index=1, **share)
-    resumed = train(cfg, 2, process_index=1, start_step=4, **share)
-    for a, b in zip(full[4:], resumed, strict=True):
-        np.testing.assert_array_equal(a["image"], b["image"])
-    cfg.cache = True  # decoded examples in memory: the same stream
-    for a, b in zip(full, train(cfg, 6, process_index=1, **share), strict=True):
-        np.testing.assert_array_equal(a["image"], b["image"])
