@@ -103,8 +103,9 @@ def run_command(module, *args: str) -> int:
     """Runs a command module in-process, as `python -m MODULE ARGS` would; its exit code.
 
     The command's flags are defined for this call and removed again, so tests can run
-    several commands (which share flag names) in one process. Output goes to the real
-    stdout/stderr: read it with pytest's capsys.
+    several commands (which share flag names) in one process; flags that libraries
+    define on first import (Grain's) stay, as their modules stay imported. Output goes to
+    the real stdout/stderr: read it with pytest's capsys.
     """
     from absl import app, flags
 
@@ -119,7 +120,8 @@ def run_command(module, *args: str) -> int:
         return int(e.code or 0) if not isinstance(e.code, str) else 1
     finally:
         for name in set(flags.FLAGS) - before:
-            delattr(flags.FLAGS, name)
+            if flags.FLAGS.find_module_defining_flag(name, "vit_jax").startswith("vit_jax"):
+                delattr(flags.FLAGS, name)
         flags.FLAGS.unparse_flags()
     return 0
 

@@ -60,7 +60,7 @@ def tfds_ids(images: np.ndarray) -> list[int]:
 
 
 def test_tfds_unknown_name_lists_close_matches():
-    with pytest.raises(ValueError, match=r"not a TFDS builder.*'cifar10'"):
+    with pytest.raises(ValueError, match=r"not a TFDS builder nor a dataset prepared.*'cifar10'"):
         data.num_classes(tfds_cfg("cifar11"))
 
 
@@ -126,3 +126,24 @@ def test_tfds_slices_shares_subsets_and_resume(tiny_tfds):
     cfg.cache = True  # decoded examples in memory: the same stream
     for a, b in zip(full, train(cfg, 6, process_index=1, **share), strict=True):
         np.testing.assert_array_equal(a["image"], b["image"])
+
+
+def test_tfds_dataset_trains_and_evaluates_without_tensorflow(tiny_tfds):
+    """Prepared here (with TensorFlow), read where TensorFlow cannot be found."""
+    from test_without_tensorflow import run_without_tf
+
+    out = run_without_tf(f"""
+import sys
+from vit_jax import data
+cfg = data.default_config()
+cfg.update(source="tfds", name="tiny_shapes", data_dir={tiny_tfds!r}, crop_min_area=1.0)
+cfg.flip = False
+batch = next(data.train_iterator(cfg, global_batch=4, image_size=8, seed=0,
+                                 process_index=0, process_count=1))
+ev = list(data.eval_iterator(cfg, "test", global_batch=4, image_size=8,
+                             process_index=0, process_count=1))
+print(sorted(int(round(p * 127.5 + 127.5)) // 4 for p in batch["image"][:, 0, 0, 0]))
+print(int(sum(b["mask"].sum() for b in ev)), "tensorflow" in sys.modules)
+""")
+    first, second = out.splitlines()[-2:]
+    assert all(0 <= i < 24 for i in eval(first)) and second == "10 False"

@@ -2,15 +2,15 @@
 
 Importing TensorFlow prints, before any logging is set up and whatever
 TF_CPP_MIN_LOG_LEVEL says, absl's "All log messages before absl::InitializeLog() is called
-are written to STDERR", the oneDNN note and the CPU-instructions note. Every command
-that builds an input pipeline or writes TensorBoard files would start with them (the
-only switch, TF_ENABLE_ONEDNN_OPTS=0, changes the numerics). `tensorflow()` imports it
+are written to STDERR", the oneDNN note and the CPU-instructions note. A SavedModel
+export would start with them (the only switch, TF_ENABLE_ONEDNN_OPTS=0, changes the
+numerics). `tensorflow()` imports it
 with file descriptor 2 captured and writes every other line back; `quiet_stderr()` does
 the same around later TensorFlow work that loads more of its libraries.
 
-The library imports TensorFlow through here (the tf.data pipeline, the TensorBoard
-writer, SavedModel export, gs:// reads); a module that then says `import tensorflow`
-gets the module already loaded.
+The library imports TensorFlow through here, and only for the SavedModel export and
+gs:// reads (training, evaluation and the input pipeline never need it); a module that
+then says `import tensorflow` gets the module already loaded.
 """
 
 from __future__ import annotations
@@ -64,8 +64,7 @@ def tensorflow() -> ModuleType:
     except ImportError as e:
         if e.name is not None and e.name.split(".")[0] == "tensorflow":
             raise ImportError(
-                "TensorFlow is needed here (tf.data input pipelines, TensorBoard files, "
-                "SavedModel): pip install 'vit_jax[data]'"
+                "TensorFlow is needed here (the SavedModel export): pip install 'vit_jax[tf]'"
             ) from e
         raise
     return tf

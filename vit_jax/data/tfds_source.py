@@ -49,16 +49,18 @@ def _prepare_hint(builder) -> str:
 def open_builder(name: str, data_dir: str | None):
     """tfds.builder(name, data_dir) of a prepared ArrayRecord dataset, or an error that
     lists close names or says how to prepare it."""
-    base = name.split("/")[0].split(":")[0]
-    known = tfds.list_builders(with_community_datasets=False)
-    if base not in known:
+    try:  # a registered builder, or a prepared dataset found in data_dir by its files
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        base = name.split("/")[0].split(":")[0]
+        known = tfds.list_builders(with_community_datasets=False)
         close = difflib.get_close_matches(base, known, n=5, cutoff=0.5)
         raise ValueError(
-            f"dataset.name={name!r} is not a TFDS builder (close matches: {close}). Expected an "
+            f"dataset.name={name!r} is not a TFDS builder nor a dataset prepared in "
+            f"{data_dir or 'the TFDS data_dir'} (close matches: {close}). Expected an "
             "image-classification builder with 'image' and 'label' features, e.g. cifar10, "
             "cifar100, imagenet2012, oxford_iiit_pet, oxford_flowers102, fashion_mnist."
-        )
-    builder = tfds.builder(name, data_dir=data_dir)
+        ) from None
     if not builder.is_prepared():
         raise FileNotFoundError(
             f"TFDS dataset {builder.name!r} is not prepared in {builder.data_dir}. "
