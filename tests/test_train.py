@@ -132,15 +132,9 @@ def test_short_run_learns_and_resumes(tmp_path, capsys):
 
 def tensorboard_scalars(workdir: str) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} from the run's TensorBoard event files, in step order."""
-    import tensorflow as tf
+    from vit_jax.training.events import read_scalars
 
-    out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*"))):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for v in event.summary.value:
-                value = float(tf.make_ndarray(v.tensor)) if v.HasField("tensor") else v.simple_value
-                out.setdefault(v.tag, []).append((event.step, value))
-    return {tag: sorted(rows) for tag, rows in out.items()}
+    return read_scalars(workdir)
 
 
 def accuracy_of(npz: str, config) -> float:

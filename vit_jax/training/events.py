@@ -8,6 +8,9 @@ lead process writes.
 
 from __future__ import annotations
 
+import glob
+import os
+import struct
 from collections.abc import Mapping
 
 import numpy as np
@@ -30,3 +33,23 @@ class EventWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} in step order, from the event files in `logdir`.
+
+    Event files are TFRecord-framed `Event` protos: per record a little-endian uint64
+    length, its CRC, the bytes, their CRC (not checked here).
+    """
+    from tensorboardX.proto import event_pb2  # noqa: PLC0415
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+        with open(path, "rb") as f:
+            while len(header := f.read(12)) == 12:
+                (length,) = struct.unpack("<Q", header[:8])
+                event = event_pb2.Event.FromString(f.read(length))
+                f.read(4)
+                for v in event.summary.value:
+                    out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
+    return {tag: sorted(rows) for tag, rows in out.items()}
