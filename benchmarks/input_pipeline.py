@@ -1,27 +1,40 @@
-"""Training input-pipeline throughput: images/s of vit_jax.data.train_iterator.
+"""Training input-pipeline throughput: Grain against the tf.data pipeline it replaced, and
+against the bound of its own per-image work.
 
-Cases: (a) the embedded Fashion-MNIST idx source (in memory, 28x28 gray) at 32 and 56 px
-with global batch 256; (b) a folder of random 300x400 JPEGs (generated in a temp dir)
-at 224 px with batch 32. Each case runs a warm-up, then times --batches batches.
+    python benchmarks/input_pipeline.py                       # every case, 1 and 2 cores
+    python benchmarks/input_pipeline.py --cases=idx32 --cores=1 --batches=20
+    python benchmarks/input_pipeline.py --baseline=none       # Grain and the bound only
 
-    python benchmarks/input_pipeline.py                 # all cases
-    python benchmarks/input_pipeline.py --batches 100 --cases idx32,folder224
+Cases: the embedded Fashion-MNIST idx files (in memory, 28x28 gray) at 32 and 56 px,
+global batch 256; a folder of JPEGs (300x400, generated) at 224 px with Inception crop
+and flip, batch 32. Each (pipeline, case, cores) runs in its own process pinned to that
+many cores (os.sched_setaffinity): Grain with that many threads ('threads'), or that
+many worker processes ('workers'); tf.data with its own autotuning on those cores.
 
-Per core = images/s divided by the CPU cores this process may use (os.sched_getaffinity).
+tf.data is the pipeline of commit --baseline (default c6b96ae, the last one that had it),
+taken from git into a temporary directory and imported from there (needs TensorFlow).
+The bound: the per-image work alone (idx: the batched crop + resize + flip per image;
+JPEG: read + decode + crop + resize + flip), timed on one core, times the cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
 import numpy as np
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASES = {"idx32": ("idx", 32, 256), "idx56": ("idx", 56, 256), "jpeg224": ("folder", 224, 32)}
+
 
 def make_jpeg_folder(root: str, num_images: int, size=(300, 400), num_classes: int = 4) -> None:
-    """root/{train,test}/class_k/*.jpg: random RGB images of size (height, width)."""
+    """root/{train,test}/class_k/*.jpg: smooth random RGB images (they compress like photos)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -29,74 +42,147 @@ def make_jpeg_folder(root: str, num_images: int, size=(300, 400), num_classes: i
         for i in range(n):
             class_dir = os.path.join(root, split, f"class_{i % num_classes}")
             os.makedirs(class_dir, exist_ok=True)
-            # Smooth random images compress like photos, unlike white noise.
             small = rng.integers(0, 256, (size[0] // 10, size[1] // 10, 3), np.uint8)
             image = Image.fromarray(small).resize(size[::-1], Image.BILINEAR)
             image.save(os.path.join(class_dir, f"{i:05d}.jpg"), quality=90)
 
 
-def time_case(cfg, *, global_batch: int, image_size: int, warmup: int, batches: int) -> float:
-    """Images/s of the train iterator after `warmup` batches."""
+def config(case: str, folder: str):
     from vit_jax import data
 
-    iterator = data.train_iterator(
-        cfg,
-        global_batch=global_batch,
-        image_size=image_size,
-        seed=0,
-        process_index=0,
-        process_count=1,
+    cfg = data.default_config()
+    if CASES[case][0] == "folder":
+        cfg.source, cfg.data_dir = "folder", folder
+    return cfg
+
+
+def worker(args) -> None:
+    """One timing, in this process (pinned by the parent): prints {"ips": images/s}."""
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cores]))
+    from vit_jax import data
+
+    _, size, batch = CASES[args.case]
+    cfg = config(args.case, args.folder)
+    if args.impl == "grain":
+        cfg.threads = args.cores if args.mode == "threads" else 1
+        cfg.workers = args.cores if args.mode == "workers" else 0
+    it = data.train_iterator(
+        cfg, global_batch=batch, image_size=size, seed=0, process_index=0, process_count=1
     )
-    for _ in range(warmup):
-        next(iterator)
+    for _ in range(args.warmup):
+        next(it)
     start = time.perf_counter()
-    for _ in range(batches):
-        batch = next(iterator)
+    for _ in range(args.batches):
+        out = next(it)
     elapsed = time.perf_counter() - start
-    assert batch["image"].shape == (global_batch, image_size, image_size, 3)
-    return batches * global_batch / elapsed
+    assert out["image"].shape == (batch, size, size, 3)
+    print(json.dumps({"ips": args.batches * batch / elapsed}))
+
+
+def bound(case: str, folder: str, repeats: int = 3) -> float:
+    """Images/s of the per-image work alone, on one core (this process, pinned)."""
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    from vit_jax.data import augment, folder_source, pixels, tables
+
+    _, size, batch = CASES[case]
+    cfg = config(case, folder)
+    table = tables.open_table(cfg, cfg.train_split)
+    draws = augment.step_draws(0, 0, batch)
+    index = np.arange(batch) % len(table)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        if table.images is not None:  # what the pipeline does for in-memory images
+            h, w = table.images.shape[1:3]
+            boxes = [augment.crop_window(h, w, u, cfg.crop_min_area) for u in draws]
+            out = pixels.resize_batch(table.images[index], np.asarray(boxes), (size, size))
+            mirror = draws[:, -1] < 0.5
+            out[mirror] = out[mirror, :, ::-1]
+        else:
+            for i, u in zip(index, draws, strict=True):
+                image = folder_source.load(table.paths[i])
+                augment.train_image(image, u, (size, size), cfg.crop_min_area, True)
+        best = min(best, time.perf_counter() - start)
+    return batch / best
+
+
+def run_worker(args, impl: str, case: str, cores: int, mode: str, pythonpath: str) -> float:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--impl={impl}"]
+    cmd += [f"--case={case}", f"--cores={cores}", f"--mode={mode}", f"--folder={args.folder}"]
+    cmd += [f"--batches={args.batches}", f"--warmup={args.warmup}"]
+    env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/")
+    if proc.returncode:
+        raise RuntimeError(f"{impl} {case} on {cores} cores failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["ips"]
+
+
+def baseline_tree(rev: str, into: str) -> str | None:
+    """The vit_jax package of commit `rev`, extracted into `into`; None if git cannot."""
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", rev, "vit_jax"], capture_output=True, check=False
+    )
+    if archive.returncode:
+        print(f"baseline {rev}: {archive.stderr.decode().strip()}; tf.data not timed")
+        return None
+    os.makedirs(into, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", into], input=archive.stdout, check=True)
+    return into
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=50, help="timed batches per case")
-    parser.add_argument("--warmup", type=int, default=10, help="untimed batches per case")
-    parser.add_argument(
-        "--cases",
-        default="idx32,idx56,folder224",
-        help="comma-separated subset of idx32,idx56,folder224",
-    )
+    parser.add_argument("--cases", default=",".join(CASES), help=f"subset of {list(CASES)}")
+    parser.add_argument("--cores", default="1,2", help="core counts to pin to")
+    parser.add_argument("--batches", type=int, default=40, help="timed batches per run")
+    parser.add_argument("--warmup", type=int, default=8, help="untimed batches per run")
     parser.add_argument("--jpegs", type=int, default=256, help="JPEGs in the generated folder")
+    parser.add_argument("--baseline", default="c6b96ae", help="commit with tf.data, or none")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", default="grain", help=argparse.SUPPRESS)
+    parser.add_argument("--case", default="idx32", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="threads", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        args.cores = int(args.cores)
+        return worker(args)
 
-    from vit_jax import data
-
-    cores = len(os.sched_getaffinity(0))
-    rows = []
+    cases, cores = args.cases.split(","), [int(c) for c in args.cores.split(",")]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"--cases: unknown {unknown}; expected some of {list(CASES)}")
+    here = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
     with tempfile.TemporaryDirectory() as tmp:
-        for case in args.cases.split(","):
-            cfg = data.default_config()
-            if case.startswith("idx"):
-                source, batch, size = "Fashion-MNIST idx (in memory)", 256, int(case[3:])
-            elif case == "folder224":
-                make_jpeg_folder(tmp, args.jpegs)
-                cfg.source, cfg.data_dir = "folder", tmp
-                source, batch, size = f"JPEG folder, {args.jpegs} x 300x400", 32, 224
-            else:
-                raise ValueError(
-                    f"--cases: unknown case {case!r}; expected idx32, idx56, folder224."
-                )
-            rate = time_case(
-                cfg, global_batch=batch, image_size=size, warmup=args.warmup, batches=args.batches
-            )
-            rows.append((source, size, batch, rate, rate / cores))
-
-    print(f"\ntrain_iterator throughput, {cores} CPU cores, {args.batches} timed batches per case")
-    header = f"{'source':<34} {'size':>5} {'batch':>6} {'images/s':>10} {'per core':>10}"
-    print(header)
-    print("-" * len(header))
-    for source, size, batch, rate, per_core in rows:
-        print(f"{source:<34} {size:>5} {batch:>6} {rate:>10.0f} {per_core:>10.0f}")
+        args.folder = os.path.join(tmp, "jpegs")
+        make_jpeg_folder(args.folder, args.jpegs)
+        old = None if args.baseline == "none" else baseline_tree(args.baseline, tmp + "/old")
+        rows = []
+        for case in cases:
+            one_core = bound(case, args.folder)
+            for n in cores:
+                row = dict(case=case, cores=n, bound=one_core * n)
+                for mode in ("threads", "workers"):
+                    row[mode] = run_worker(args, "grain", case, n, mode, here)
+                if old:
+                    row["tfdata"] = run_worker(args, "tfdata", case, n, "-", old)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print(f"\nimages/s, {args.batches} timed batches after {args.warmup}; bound = per-image work")
+    print("alone on one core x cores; ratios: Grain (best of threads/workers) over each")
+    header = (
+        f"{'case':<8} {'cores':>5} {'tf.data':>8} {'threads':>8} {'workers':>8} "
+        f"{'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"
+    )
+    print(header + "\n" + "-" * len(header))
+    for r in rows:
+        best = max(r["threads"], r["workers"])
+        tf_cell = f"{r['tfdata']:>8.0f}" if "tfdata" in r else f"{'-':>8}"
+        ratio = f"{best / r['tfdata']:>10.2f}" if "tfdata" in r else f"{'-':>10}"
+        print(
+            f"{r['case']:<8} {r['cores']:>5} {tf_cell} {r['threads']:>8.0f} {r['workers']:>8.0f} "
+            f"{r['bound']:>8.0f} {ratio} {best / r['bound']:>9.2f}"
+        )
 
 
 if __name__ == "__main__":

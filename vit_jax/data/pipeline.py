@@ -152,6 +152,10 @@ def _run(ds: grain.MapDataset, cfg: ml_collections.ConfigDict) -> Iterator[Batch
     options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
     it = ds.to_iter_dataset(options)
     if cfg.workers > 0:
+        from absl import flags  # noqa: PLC0415
+
+        if not flags.FLAGS.is_parsed():  # Grain reads its absl flags (defaults will do)
+            flags.FLAGS.mark_as_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.workers))
     return iter(it)
 
