@@ -97,3 +97,34 @@ def test_distributed_settings_are_checked():
     cfg.update(coordinator_address="127.0.0.1:1234", process_id=2)
     with pytest.raises(ValueError, match="process_id=2 is not in"):
         distributed.initialize(cfg)
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_both_save_the_same_step_and_resume(tmp_path):
+    import re
+    import signal
+
+    workdir = str(tmp_path / "two")
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    runs = launch_pair(workdir, cache)
+    try:
+        runs[0].wait_for(lambda line: line.startswith("step 3/8"), timeout=150)
+        os.kill(runs[1].proc.pid, signal.SIGTERM)  # process 1 only: it does not log
+        statuses = [run.finish(timeout=150) for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+    assert statuses == [143, 143], [run.tail() for run in runs]
+    lines = [run.log[-1] for run in runs]
+    found = [
+        re.fullmatch(r"stopped at step (\d+) by SIGTERM; checkpoint \1 saved .*", x) for x in lines
+    ]
+    assert all(found) and found[0][1] == found[1][1], lines  # the same step on both
+    step = found[0][1]
+    assert 3 <= int(step) < 8 and integrity.step_dirs(f"{workdir}/checkpoints")[-1] == int(step)
+    assert integrity.read_record(f"{workdir}/checkpoints/{step}")["process_count"] == 2
+    logs = finish_pair(launch_pair(workdir, cache))
+    assert f"resuming from step {step} " in logs[0] and "step 8/8" in logs[0]
+    train.run(tiny_config(**RUN), str(tmp_path / "one"))  # the reference, all 8 devices here
+    want = flat(weights.load_npz(tmp_path / "one" / "final.npz"))
+    assert_trees_equal(flat(weights.load_npz(f"{workdir}/final.npz")), want, atol=1e-6)

@@ -1,7 +1,6 @@
 """The training loop: multi-device equivalence, accumulation, learning, resume, configs."""
 
 import contextlib
-import glob
 import io
 import json
 import os

@@ -12,7 +12,8 @@ print the same `error: ...` line, naming `python -m vit_jax.NAME --help`, which 
 command's own flags, the shared model flags included.
 
 Ctrl-C prints one line (a training run says where it stopped and that the same command
-resumes) and exits 130, without the KeyboardInterrupt traceback.
+resumes) and exits 130, without the KeyboardInterrupt traceback; a training run stopped by
+SIGTERM exits 143 (`vit_jax.training.preemption`).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
         except KeyboardInterrupt as e:
             if debug():
                 raise
-            interrupted(str(e))
+            interrupted(str(e), getattr(e, "exit_status", 130))
 
     try:
         app.run(entry, argv=argv, flags_parser=parse_flags)
@@ -92,14 +93,15 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
         fail(f"in the flags: no such config field, or a bad value: {what} ({where})")
 
 
-def interrupted(message: str) -> None:
-    """Ctrl-C: exit 130 (as shells report SIGINT) with one line on stderr, the command's
-    own (a run says where it stopped and how to resume) or 'interrupted'."""
+def interrupted(message: str, status: int = 130) -> None:
+    """Ctrl-C: exit 130 (as shells report SIGINT; a run stopped by SIGTERM: 143) with one
+    line on stderr, the command's own (a run says where it stopped and how to resume) or
+    'interrupted'."""
     sys.stdout.flush()
     after_echo = "\n" if sys.stderr.isatty() else ""  # the terminal's ^C ends no line
     sys.stderr.write(f"{after_echo}{message or 'interrupted'}\n")
     sys.stderr.flush()
-    sys.exit(130)
+    sys.exit(status)
 
 
 def _define_command_flags(define_flags: Callable[[], None], program: str) -> None:

@@ -50,38 +50,47 @@ class Cadence:
 
 
 class StopRequest:
-    """Ctrl-C (SIGINT) during training, as a request the loop honours between steps.
+    """SIGTERM and Ctrl-C (SIGINT) during a run, as a request the loop honours between
+    steps: it finishes the step in flight, saves it and stops (`training/preemption.py`).
 
-    Python's own handler raises KeyboardInterrupt wherever the main thread is, and where
-    that is a callback (JAX's garbage-collection hook runs during compilation) Python
-    prints "Exception ignored" and the run goes on; where native threads are still
-    compiling, the interpreter's shutdown can crash. So, inside `with StopRequest():`
-    (on the main thread), the first Ctrl-C only sets `requested` and says so on stderr;
-    the loop stops after the step in flight. A second Ctrl-C raises KeyboardInterrupt at
-    once. The previous handler is restored on exit.
+    Python's own SIGINT handler raises KeyboardInterrupt wherever the main thread is, and
+    where that is a callback (JAX's garbage-collection hook runs during compilation)
+    Python prints "Exception ignored" and the run goes on; where native threads are still
+    compiling, the interpreter's shutdown can crash. SIGTERM's default ends the process
+    at once, losing every step since the last checkpoint. So, inside `with StopRequest():`
+    (on the main thread), the first signal only sets `requested` (its name, 'SIGTERM' or
+    'SIGINT') and says so on stderr. After it, SIGTERM ends the process at once (its
+    default: the scheduler's impatience wins; the workdir stays resumable, Orbax's saves
+    being atomic) and Ctrl-C raises KeyboardInterrupt at once. The previous handlers are
+    restored on exit.
     """
 
-    NOTICE = b"\nCtrl-C: stopping after the step in flight (Ctrl-C again to stop at once)\n"
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    NOTICE = b"\nCtrl-C: saving the step in flight, then stopping (Ctrl-C again to stop at once)\n"
+    TERM_NOTICE = b"\nSIGTERM: saving the step in flight, then stopping (SIGTERM again: at once)\n"
 
     def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
+        self.requested: str | None = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous = {}
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        os.write(2, self.NOTICE)  # not print: the main thread may be inside a write
+            raise KeyboardInterrupt  # Ctrl-C again (a second SIGTERM no longer comes here)
+        self.requested = signal.Signals(signum).name
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # not print: the main thread may be inside a write
+        os.write(2, self.TERM_NOTICE if signum == signal.SIGTERM else self.NOTICE)
 
 
 class Throughput:

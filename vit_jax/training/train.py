@@ -27,7 +27,7 @@ from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.models import count_params
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
-from vit_jax.training import optim, progress
+from vit_jax.training import optim, preemption, progress
 from vit_jax.training.events import EventWriter
 from vit_jax.training.guard import FiniteGuard
 from vit_jax.training.state import (
@@ -39,7 +39,7 @@ from vit_jax.training.state import (
     restore_or_create,
 )
 from vit_jax.training.steps import compile_steps
-from vit_jax.workdir import checks, integrity
+from vit_jax.workdir import checks, integrity, lock
 from vit_jax.workdir.saver import Saver
 
 
@@ -65,8 +65,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     A workdir that this config already finished (summary.json at total_steps, final.npz,
     the last checkpoint of the same model and optimizer) is left as it is: the run says
     so and returns the stored summary. A run that fails before it wrote anything removes
-    the directories it created. Ctrl-C stops it with `Interrupted`, which names the step
-    reached and the newest checkpoint, where the same command resumes.
+    the directories it created. The lead process holds the workdir's lock (`workdir/lock.py`)
+    while it runs. SIGTERM or Ctrl-C saves the step reached and stops with
+    `preemption.Stopped`; a second Ctrl-C stops at once with `Interrupted`, which names
+    the step reached and the newest checkpoint, where the same command resumes.
 
     Raises:
         OSError: the workdir is not writable or its disk too small (before training);
@@ -74,7 +76,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         ValueError: the workdir's checkpoints are of another model or image size;
             `config.init_from` names no file.
         FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
-        Interrupted: Ctrl-C (a KeyboardInterrupt).
+        WorkdirLocked: another run holds the workdir (an OSError; nothing touched).
+        Stopped: SIGTERM or Ctrl-C, the step saved (a KeyboardInterrupt).
+        Interrupted: a second Ctrl-C (a KeyboardInterrupt).
     """
     done = checks.finished_summary(workdir, plan_of(config))
     if done is not None:
@@ -85,7 +89,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     created = checks.missing_dirs(workdir)
     where = Where(os.path.join(workdir, "checkpoints"))
     try:
-        return _run(config, workdir, where)
+        with lock.held(workdir, distributed.is_lead()), progress.StopRequest() as stop:
+            return _run(config, workdir, where, stop)
+    except lock.WorkdirLocked:
+        raise  # another run's workdir: touch nothing
+    except preemption.Stopped:
+        checks.remove_empty(created)
+        raise
     except KeyboardInterrupt as e:
         checks.remove_empty(created)
         raise Interrupted(where.message()) from e
@@ -186,7 +196,9 @@ def _check_init_from(config: ml_collections.ConfigDict) -> None:
     )
 
 
-def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[str, Any]:
+def _run(
+    config: ml_collections.ConfigDict, workdir: str, where: Where, stop: progress.StopRequest
+) -> dict[str, Any]:
     checks.check_writable(workdir)
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
@@ -209,8 +221,9 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
     loop = Loop(
         config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
     )
-    with loop.stop:  # Ctrl-C: stop between steps (see progress.StopRequest)
-        state, metrics, evals = train_loop(loop, state, where)
+    loop.stop = stop  # SIGTERM, Ctrl-C: save and stop between steps (preemption.py)
+    state, metrics, evals = train_loop(loop, state, where)
+    _stop_if_asked(loop, state)  # before the final evaluation and export
     if "accuracy" not in evals:  # resumed after the last step: evaluate the final state again
         evals.update(evaluate(loop, state.params))
     if config.export_npz:
@@ -261,6 +274,8 @@ def train_loop(
     skipped = int(jax.device_get(optim.skipped_steps(state.opt_state)))
     guard = FiniteGuard(loop.saver.manager, config.skip_nonfinite, start, skipped)
     metrics, evals = {}, {}
+    agree = preemption.Agreement(mesh)
+    _stop_if_asked(loop, state, agree)  # a signal during start-up
     if lead and start < config.total_steps:
         print(
             f"training {config.model.name} ({count_params(state.params):,} parameters) for "
@@ -276,8 +291,10 @@ def train_loop(
             took = speed.compiled(step)
             if lead and not cadence.due("log", step):
                 print(f"step {step}: compiled and ran in {console.duration(took)}", flush=True)
+        stopping = agree.lagged(loop.stop.requested)  # the same on every process
         log, ev, save = (cadence.due(what, step) for what in ("log", "eval", "save"))
-        few = loop.fewshot is not None and cadence.due("fewshot", step)
+        few = loop.fewshot is not None and cadence.due("fewshot", step) and not stopping
+        ev, save = ev and not stopping, save or bool(stopping)  # save it, evaluate later
         if log or save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items()}
             if log:  # timed here: the step is done, the checks below are not training
@@ -299,12 +316,29 @@ def train_loop(
                 print(f"step {step}: saving checkpoint {loop.saver.directory}/{step}", flush=True)
         if ev or few or save:  # the throughput clock counts training steps only
             speed.pause(step)
-        if loop.stop.requested:
-            if loop.writer is not None:
-                loop.writer.flush()
-            raise KeyboardInterrupt  # run() turns it into Interrupted, naming the step
+        if stopping:
+            _stop(loop, step, stopping, saved=True)
     loop.saver.wait()
     return state, metrics, evals
+
+
+def _stop_if_asked(loop: Loop, state: TrainState, agree: Any = None) -> None:
+    """Stops the run (`preemption.Stopped`) when a signal came outside the steps: during
+    start-up or the last step's evaluation; the step reached is saved already, if any."""
+    agree = agree or preemption.Agreement(loop.mesh)
+    if name := agree.now(loop.stop.requested):
+        _stop(loop, int(jax.device_get(state.step)), name, saved=False)
+
+
+def _stop(loop: Loop, step: int, signal_name: str, saved: bool) -> None:
+    """Waits for the save of `step` and raises `preemption.Stopped` naming it."""
+    loop.saver.wait()
+    if loop.writer is not None:
+        loop.writer.flush()
+    checkpoint = os.path.join(loop.saver.directory, str(step))
+    if not saved and step not in integrity.step_dirs(loop.saver.directory):
+        checkpoint = None
+    raise preemption.stopped(step, signal_name, checkpoint)
 
 
 def _export(path: str, params: Any, checkpoints: str) -> None:

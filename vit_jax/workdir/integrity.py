@@ -1,8 +1,9 @@
 """The integrity record of a checkpoint: what was saved, so that a restore can tell.
 
 Each checkpoint `checkpoints/<step>` holds `integrity.json`, written by process 0 after
-Orbax has written every array and before Orbax renames the checkpoint into place, so a
-checkpoint that has a record is complete. It holds:
+Orbax has written every array and before Orbax completes the checkpoint (renames it into
+place, or writes its `commit_success.txt`: `manager.commit_mode`), so a complete
+checkpoint has a record. It holds:
 
     step      the step saved
     state     what the state is: model, optimizer and image size (config fields)
@@ -33,6 +34,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax.base import files
+from vit_jax.workdir import manager
 
 RECORD = "integrity.json"
 SET_ASIDE = ".damaged"  # checkpoints/20 -> checkpoints/20.damaged; Orbax never lists it
@@ -216,13 +218,16 @@ def summary(description: dict[str, Any] | None) -> str:
 
 
 def step_dirs(directory: str) -> list[int]:
-    """The steps of the checkpoints under their final names in `directory`, ascending.
+    """The steps of the complete checkpoints in `directory`, ascending.
 
     Orbax's own listing (the names its CheckpointManager writes): '<step>.damaged',
-    Orbax's temporary directories, `.pending` and plain files are not steps.
+    Orbax's temporary directories, `.pending` and plain files are not steps, nor (in the
+    commit-file mode, `manager.commit_mode`) a `<step>` without Orbax's marker.
     """
     found = ocp.path.step.standard_name_format().find_all(directory)
-    return sorted(metadata.step for metadata in found)
+    return sorted(
+        m.step for m in found if manager.is_complete(os.path.join(directory, str(m.step)))
+    )
 
 
 def quick_check(step_dir: str) -> list[str]:

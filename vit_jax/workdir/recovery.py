@@ -161,12 +161,15 @@ def verify_workdir(workdir: str) -> list[tuple[str, str]]:
     manager = manager_lib.open_reader(directory)
     rows = []
     for name in sorted(os.listdir(directory), key=_name_order):
-        if name.isdigit():
+        incomplete = manager_lib.TMP_MARK in name or (
+            name.isdigit() and not manager_lib.is_complete(os.path.join(directory, name))
+        )
+        if incomplete:
+            rows.append((name, "incomplete (an interrupted save; the next run deletes it)"))
+        elif name.isdigit():
             rows.append((name, check(manager, int(name)).line()))
         elif integrity.SET_ASIDE in name:
             rows.append((name, "set aside (found damaged by an earlier run)"))
-        elif manager_lib.TMP_MARK in name:
-            rows.append((name, "incomplete (an interrupted save; the next run deletes it)"))
     return rows
 
 

@@ -4,8 +4,9 @@ one message.
 `Saver.save` starts hashing this process's shards (`integrity.start_checksums`) and the
 Orbax save together, and collects the checksums before the next train step may reuse
 the buffers. Once Orbax has written every array, its background thread calls
-`_write_record` (on process 0) before it renames `<step>.orbax-checkpoint-tmp` to
-`<step>`: the record is written last, so a checkpoint under its final name has one.
+`_write_record` (on process 0) before it completes the checkpoint (renames
+`<step>.orbax-checkpoint-tmp` to `<step>`, or writes `<step>/commit_success.txt`:
+`manager.commit_mode`): the record comes first, so a complete checkpoint has one.
 Orbax then applies `keep_checkpoints`: an older checkpoint is deleted only after a newer
 one is complete with its record. Processes other than 0 hand their checksums over in
 `checkpoints/.pending/<step>.process_<i>.json`.
@@ -137,7 +138,10 @@ class Saver:
         if jax.process_index() == 0:
             for name in (f"{step}{manager_lib.TMP_MARK}", str(step), PENDING):
                 path = os.path.join(self.directory, name)
-                if name != str(step) or not os.path.exists(os.path.join(path, integrity.RECORD)):
+                done = manager_lib.is_complete(path) and os.path.exists(
+                    f"{path}/{integrity.RECORD}"
+                )
+                if name != str(step) or not done:
                     shutil.rmtree(path, ignore_errors=True)
         raise OSError(
             f"could not save checkpoint step {step} in {self.directory}: {reason(error)}. "

@@ -1,0 +1,191 @@
+"""Preemption and shared workdirs: Orbax's two commit modes, the workdir lock, save on
+SIGTERM/SIGINT (one process and two), and signals at random moments of a run."""
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import assert_npz_equal, snapshot, tiny_config
+from subprocesses import Run, tiny_flags
+from test_storage import flip_bytes
+
+from vit_jax.training import preemption, progress, train
+from vit_jax.workdir import integrity, lock, recovery
+from vit_jax.workdir import manager as manager_lib
+
+# 8 steps, a checkpoint every 2 (2 kept), dropout on: what is restored matters.
+RUN = {"total_steps": 8, "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 0}
+RUN.update({"log_every": 4, "model.dropout": 0.1})
+
+
+def test_commit_file_mode_on_local_disk_records_falls_back_and_keeps_like_rename(
+    tmp_path, monkeypatch, capsys
+):
+    renamed, committed = str(tmp_path / "rename"), str(tmp_path / "file")
+    train.run(tiny_config(**RUN), renamed)
+    monkeypatch.setenv(manager_lib.MODE_ENV, "file")
+    train.run(tiny_config(**RUN), committed)
+    assert_npz_equal(f"{committed}/final.npz", f"{renamed}/final.npz")
+    for workdir in (renamed, committed):  # retention: 2 kept; Orbax marks both complete
+        checkpoints = f"{workdir}/checkpoints"
+        assert sorted(os.listdir(checkpoints)) == ["6", "8"], workdir
+        for step in ("6", "8"):
+            names = os.listdir(f"{checkpoints}/{step}")
+            assert {manager_lib.COMMIT_FILE, integrity.RECORD} <= set(names), names
+            record = integrity.read_record(f"{checkpoints}/{step}")
+            assert record["files"] and all(f.startswith("default/") for f in record["files"])
+    checkpoints = f"{committed}/checkpoints"
+    # An interrupted in-place save (no marker), a set-aside checkpoint (no marker either,
+    # which Orbax's own clean-up would delete) and a damaged newest complete one.
+    shutil.copytree(f"{checkpoints}/8", f"{checkpoints}/10")
+    os.remove(f"{checkpoints}/10/{manager_lib.COMMIT_FILE}")
+    shutil.copytree(f"{checkpoints}/6", f"{checkpoints}/3.damaged")
+    os.remove(f"{checkpoints}/3.damaged/{manager_lib.COMMIT_FILE}")
+    flip_bytes(f"{checkpoints}/8")
+    assert integrity.step_dirs(checkpoints) == [6, 8]
+    rows = dict(recovery.verify_workdir(committed))
+    assert rows["10"] == "incomplete (an interrupted save; the next run deletes it)"
+    assert rows["6"] == "verifies" and rows["8"].startswith("DAMAGED: file default/"), rows
+    monkeypatch.setenv(manager_lib.MODE_ENV, "rename")  # the same directory, read as rename:
+    assert integrity.step_dirs(checkpoints) == [6, 8, 10]  # a final name is complete there
+    monkeypatch.setenv(manager_lib.MODE_ENV, "file")
+    capsys.readouterr()
+    os.remove(f"{committed}/summary.json")
+    train.run(tiny_config(**RUN), committed)  # 8 is damaged: resumes from 6
+    out = capsys.readouterr().out
+    assert "ignoring incomplete checkpoint(s) 10 (a save was interrupted)" in out, out
+    assert f"checkpoint {checkpoints}/8 is damaged" in out and "resuming from step 6 " in out
+    assert sorted(os.listdir(checkpoints)) == ["3.damaged", "6", "8", "8.damaged"]
+    assert integrity.step_dirs(checkpoints) == [6, 8]
+    assert_npz_equal(f"{committed}/final.npz", f"{renamed}/final.npz")
+
+
+def test_a_second_run_is_refused_a_stale_lock_taken_over(tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    with lock.held(workdir):
+        before = snapshot(workdir)
+        holder = json.load(open(f"{workdir}/{lock.NAME}"))
+        assert holder["host"] == socket.gethostname() and holder["pid"] == os.getpid()
+        with pytest.raises(lock.WorkdirLocked) as refused:
+            train.run(tiny_config(**RUN), workdir)
+        assert str(refused.value).startswith(
+            f"workdir {workdir} is in use by another run (host {holder['host']} pid "
+            f"{os.getpid()}, started {holder['started']}; lock {workdir}/{lock.NAME}, "
+        ), refused.value
+        assert snapshot(workdir) == before  # touched nothing
+    assert os.listdir(workdir) == []  # released
+    # A lock of a process that is gone (this host), and one whose heartbeat stopped.
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    dead = dict(holder, pid=int(gone), started="then")
+    far = dict(holder, host="elsewhere", pid=1, started="earlier")
+    for left, why in ((dead, "its process no longer exists"), (far, "its heartbeat stopped")):
+        with open(f"{workdir}/{lock.NAME}", "w") as f:
+            json.dump(left, f)
+        if left is far:
+            os.utime(f"{workdir}/{lock.NAME}", (time.time() - 400, time.time() - 400))
+        with lock.held(workdir):
+            assert json.load(open(f"{workdir}/{lock.NAME}"))["pid"] == os.getpid()
+        out = capsys.readouterr().out
+        assert f"taking over the lock of {workdir} from {lock.describe(left)}: {why}" in out
+    # A live holder elsewhere whose heartbeat is recent is not taken over.
+    with open(f"{workdir}/{lock.NAME}", "w") as f:
+        json.dump(far, f)
+    with pytest.raises(lock.WorkdirLocked, match="host elsewhere pid 1"):
+        lock.acquire(workdir)
+
+
+def test_stop_request_first_signal_asks_a_second_sigterm_ends_the_process():
+    code = (
+        "import os, signal, time\n"
+        "from vit_jax.training import progress\n"
+        "with progress.StopRequest() as stop:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.1)\n"
+        "    print(stop.requested, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+        "    print('still here', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == -signal.SIGTERM and done.stdout == "SIGTERM\n", done
+    assert done.stderr.strip() == progress.StopRequest.TERM_NOTICE.decode().strip()
+
+
+def test_agreement_is_the_flag_with_one_process_and_one_step_late_all_reduced():
+    from vit_jax.parallel import sharding
+
+    mesh = sharding.make_mesh(4, 2)
+    assert preemption.Agreement(mesh).lagged("SIGTERM") == "SIGTERM"
+    agree = preemption.Agreement(mesh, force=True)  # the all-reduce of several processes
+    assert [agree.lagged(r) for r in (None, "SIGINT", None, None)] == [None, None, "SIGINT", None]
+    assert agree.lagged("SIGTERM") is None and agree.now(None) == "SIGTERM"
+    assert agree.now("SIGINT") == "SIGINT" and agree.now(None) is None
+
+
+# 1 device; saves at 5, 10, 15, 20; evaluates at 10 and 20; a log line every step.
+SIGNALLED = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=10)
+STOPPED = r"stopped at step (\d+) by (SIGTERM|SIGINT); checkpoint \1 saved \((\S+)\); rerun the same command to resume"  # noqa: E501
+STEP = re.compile(r"step (\d+)/20")
+MOMENTS = {  # the line after which the signal is sent (after a random delay)
+    "start-up": None,
+    "a step": lambda line: line.startswith("step 7/20"),
+    "an evaluation": lambda line: line.startswith("step 10/20"),
+    "an asynchronous save": lambda line: line.startswith("step 15: saving checkpoint"),
+    "the final export": lambda line: line.startswith("step 20: test accuracy"),
+}
+
+
+@pytest.mark.slow  # about a dozen runs of the command
+def test_signals_at_random_moments_save_and_every_rerun_ends_bit_identical(tmp_path):
+    rng = random.Random(21)
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    reference = str(tmp_path / "reference")
+    with Run(tiny_flags(reference, **SIGNALLED), devices=1, env=cache) as run:
+        assert run.finish(timeout=180) == 0, run.tail()
+    # A second run on a workdir in use is refused and touches nothing; the first goes on.
+    shared = str(tmp_path / "shared")
+    with Run(tiny_flags(shared, **SIGNALLED), devices=1, env=cache) as first:
+        first.wait_for(lambda line: "compiling the first step" in line, timeout=120)
+        with Run(tiny_flags(shared, **SIGNALLED), devices=1, env=cache) as second:
+            assert second.finish(timeout=120) == 1, second.tail()
+        error = next((line for line in second.log if line.startswith("error:")), "")
+        assert error.startswith(
+            f"error: workdir {shared} is in use by another run (host {socket.gethostname()} "
+            f"pid {first.proc.pid}, started "
+        ), second.tail()
+        assert first.finish(timeout=180) == 0, first.tail()
+    assert_npz_equal(f"{shared}/final.npz", f"{reference}/final.npz")
+    assert not os.path.exists(f"{shared}/{lock.NAME}")
+    for i, (moment, after) in enumerate([*MOMENTS.items(), ("a step (Ctrl-C)", MOMENTS["a step"])]):
+        workdir = str(tmp_path / f"run{i}")
+        sig = signal.SIGINT if "Ctrl-C" in moment else signal.SIGTERM
+        delay = rng.uniform(0.5, 4.0) if after is None else rng.uniform(0.0, 0.3)
+        with Run(tiny_flags(workdir, **SIGNALLED), devices=1, env=cache) as run:
+            if after is not None:
+                run.wait_for(after, timeout=180)
+            time.sleep(delay)
+            os.kill(run.proc.pid, sig)
+            status = run.finish(timeout=120)
+        last = run.log[-1] if run.log else ""
+        print(f"{moment} (+{delay:.2f}s): exit {status}; {last}")
+        found = re.fullmatch(STOPPED, last)
+        if after is None and status in (-signal.SIGTERM, 143) and not found:
+            pass  # before the handler (still importing): SIGTERM's default; nothing written
+        else:
+            assert status == 128 + sig and found, run.tail()
+            reached = max(int(m[1]) for m in map(STEP.match, run.log) if m)
+            assert int(found[1]) == reached and found[2] == sig.name  # no step lost
+            assert found[3] == f"{workdir}/checkpoints/{found[1]}"
+            assert not integrity.quick_check(found[3])
+        with Run(tiny_flags(workdir, **SIGNALLED), devices=1, env=cache) as rerun:
+            assert rerun.finish(timeout=180) == 0, rerun.tail()
+        if found:
+            assert f"resuming from step {found[1]} " in "\n".join(rerun.log), rerun.tail()
+        assert_npz_equal(f"{workdir}/final.npz", f"{reference}/final.npz")  # bit-identical
