@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, assert_npz_equal, python_m, tiny_config
+from helpers import ROOT, assert_npz_equal, needs_embedded_data, python_m, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax.base.text import first_few
@@ -132,6 +132,7 @@ def reference(tmp_path_factory):
         for damage in DAMAGES
     ],
 )  # fmt: skip
+@needs_embedded_data
 def test_damaged_newest_checkpoint_is_set_aside_and_the_run_falls_back(
     reference, tmp_path, capsys, damage, mesh
 ):
@@ -160,6 +161,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_run_falls_back(
     assert not integrity.quick_check(f"{checkpoints}/20")
 
 
+@needs_embedded_data
 def test_damaged_older_checkpoint_is_reported_but_does_not_stop_the_run(reference, tmp_path):
     ref, _ = reference["data"]
     workdir = finished_copy(ref, tmp_path / "run")
@@ -182,6 +184,7 @@ def test_damaged_older_checkpoint_is_reported_but_does_not_stop_the_run(referenc
     assert [line[state - 2 : state + 1] for line in lines[1:]] == ["  D", "  v", "  v"]
 
 
+@needs_embedded_data
 def test_verify_a_recipe_workdir_checks_each_run_below_it(reference, tmp_path):
     """`verify workdirs/recipe` (pretrain/, finetune/, scratch/ each a run's workdir):
     every run's checkpoints, named by run, in one aligned table."""
@@ -230,6 +233,7 @@ def test_verify_a_directory_without_workdirs_says_what_it_expects(tmp_path):
         assert "a run's workdir (with checkpoints/) or a directory of them" in done.stderr
 
 
+@needs_embedded_data
 def test_with_no_intact_checkpoint_the_run_stops_unless_asked_to_start_again(
     reference, tmp_path, capsys
 ):
@@ -248,6 +252,7 @@ def test_with_no_intact_checkpoint_the_run_stops_unless_asked_to_start_again(
     assert_npz_equal(f"{workdir}/final.npz", f"{ref}/final.npz")
 
 
+@needs_embedded_data
 def test_a_checkpoint_of_another_shape_does_not_fit_and_is_not_set_aside(reference, tmp_path):
     ref, _ = reference["data"]
     workdir = finished_copy(ref, tmp_path / "run")
@@ -256,6 +261,7 @@ def test_a_checkpoint_of_another_shape_does_not_fit_and_is_not_set_aside(referen
     assert integrity.step_dirs(f"{workdir}/checkpoints") == [10, 15, 20]
 
 
+@needs_embedded_data
 def test_nonfinite_guard_names_only_a_checkpoint_that_verifies(reference, tmp_path):
     ref, _ = reference["data"]
     workdir = finished_copy(ref, tmp_path / "run")
@@ -323,6 +329,7 @@ def cli_reference(tmp_path_factory):
     return workdir
 
 
+@needs_embedded_data
 def test_killed_before_the_record_keeps_the_older_checkpoint(cli_reference, tmp_path):
     workdir = str(tmp_path / "run")
     flags = tiny_flags(workdir, keep_checkpoints=1, **CLI_RUN)
@@ -344,6 +351,8 @@ def test_killed_before_the_record_keeps_the_older_checkpoint(cli_reference, tmp_
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1.5 MB tmpfs: room for the tiny run's first checkpoints, not for all of them."""
+    if not (shutil.which("mount") and shutil.which("umount")):
+        pytest.skip("cannot mount a tmpfs here (no mount command)")
     mount = tmp_path / "disk"
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mount)])
@@ -354,6 +363,7 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.slow  # three command runs; the export test below fills a tmpfs in the default set
+@needs_embedded_data
 def test_disk_full_during_a_save_stops_with_one_message_and_resumes(
     cli_reference, small_disk, tmp_path
 ):

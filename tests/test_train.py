@@ -15,6 +15,7 @@ from helpers import (
     assert_trees_equal,
     batch,
     flat,
+    needs_embedded_data,
     run_command,
     snapshot,
     tiny_config,
@@ -74,6 +75,7 @@ def test_bfloat16_training_steps_track_float32():
 
 
 @pytest.mark.slow  # two runs; test_models compares the gradients in the default set
+@needs_embedded_data
 def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
     """From the same parameters (a scanned model initialises its own differently), a run
     with remat and scan ends where the plain run does, and exports the published names."""
@@ -97,6 +99,7 @@ def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
     assert scanned["accuracy"] == pytest.approx(plain["accuracy"], abs=2 / 256)
 
 
+@needs_embedded_data
 def test_short_run_learns_and_resumes(tmp_path, capsys):
     workdir = str(tmp_path / "run")
     config = tiny_config(total_steps=40, checkpoint_every=20, eval_every=40, log_every=1)
@@ -185,6 +188,7 @@ def pretrained(tmp_path_factory):
     return workdir, summary, out.getvalue()
 
 
+@needs_embedded_data
 def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     npz = os.path.join(pretrained[0], "final.npz")
     assert weights.load_npz(npz)["pre_logits"]["kernel"].shape == (32, 32)
@@ -204,6 +208,7 @@ def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     assert summary["train_loss"] < np.log(3) + 0.05  # started at chance: zero head
 
 
+@needs_embedded_data
 def test_fewshot_runs_on_its_cadence_and_matches_the_command(pretrained):
     from vit_jax.evaluation import FewShotEvaluator
 
@@ -233,6 +238,7 @@ def test_fewshot_runs_on_its_cadence_and_matches_the_command(pretrained):
         assert abs(alone[k] - summary[k]) <= 2 / 200, (alone, summary)
 
 
+@needs_embedded_data
 def test_rerun_of_a_finished_run_changes_nothing(pretrained):
 
     workdir, summary, _ = pretrained
@@ -252,6 +258,7 @@ def test_rerun_of_a_finished_run_changes_nothing(pretrained):
     assert lines[2].startswith("step 20: few-shot fashion_mnist 1/5-shot ") and len(lines) == 3
 
 
+@needs_embedded_data
 def test_fewshot_batch_must_split_over_the_devices(tmp_path):
     config = tiny_config()
     config.fewshot.update(datasets="fashion_mnist", batch_size=60)
@@ -259,6 +266,7 @@ def test_fewshot_batch_must_split_over_the_devices(tmp_path):
         train.run(config, str(tmp_path / "odd"))
 
 
+@needs_embedded_data
 def test_unwritable_workdir_fails_first(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -324,6 +332,7 @@ def test_every_config_parses_and_builds_its_model(preset, arg):
         assert config.total_steps == (10_000 if "cifar" in arg else 20_000)
 
 
+@needs_embedded_data
 def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
     from vit_jax import main
 
@@ -365,6 +374,7 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@needs_embedded_data
 def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     from vit_jax import fewshot as fewshot_command
     from vit_jax import figures, infer
