@@ -10,11 +10,24 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from flax import traverse_util
 
 from vit_jax.models import param_shapes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+
+# A skip reason that starts with MISSING names a test dependency that is not installed:
+# under CI=true such a skip fails the run (conftest.py).
+MISSING = "missing test dependency:"
+EMBEDDED_DATA = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
+# For the tests that train on the embedded Fashion-MNIST (the `fashion_mnist` presets):
+# without it they all skip with this one reason (setup.sh installs it).
+needs_embedded_data = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(EMBEDDED_DATA, "train-labels-idx1-ubyte.gz")),
+    reason=f"{MISSING} the embedded Fashion-MNIST in {EMBEDDED_DATA} "
+    "(apt-get install dataset-fashion-mnist, as setup.sh does)",
+)
 
 
 def logits(model, params, x, **kw) -> np.ndarray:

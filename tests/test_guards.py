@@ -11,7 +11,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import assert_trees_equal, batch, model_and_optimizer, tiny_config, training
+from helpers import (
+    assert_trees_equal,
+    batch,
+    model_and_optimizer,
+    needs_embedded_data,
+    tiny_config,
+    training,
+)
 
 from vit_jax.parallel import sharding
 from vit_jax.training import guard as guard_lib
@@ -41,6 +48,7 @@ def restore_all(config, workdir):
     return {s: jax.device_get(restore(s)) for s in manager.all_steps()}
 
 
+@needs_embedded_data
 def test_nonfinite_run_stops_and_names_the_last_good_checkpoint(tmp_path):
     # SGD at lr 300 diverges within a few steps; checks at steps 1, 2, 4, 6, ...
     c = tiny_config(
@@ -125,6 +133,7 @@ class TrainStateBeforeApplyIfFinite:
 
 
 @pytest.mark.parametrize("skip", [False, True])
+@needs_embedded_data
 def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
     c = tiny_config(export_npz=False, skip_nonfinite=skip)
     model, tx, _ = model_and_optimizer(c)  # the optimizer state then
@@ -166,6 +175,7 @@ def test_skipping_stops_after_too_many_in_a_row(tmp_path):
         check(16, 15)
 
 
+@needs_embedded_data
 def test_small_disk_fails_before_training(tmp_path, monkeypatch):
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10_000))

@@ -306,9 +306,14 @@ def test_run_without_images_uses_the_first_test_images(tmp_path, capsys, monkeyp
     title, labels = drawn[report.PNG["rollout"]]
     assert title == "t.npz at 32x32"  # the checkpoint's file name, not 'model'
     assert labels[:6:2] == summary["images"]  # each row's input image (then a colorbar)
-    headless = get_model("testing", None)  # as the command builds it: same compiled analysis
-    direct = report.compute(headless, params, sample)
-    np.testing.assert_allclose(
-        numbers["attention_distance"], direct.arrays["attention_distance"], rtol=1e-5
-    )
+    # Attention distance by the double loop over the model's own attention weights on
+    # the three test images (grid 2x2, 16 px per token, one class token).
+    att = np.asarray(apply_with_intermediates(model, params, sample)[1]["attention"])
+    want = [
+        [np.mean([brute_force_distance(att[i, b, h], 2, 2, 16, 1) for b in range(3)])
+         for h in range(2)]
+        for i in range(2)
+    ]  # fmt: skip
+    np.testing.assert_allclose(numbers["attention_distance"], want, rtol=1e-5)
+    assert np.ptp(numbers["attention_distance"]) > 0.1  # heads differ: not a constant
     assert f"wrote {out / report.NUMBERS}" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_reference as ref
 import optax
 import pytest
 from helpers import flat, logits, unflat
@@ -160,21 +161,38 @@ def test_scan_and_remat_compute_the_same_function_and_gradients():
 
 
 def test_intermediates():
+    """Each block's output, its attention weights, pre_logits and logits against the
+    float64 NumPy reference, step by step (not against the model's own other outputs)."""
     model = get_model("testing", 5)
     params, x = _init(model)
     out, inter = apply_with_intermediates(model, params, x)
     n = 1 + 2 * 2
     assert inter["blocks"].shape == (2, 2, n, 32)
     assert inter["attention"].shape == (2, 2, 2, n, n)
-    np.testing.assert_allclose(inter["attention"].sum(-1), 1.0, rtol=1e-5)
-    # pre_logits = class token of encoder_norm(last block output); logits = head of it.
-    enc = params["Transformer"]["encoder_norm"]
-    last = inter["blocks"][-1][:, 0]
-    mu, var = last.mean(-1, keepdims=True), last.var(-1, keepdims=True)
-    normed = (last - mu) / jnp.sqrt(var + 1e-6) * enc["scale"] + enc["bias"]
-    np.testing.assert_allclose(inter["pre_logits"], normed, atol=1e-5)
-    head = params["head"]
-    np.testing.assert_allclose(out, normed @ head["kernel"] + head["bias"], atol=1e-4)
+    p = {k: np.asarray(v, np.float64) for k, v in flat(params).items()}
+    tokens = ref._embed(p, np.asarray(x, np.float64), 16)  # [2, 4, 32]
+    cls = np.broadcast_to(p["cls"], (2, 1, 32))
+    h = np.concatenate([cls, tokens], 1) + p["Transformer/posembed_input/pos_embedding"]
+    for i in range(2):
+        block = f"Transformer/encoderblock_{i}"
+        y = ref._layer_norm(h, p[f"{block}/LayerNorm_0/scale"], p[f"{block}/LayerNorm_0/bias"])
+        attn = f"{block}/MultiHeadDotProductAttention_1"
+        q, k = (
+            np.einsum("nld,dhk->nhlk", y, p[f"{attn}/{w}/kernel"])
+            + p[f"{attn}/{w}/bias"][None, :, None]
+            for w in ("query", "key")
+        )  # [2, heads, n, 16]
+        weights_ = ref._softmax(np.einsum("nhqk,nhmk->nhqm", q, k) / np.sqrt(16))
+        np.testing.assert_allclose(inter["attention"][i], weights_, atol=1e-5, err_msg=block)
+        h = ref._encoder_block(p, block, h, num_heads=2)
+        np.testing.assert_allclose(inter["blocks"][i], h, atol=1e-4, err_msg=block)
+    enc = "Transformer/encoder_norm"
+    pre = ref._layer_norm(h, p[f"{enc}/scale"], p[f"{enc}/bias"])[:, 0]
+    np.testing.assert_allclose(inter["pre_logits"], pre, atol=1e-4)
+    np.testing.assert_allclose(out, pre @ p["head/kernel"] + p["head/bias"], atol=2e-4)
+    np.testing.assert_allclose(
+        out, ref.vit_logits(p, np.asarray(x), num_heads=2, patch_size=16), atol=2e-4
+    )
 
 
 def test_classifier_and_representation_options():

@@ -10,7 +10,7 @@ import socket
 import jax
 import numpy as np
 import pytest
-from helpers import assert_trees_equal, flat, tiny_config
+from helpers import assert_trees_equal, flat, needs_embedded_data, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax import weights
@@ -58,6 +58,7 @@ def finish_pair(runs):
 
 
 @pytest.mark.slow
+@needs_embedded_data
 def test_two_processes_train_like_one(tmp_path):
     workdir = str(tmp_path / "two")
     cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}

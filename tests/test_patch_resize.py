@@ -1,14 +1,17 @@
 """FlexiViT patch resize: the pseudo-inverse kernel, and a checkpoint at any patch size."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 from format_helpers import TINY, make
-from helpers import images, logits, python_m
+from helpers import images, logits, run_command
+from PIL import Image
 
-from vit_jax import weights
+from vit_jax import infer, weights
 from vit_jax.models import get_model
 from vit_jax.models.patch_resize import resample_kernel, resize_matrix, resize_matrix_1d
 from vit_jax.models.vit import PatchEmbedding
@@ -117,18 +120,28 @@ def test_fine_tuning_init_from_resamples(tmp_path):
     assert got["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 65, 32)
 
 
-def test_infer_command_takes_patch_size(tmp_path):
-    from PIL import Image
-
-    model, params, _ = make(TINY)
+def test_infer_command_at_patch_16_gives_the_patch_8_models_output(tmp_path, capsys):
+    """FlexiViT's exact case: upsampled 8 -> 16, a kernel sees each 16x16 patch resized from
+    its 8x8 original as the old kernel saw the original. The command run at --patch_size=16
+    on a 64 px image built that way prints the probabilities of the untouched patch-8 model
+    on the 32 px original (no resampling code involved in the expected values)."""
+    model, params, _ = make(TINY, num_classes=10)
     weights.save_npz(tmp_path / "p8.npz", params)
-    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(tmp_path / "x.png")
-    run = python_m(
-        "vit_jax.infer",
-        f"--checkpoint={tmp_path / 'p8.npz'}",
-        f"--image={tmp_path / 'x.png'}",
-        "--patch_size=16",
-        "--top_k=2",
-    )
-    assert run.returncode == 0, run.stderr
-    assert "x.png" in run.stdout and "class" in run.stdout
+    # Multiples of 16: each output pixel of a 2x bilinear resize (weights 9/16, 3/16, 3/16,
+    # 1/16 in the middle, fewer at the edges) is an integer: the PNG holds it exactly.
+    small = np.random.default_rng(0).integers(0, 16, (32, 32, 3)) * 16.0  # [32, 32, 3]
+    patches = small.reshape(4, 8, 4, 8, 3).transpose(0, 2, 1, 3, 4)  # [4, 4, 8, 8, 3]
+    resized = jax.image.resize(patches, (4, 4, 16, 16, 3), "bilinear", antialias=False)
+    big = np.asarray(resized, np.float64).transpose(0, 2, 1, 3, 4).reshape(64, 64, 3)
+    assert np.abs(big - np.round(big)).max() < 1e-4
+    Image.fromarray(np.round(big).astype(np.uint8)).save(tmp_path / "x.png")
+    want = jax.nn.softmax(logits(model, params, small[None].astype(np.float32) / 127.5 - 1))[0]
+    args = [f"--checkpoint={tmp_path / 'p8.npz'}", f"--image={tmp_path / 'x.png'}"]
+    assert run_command(infer, *args, "--patch_size=16", "--top_k=10") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == str(tmp_path / "x.png")
+    rows = [re.fullmatch(r"\s*\d+\. class (\d+)\s+([\d.]+)%", r) for r in out.splitlines()[1:11]]
+    got = {int(m[1]): float(m[2]) / 100 for m in rows}
+    assert list(got) == list(np.argsort(-np.asarray(want), kind="stable"))
+    np.testing.assert_allclose([got[k] for k in range(10)], want, atol=6e-5)
+    assert np.abs(np.asarray(want) - 0.1).max() > 0.01  # not a flat output

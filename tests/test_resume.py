@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import assert_npz_equal
+from helpers import assert_npz_equal, needs_embedded_data
 from subprocesses import Run, tiny_flags
 
 from vit_jax.workdir import manager as workdir_lib
@@ -34,6 +34,7 @@ def complete_steps(workdir):
 
 
 @pytest.mark.slow
+@needs_embedded_data
 def test_killed_run_resumes_bit_identically(tmp_path):
     rng = random.Random(0)
     reference, killed = str(tmp_path / "reference"), str(tmp_path / "killed")

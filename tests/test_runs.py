@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from helpers import run_command, snapshot, tiny_config
+from helpers import needs_embedded_data, run_command, snapshot, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax import main, weights
@@ -24,6 +24,7 @@ RUN = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=20)
 
 
 @pytest.mark.slow  # four processes, about a minute on 2 cores
+@needs_embedded_data
 def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp_path):
     workdir = str(tmp_path / "run")
     cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
@@ -205,6 +206,7 @@ def test_init_from_of_another_patch_size_names_both_patches(tmp_path):
     assert "The file looks like width 64, depth 2, 2 heads, MLP 64, patch 4:" in message
 
 
+@needs_embedded_data
 def test_finetune_preset_without_init_from_names_the_flag(tmp_path, capsys):
     workdir = tmp_path / "new" / "ft"
     args = ["--config=fashion_mnist:finetune", f"--workdir={workdir}"]
@@ -216,6 +218,7 @@ def test_finetune_preset_without_init_from_names_the_flag(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "new")  # nothing created
 
 
+@needs_embedded_data
 def test_failed_runs_remove_only_the_empty_directories_they_created(tmp_path):
     empty = tmp_path / "no_data"
     empty.mkdir()

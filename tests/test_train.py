@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -11,9 +12,11 @@ import ml_collections
 import numpy as np
 import pytest
 from helpers import (
+    assert_npz_equal,
     assert_trees_equal,
     batch,
     flat,
+    needs_embedded_data,
     run_command,
     snapshot,
     tiny_config,
@@ -28,6 +31,7 @@ from vit_jax.parallel import sharding
 from vit_jax.training import optim, train
 from vit_jax.training import state as state_lib
 from vit_jax.training.progress import Cadence, console_line, duration
+from vit_jax.workdir.saver import Saver
 
 
 def steps_on(mesh, config, batches, accum_steps=1):
@@ -73,6 +77,7 @@ def test_bfloat16_training_steps_track_float32():
 
 
 @pytest.mark.slow  # two runs; test_models compares the gradients in the default set
+@needs_embedded_data
 def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
     """From the same parameters (a scanned model initialises its own differently), a run
     with remat and scan ends where the plain run does, and exports the published names."""
@@ -96,20 +101,34 @@ def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
     assert scanned["accuracy"] == pytest.approx(plain["accuracy"], abs=2 / 256)
 
 
-def test_short_run_learns_and_resumes(tmp_path, capsys):
-    workdir = str(tmp_path / "run")
-    config = tiny_config(total_steps=40, checkpoint_every=20, eval_every=40, log_every=1)
+@needs_embedded_data
+def test_short_run_learns_and_a_ctrl_c_run_resumes_bit_identically(tmp_path, capsys, monkeypatch):
+    """A 40-step run, and the same run stopped by Ctrl-C right after its step-20 save and
+    run again: the same final parameters bit for bit, one TensorBoard curve 1..40, and
+    the reported accuracy is the exported model's, computed apart from the loop."""
+    config = tiny_config(total_steps=40, checkpoint_every=20, eval_every=20, log_every=1)
     config.optimizer.lr = 3e-3
-    # Stop after 20 steps (as a kill after the save would), then restart to 40.
-    first = tiny_config(total_steps=20, checkpoint_every=20, eval_every=20, log_every=1)
-    first.optimizer = config.optimizer  # the same schedule shape is not needed to resume
-    s20 = train.run(first, workdir)
+    whole = train.run(config, str(tmp_path / "whole"))
+    workdir = str(tmp_path / "run")
+    save = Saver.save
+
+    def save_then_ctrl_c(self, step, state):
+        save(self, step, state)
+        if step == 20:  # the loop's StopRequest takes it: it stops after this step
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Saver, "save", save_then_ctrl_c)
+    with pytest.raises(train.Interrupted, match="interrupted at step 20. .*step 20 "):
+        train.run(config, workdir)
+    monkeypatch.undo()
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20"]
     capsys.readouterr()
     s40 = train.run(config, workdir)
     out = capsys.readouterr().out
     assert "resuming from step 20" in out and "step 21/40" in out and "step 1/40" not in out
-    assert s40["steps"] == 40
+    assert_npz_equal(f"{workdir}/final.npz", f"{tmp_path}/whole/final.npz")
+    assert s40["accuracy"] == whole["accuracy"] and s40["train_loss"] == whole["train_loss"]
+    assert s40["accuracy"] == pytest.approx(accuracy_of(f"{workdir}/final.npz", config), abs=1e-6)
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert summary["steps"] == 40 and summary["accuracy"] == s40["accuracy"]
     losses = [
@@ -117,14 +136,13 @@ def test_short_run_learns_and_resumes(tmp_path, capsys):
         for line in out.splitlines()
         if line.startswith("step ") and "| loss" in line
     ]
-    # Learned: the loss fell well below chance (ln 10 = 2.30) and accuracy beat 10%.
-    assert s20["train_loss"] < 2.25 and np.mean(losses[-5:]) < 2.0, losses
-    assert s40["accuracy"] > 0.35
+    # Learned: the loss fell well below chance (ln 10 = 2.30).
+    assert np.mean(losses[-5:]) < 2.0, losses
     scalars = tensorboard_scalars(workdir)
     assert [step for step, _ in scalars["loss"]] == list(range(1, 41))  # log_every=1, resumed
     assert scalars["loss"][-1][1] == pytest.approx(losses[-1], abs=5e-5)
-    assert scalars["eval/accuracy"] == [(20, pytest.approx(s20["accuracy"])),
-                                        (40, pytest.approx(s40["accuracy"]))]  # fmt: skip
+    assert [step for step, _ in scalars["eval/accuracy"]] == [20, 40]
+    assert scalars["eval/accuracy"][1][1] == pytest.approx(s40["accuracy"])
     exported = weights.load_npz(os.path.join(workdir, "final.npz"))
     assert exported["head"]["kernel"].shape == (32, 10)
 
@@ -178,6 +196,7 @@ def pretrained(tmp_path_factory):
     return workdir, summary, out.getvalue()
 
 
+@needs_embedded_data
 def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     npz = os.path.join(pretrained[0], "final.npz")
     assert weights.load_npz(npz)["pre_logits"]["kernel"].shape == (32, 32)
@@ -197,8 +216,11 @@ def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     assert summary["train_loss"] < np.log(3) + 0.05  # started at chance: zero head
 
 
+@needs_embedded_data
 def test_fewshot_runs_on_its_cadence_and_matches_the_command(pretrained):
-    from vit_jax.evaluation import FewShotEvaluator
+    from vit_jax import data
+    from vit_jax.evaluation import linear
+    from vit_jax.models import apply_with_intermediates
 
     workdir, summary, out = pretrained
     lines = [line for line in out.splitlines() if "few-shot" in line]
@@ -206,26 +228,36 @@ def test_fewshot_runs_on_its_cadence_and_matches_the_command(pretrained):
     assert all("few-shot fashion_mnist 1/5-shot " in line for line in lines)
     keys = ["fewshot/fashion_mnist_1shot", "fewshot/fashion_mnist_5shot"]
     assert sorted(k for k in summary if k.startswith("fewshot/")) == keys
-    for k in keys:
-        hits = summary[k] * 200  # a count of the 200 test examples; chance is 20
-        assert 30 < hits <= 200 and hits == pytest.approx(round(hits))
     assert json.load(open(os.path.join(workdir, "summary.json")))[keys[1]] == summary[keys[1]]
-    # The same numbers as the evaluator run on its own on the exported parameters (up to
-    # an example or two flipped by the 8-device vs one-device features).
+    # Computed apart from the evaluator: the exported parameters applied directly to the
+    # pool (5 training images per class, subset seed 0, as the evaluator documents) and
+    # the 200 test images, then the linear fit (tested against the normal equations in
+    # test_fewshot). Up to an example or two flipped by the loop's 8-device features.
     params = weights.load_npz(os.path.join(workdir, "final.npz"))
     model = state_lib.build_model(pretrain_config().model, None)  # no head
-    ev = FewShotEvaluator(
-        [{"name": "fashion_mnist", "source": "idx", "test_split": "test[:200]"}],
-        shots=(1, 5),
-        l2=1.0,
-        image_size=28,
-        batch_size=64,
+    apply = jax.jit(lambda p, x: apply_with_intermediates(model, p, x)[1]["pre_logits"])
+    features = {}
+    for split in ("train", "test[:200]"):
+        cfg = data.default_config()
+        cfg.update(name="fashion_mnist", source="idx", examples_per_class=5, subset_seed=0)
+        xs, ys = [], []
+        for b in data.eval_iterator(cfg, split, global_batch=64, image_size=28):
+            keep = b["mask"] > 0
+            xs.append(np.asarray(apply(params, b["image"]))[keep])
+            ys.append(np.argmax(b["label"], -1)[keep])
+        features[split] = np.concatenate(xs), np.concatenate(ys)
+    assert [len(features[s][1]) for s in features] == [50, 200]
+    alone = linear.fewshot_accuracy(
+        *features["train"], *features["test[:200]"], (1, 5), l2=1.0, seed=0, num_classes=10
     )
-    alone = ev.run(model, {k: v for k, v in params.items() if k != "head"})
-    for k in keys:
-        assert abs(alone[k] - summary[k]) <= 2 / 200, (alone, summary)
+    for k, key in zip((1, 5), keys, strict=True):
+        hits = summary[key] * 200  # a count of the 200 test examples
+        assert hits == pytest.approx(round(hits)), summary
+        assert abs(alone[k] - summary[key]) <= 2 / 200, (alone, summary)
+    print(f"few-shot: loop {summary[keys[0]]}, {summary[keys[1]]}; apart {alone}")
 
 
+@needs_embedded_data
 def test_rerun_of_a_finished_run_changes_nothing(pretrained):
 
     workdir, summary, _ = pretrained
@@ -245,6 +277,7 @@ def test_rerun_of_a_finished_run_changes_nothing(pretrained):
     assert lines[2].startswith("step 20: few-shot fashion_mnist 1/5-shot ") and len(lines) == 3
 
 
+@needs_embedded_data
 def test_fewshot_batch_must_split_over_the_devices(tmp_path):
     config = tiny_config()
     config.fewshot.update(datasets="fashion_mnist", batch_size=60)
@@ -252,6 +285,7 @@ def test_fewshot_batch_must_split_over_the_devices(tmp_path):
         train.run(config, str(tmp_path / "odd"))
 
 
+@needs_embedded_data
 def test_unwritable_workdir_fails_first(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -317,6 +351,7 @@ def test_every_config_parses_and_builds_its_model(preset, arg):
         assert config.total_steps == (10_000 if "cifar" in arg else 20_000)
 
 
+@needs_embedded_data
 def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
     from vit_jax import main
 
@@ -358,6 +393,7 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@needs_embedded_data
 def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     from vit_jax import fewshot as fewshot_command
     from vit_jax import figures, infer

@@ -13,7 +13,7 @@ import sys
 import zipfile
 
 import pytest
-from helpers import ROOT
+from helpers import ROOT, needs_embedded_data
 
 from vit_jax.base import quiet_tf
 
@@ -78,6 +78,7 @@ print(json.dumps({"vit_jax": vit_jax.__file__, "absl": absl.__file__, "path": sy
 """
 
 
+@needs_embedded_data
 def test_wheel_runs_a_preset_from_an_empty_directory(venv_python, tmp_path):
     python, purelib = venv_python
     empty = tmp_path / "empty"
