@@ -333,6 +333,7 @@ CONFIGS = (
     ]
     + [("pretrain", f"{m},{d}") for m in ("b16", "h14") for d in ("imagenet21k", "imagenet2012")]
     + [("fashion_mnist", a) for a in ("pretrain", "finetune", "scratch", "full", "tiny")]
+    + [("augreg", a) for a in ("b16,imagenet2012,medium2", "s16,imagenet21k,none", "tiny")]
 )
 
 

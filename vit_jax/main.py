@@ -3,7 +3,7 @@
     python -m vit_jax.main --config=finetune:b16,cifar10 --workdir=workdirs/run \
         [--config.optimizer.lr=0.01 ...]
 
---config names a preset of the installed package (finetune, pretrain, fashion_mnist;
+--config names a preset of the installed package (finetune, pretrain, augreg, fashion_mnist;
 see vit_jax/configs/) with its argument after ':', or the path of a config file
 (configs/finetune.py:b16,cifar10, or your own). Restarting with the same --workdir
 resumes from its latest checkpoint; a workdir that finished is left as it is (the
@@ -24,7 +24,8 @@ def define_flags() -> None:
     config_flags.DEFINE_config_file(
         "config", None,
         "a preset NAME:ARG (fashion_mnist:pretrain|finetune|scratch|full|tiny, "
-        "finetune:MODEL,DATASET, pretrain:MODEL,DATASET; e.g. finetune:b16,cifar10) or a "
+        "finetune:MODEL,DATASET, pretrain:MODEL,DATASET, augreg:MODEL,DATASET,SETTING; "
+        "e.g. finetune:b16,cifar10) or a "
         "config file PATH.py:ARG; set any field with --config.FIELD=VALUE "
         "(all fields: vit_jax/configs/common.py)",
         lock_config=True,

@@ -2,11 +2,13 @@
 
     python -m vit_jax.main --config=fashion_mnist:tiny --workdir=DIR
     python -m vit_jax.main --config=finetune:b16,cifar10 --workdir=DIR
+    python -m vit_jax.main --config=augreg:b16,imagenet2012,medium2 --workdir=DIR
     python -m vit_jax.main --config=path/to/my_config.py:arg --workdir=DIR
 
   common.py         base(): every field of a run config, with its default
   finetune.py       the paper's fine-tuning of published checkpoints (MODEL,DATASET)
   pretrain.py       the paper's pretraining from scratch (MODEL,DATASET)
+  augreg.py         the AugReg recipes: RandAugment, mixup, dropout (MODEL,DATASET,SETTING)
   fashion_mnist.py  the embedded Fashion-MNIST: the recipe's parts, a full run, tiny
 
 A user's own config file starts from `vit_jax.configs.common.base(model)`.
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import ml_collections
 
-PRESETS = ("finetune", "pretrain", "fashion_mnist")
+PRESETS = ("finetune", "pretrain", "augreg", "fashion_mnist")
 _DIR = Path(__file__).resolve().parent
 
 
@@ -46,9 +48,14 @@ def resolve(spec: str) -> str:
 
 def get(spec: str) -> ml_collections.ConfigDict:
     """The config of a preset 'NAME[:ARG]' (e.g. 'fashion_mnist:tiny'), in-process."""
-    from vit_jax.configs import fashion_mnist, finetune, pretrain
+    from vit_jax.configs import augreg, fashion_mnist, finetune, pretrain
 
-    modules = {"finetune": finetune, "pretrain": pretrain, "fashion_mnist": fashion_mnist}
+    modules = {
+        "finetune": finetune,
+        "pretrain": pretrain,
+        "augreg": augreg,
+        "fashion_mnist": fashion_mnist,
+    }
     name, _, arg = spec.partition(":")
     if name not in modules:
         raise ValueError(f"unknown preset {name!r}: the presets are {', '.join(PRESETS)}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
+from vit_jax.data import randaugment
+
 SOURCES = ("idx", "folder", "tfds")
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
 # The recipe pretrains on the first five Fashion-MNIST classes, fine-tunes on the others.
@@ -35,6 +37,9 @@ def default_config() -> ml_collections.ConfigDict:
         crop_min_area: Smallest crop area (fraction of the image) of the Inception crop.
         flip: Random horizontal flips in training.
         mixup: Beta(alpha, alpha) mixup within the local batch; 0 turns it off.
+        randaugment: None, or (num_layers, magnitude) of big_vision's RandAugment on
+            each training image after crop and flip (vit_jax/data/randaugment.py); the
+            AugReg settings use (2, 0), (2, 10), (2, 15) and (2, 20).
         label_smoothing: One-hot targets become (1 - s) * onehot + s / num_classes.
         skip_corrupt: Skip images that do not decode (folder source; counted and
             logged) instead of raising an error that names the file.
@@ -57,6 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
             "crop_min_area": 0.05,
             "flip": True,
             "mixup": 0.0,
+            "randaugment": config_dict.placeholder(tuple),
             "label_smoothing": 0.0,
             "skip_corrupt": False,
             "cache": False,
@@ -94,6 +100,17 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise ValueError(f"dataset.crop_min_area={cfg.crop_min_area}: expected 0 < a <= 1.")
     if cfg.mixup < 0:
         raise ValueError(f"dataset.mixup={cfg.mixup}: expected alpha >= 0 (0 turns it off).")
+    randaug = cfg.get("randaugment")
+    if randaug is not None:
+        if not isinstance(randaug, (tuple, list)) or len(randaug) != 2:
+            raise ValueError(
+                f"dataset.randaugment={randaug!r}: expected None or (num_layers, magnitude), "
+                "e.g. (2, 15)."
+            )
+        try:
+            randaugment.check_args(*randaug)
+        except ValueError as e:
+            raise ValueError(f"dataset.randaugment={tuple(randaug)!r}: {e}") from None
     if not 0.0 <= cfg.label_smoothing < 1.0:
         raise ValueError(f"dataset.label_smoothing={cfg.label_smoothing}: expected 0 <= s < 1.")
     for field in ("threads", "workers"):
