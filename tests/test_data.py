@@ -423,3 +423,23 @@ def test_folder_class_errors(tmp_path):
     os.makedirs(tmp_path / "c" / "test")
     with pytest.raises(ValueError, match="has no class directories"):
         data.num_classes(folder_cfg(tmp_path / "c"))
+
+
+def test_randaugment_in_the_pipeline_is_seeded_per_example_and_resumes(idx_dir):
+    """Each example of a batch gets randaugment with the generator of (seed, step, slot):
+    recomputed here from the batch without RandAugment, and the same after a resume."""
+    from vit_jax.data import randaugment
+
+    plain = train(exact_cfg(idx_dir), 3, image_size=H)
+    cfg = exact_cfg(idx_dir, randaugment=(2, 10))
+    augmented = train(cfg, 3, image_size=H)
+    for step in range(3):
+        stored = np.rint(plain[step]["image"] * 127.5 + 127.5).astype(np.uint8)
+        for slot in range(8):
+            rng = augment.generator(0, augment.RANDAUG_SALT, step, slot)
+            expected = randaugment.randaugment(stored[slot], rng, 2, 10)
+            got = np.rint(augmented[step]["image"][slot] * 127.5 + 127.5)
+            np.testing.assert_array_equal(got, expected)
+    assert not np.array_equal(plain[1]["image"], augmented[1]["image"])
+    resumed = train(cfg, 1, image_size=H, start_step=2)[0]
+    np.testing.assert_array_equal(resumed["image"], augmented[2]["image"])

@@ -17,6 +17,7 @@ from helpers import (
     batch,
     flat,
     needs_embedded_data,
+    python_m,
     run_command,
     snapshot,
     tiny_config,
@@ -445,3 +446,16 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     path = f"--checkpoint={tmp_path}/finetune/final.npz"
     assert run_command(figures, path, f"--image={image}", f"--out={tmp_path}/fig") == 0
     assert json.load(open(tmp_path / "fig" / "inspect.json"))["grid"] == [10, 10]
+
+
+@needs_embedded_data
+def test_augreg_tiny_trains_with_randaugment_and_mixup(tmp_path):
+    """The AugReg preset's miniature (RandAugment (2, 15), mixup 0.5 on fashion_mnist:tiny)
+    runs end to end as a user runs it."""
+    dataset = configs.get("augreg:tiny").dataset
+    assert tuple(dataset.randaugment) == (2, 15) and dataset.mixup == 0.5
+    workdir = str(tmp_path / "augreg")
+    proc = python_m("vit_jax.main", "--config=augreg:tiny", f"--workdir={workdir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(open(os.path.join(workdir, "summary.json")).read())
+    assert summary["steps"] == 20 and np.isfinite(summary["train_loss"])

@@ -15,6 +15,7 @@ process reads only its share. Layout:
   tables.py         the random-access tables of the three sources
   pixels.py         the one preprocessing: decode, resize (PIL bilinear), [-1, 1]
   augment.py        Inception crop, flip, mixup, label smoothing, seeded per step
+  randaugment.py    big_vision's RandAugment (the AugReg recipes), NumPy and PIL
   order.py          which example sits at each position of a process's share
   pipeline.py       Grain datasets: the public iterators and counts
   images.py         image files for the commands (infer, figures), class names

@@ -5,11 +5,11 @@ Batches are numpy dicts holding this process's share of the global batch:
 float32 [b] in eval), b = global_batch // process_count.
 
 A Grain MapDataset indexed by step maps each step to its whole batch (`TrainBatch`):
-the examples order.py assigns to this process, loaded, augmented (augment.py) and
-stacked. The batch is a pure function of (seed, step), so a run resumed at step s is
-the same dataset sliced at s -- no iterator state to save. Grain runs the batches
-ahead of the loop on threads (PIL and NumPy release the GIL) or, with
-dataset.workers > 0, in worker processes.
+the examples order.py assigns to this process, loaded, augmented (augment.py, and
+randaugment.py when dataset.randaugment is set) and stacked. The batch is a pure
+function of (seed, step), so a run resumed at step s is the same dataset sliced at s --
+no iterator state to save. Grain runs the batches ahead of the loop on threads (PIL and
+NumPy release the GIL) or, with dataset.workers > 0, in worker processes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import grain
 import ml_collections
 import numpy as np
 
-from vit_jax.data import augment, order, pixels, splits, tables
+from vit_jax.data import augment, order, pixels, randaugment, splits, tables
 from vit_jax.data import config as config_lib
 
 Batch = dict[str, np.ndarray]
@@ -105,6 +105,11 @@ class TrainBatch:
                 images.append(augment.train_image(image, u, self.size, cfg.crop_min_area, cfg.flip))
                 labels.append(label)
             images, labels = np.stack(images), np.asarray(labels)
+        if cfg.randaugment is not None:  # after crop, resize and flip, as big_vision
+            images = np.repeat(images, 3, -1) if images.shape[-1] == 1 else images
+            for j, slot in enumerate(range(slots.start, slots.stop)):
+                rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slot)
+                images[j] = randaugment.randaugment(images[j], rng, *cfg.randaugment)
         batch = {
             "image": pixels.normalize(images),
             "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
