@@ -29,7 +29,7 @@ from vit_jax import configs, weights
 from vit_jax.configs import common
 from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
-from vit_jax.training import optim, train
+from vit_jax.training import optim, preemption, train
 from vit_jax.training import state as state_lib
 from vit_jax.training.progress import Cadence, console_line, duration
 from vit_jax.workdir.saver import Saver
@@ -104,9 +104,9 @@ def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
 
 @needs_embedded_data
 def test_short_run_learns_and_a_ctrl_c_run_resumes_bit_identically(tmp_path, capsys, monkeypatch):
-    """A 40-step run, and the same run stopped by Ctrl-C right after its step-20 save and
-    run again: the same final parameters bit for bit, one TensorBoard curve 1..40, and
-    the reported accuracy is the exported model's, computed apart from the loop."""
+    """A 40-step run, and the same run stopped by Ctrl-C right after its step-20 save (it
+    stops after the step in flight, 21, and saves it) and run again: the same final parameters bit
+    for bit, one TensorBoard curve 1..40, and the reported accuracy is the exported model's, computed apart from the loop."""
     config = tiny_config(total_steps=40, checkpoint_every=20, eval_every=20, log_every=1)
     config.optimizer.lr = 3e-3
     whole = train.run(config, str(tmp_path / "whole"))
@@ -119,14 +119,14 @@ def test_short_run_learns_and_a_ctrl_c_run_resumes_bit_identically(tmp_path, cap
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(Saver, "save", save_then_ctrl_c)
-    with pytest.raises(train.Interrupted, match="interrupted at step 20. .*step 20 "):
+    with pytest.raises(preemption.Stopped, match="stopped at step 21 by SIGINT; checkpoint 21 "):
         train.run(config, workdir)
     monkeypatch.undo()
-    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20"]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20", "21"]
     capsys.readouterr()
     s40 = train.run(config, workdir)
     out = capsys.readouterr().out
-    assert "resuming from step 20" in out and "step 21/40" in out and "step 1/40" not in out
+    assert "resuming from step 21" in out and "step 22/40" in out and "step 1/40" not in out
     assert_npz_equal(f"{workdir}/final.npz", f"{tmp_path}/whole/final.npz")
     assert s40["accuracy"] == whole["accuracy"] and s40["train_loss"] == whole["train_loss"]
     assert s40["accuracy"] == pytest.approx(accuracy_of(f"{workdir}/final.npz", config), abs=1e-6)
