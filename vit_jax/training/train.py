@@ -38,6 +38,7 @@ from vit_jax.training.state import (
     restore_or_create,
 )
 from vit_jax.training.steps import compile_steps
+from vit_jax.weights import numerics
 from vit_jax.workdir import checks, integrity
 from vit_jax.workdir.saver import Saver
 
@@ -193,7 +194,7 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
     _check_batches(config, mesh)
-    model = build_model(config.model, data.num_classes(config.dataset))
+    model = build_model(config.model, data.num_classes(config.dataset), config.init_from or None)
     tx, lr_fn = optim.make_optimizer(
         config.optimizer, config.total_steps, skip_nonfinite=config.skip_nonfinite
     )
@@ -216,7 +217,8 @@ def _run(config: ml_collections.ConfigDict, workdir: str, where: Where) -> dict[
     if "accuracy" not in evals:  # resumed after the last step: evaluate the final state again
         evals.update(evaluate(loop, state.params))
     if config.export_npz:
-        _export(os.path.join(workdir, "final.npz"), state.params, saver.directory)
+        computes = numerics.of_model(model)  # a run fine-tuned from timm or HF keeps them
+        _export(os.path.join(workdir, "final.npz"), state.params, saver.directory, computes)
     summary = {
         "model": config.model.name,
         "steps": int(jax.device_get(state.step)),
@@ -309,10 +311,10 @@ def train_loop(
     return state, metrics, evals
 
 
-def _export(path: str, params: Any, checkpoints: str) -> None:
+def _export(path: str, params: Any, checkpoints: str, computes: dict | None = None) -> None:
     """export_npz, with the run's one message when the file cannot be written."""
     try:
-        export_npz(path, params)
+        export_npz(path, params, computes)
     except OSError as e:
         raise OSError(
             f"could not write {path}: {e.strerror or e}. Nothing half-written was left. "
