@@ -13,6 +13,9 @@ Layouts read by `load_npz` (keys joined with '/'):
 All are turned into the original layout, which is also the parameter tree of this
 package's models (with scan=False) and what `save_npz` writes. A big_vision file's
 class token had no position embedding, so its class row is zero here: same function.
+A model of other numerics than the original's (exact GELU, another LayerNorm epsilon)
+is saved with one more entry, `vit_jax_numerics`, which `read_npz` returns apart from the
+parameters (numerics.py).
 """
 
 from __future__ import annotations
