@@ -9,9 +9,10 @@ float64 with no JAX, Flax or Torch.
 Only two functions are public: :func:`vit_logits` and :func:`resize_posemb`.
 The underscore helpers are building blocks (also exercised by the self-tests).
 
-Numerics (they all matter at the 1e-4 level):
-  * LayerNorm: eps 1e-6, biased variance over the last axis.
-  * GELU: tanh approximation.
+Numerics (they all matter at the 1e-6 level):
+  * LayerNorm: eps 1e-6 (the original's; `layer_norm_eps` sets another), biased variance
+    over the last axis.
+  * GELU: tanh approximation (the original's), or exact (erf) with gelu='exact'.
   * Attention: logits scaled by 1/sqrt(head_dim), softmax over keys.
   * Hybrid stem: weight-standardised convs (w - mean) / (std + 1e-5), GroupNorm
     with 32 groups and eps 1e-6, TensorFlow 'SAME' padding, max-pool padded
@@ -24,6 +25,7 @@ import math
 
 import numpy as np
 import scipy.ndimage
+import scipy.special
 
 LN_EPS = 1e-6
 GN_EPS = 1e-6
@@ -136,8 +138,12 @@ def _layer_norm(
     return (x - mean) / np.sqrt(var + eps) * scale + bias
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation."""
+def _gelu(x: np.ndarray, form: str = "tanh") -> np.ndarray:
+    """GELU: the tanh approximation, or 'exact' x * Phi(x) by erf."""
+    if form == "exact":
+        return 0.5 * x * (1.0 + scipy.special.erf(x / math.sqrt(2.0)))
+    if form != "tanh":
+        raise ValueError(f"unknown GELU form {form!r}")
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
@@ -223,23 +229,27 @@ def _attention(params: Params, prefix: str, x: np.ndarray, num_heads: int) -> np
     )
 
 
-def _mlp(params: Params, prefix: str, x: np.ndarray) -> np.ndarray:
+def _mlp(params: Params, prefix: str, x: np.ndarray, gelu: str = "tanh") -> np.ndarray:
     """Dense -> GELU -> Dense: [N, L, D] -> [N, L, D]."""
     p = f"{prefix}/MlpBlock_3"
-    h = _gelu(x @ _get(params, f"{p}/Dense_0/kernel") + _get(params, f"{p}/Dense_0/bias"))
+    h = _gelu(x @ _get(params, f"{p}/Dense_0/kernel") + _get(params, f"{p}/Dense_0/bias"), gelu)
     return h @ _get(params, f"{p}/Dense_1/kernel") + _get(params, f"{p}/Dense_1/bias")
 
 
-def _encoder_block(params: Params, prefix: str, x: np.ndarray, num_heads: int) -> np.ndarray:
+def _encoder_block(
+    params: Params,
+    prefix: str,
+    x: np.ndarray,
+    num_heads: int,
+    gelu: str = "tanh",
+    eps: float = LN_EPS,
+) -> np.ndarray:
     """Pre-LN block: x + MSA(LN0(x)), then + MLP(LN2(.))."""
-    y = _layer_norm(
-        x, _get(params, f"{prefix}/LayerNorm_0/scale"), _get(params, f"{prefix}/LayerNorm_0/bias")
+    ln = lambda name, x: _layer_norm(
+        x, _get(params, f"{prefix}/{name}/scale"), _get(params, f"{prefix}/{name}/bias"), eps
     )
-    x = x + _attention(params, prefix, y, num_heads)
-    y = _layer_norm(
-        x, _get(params, f"{prefix}/LayerNorm_2/scale"), _get(params, f"{prefix}/LayerNorm_2/bias")
-    )
-    return x + _mlp(params, prefix, y)
+    x = x + _attention(params, prefix, ln("LayerNorm_0", x), num_heads)
+    return x + _mlp(params, prefix, ln("LayerNorm_2", x), gelu)
 
 
 def _num_blocks(params: Params) -> int:
@@ -272,6 +282,8 @@ def vit_logits(
     patch_size: int,
     classifier: str = "token",
     resnet_stages: tuple[int, ...] | None = None,
+    gelu: str = "tanh",
+    layer_norm_eps: float = LN_EPS,
 ) -> np.ndarray:
     """Float64 reference forward pass of a ViT / ResNet+ViT hybrid.
 
@@ -283,6 +295,8 @@ def vit_logits(
       classifier: 'token' (class token, needs `cls`) or 'gap' (mean over tokens).
       resnet_stages: None for a plain ViT; for hybrids the depth of each ResNet
         stage (() = root only).
+      gelu: 'tanh' (the original ViT's) or 'exact' (erf; PyTorch's nn.GELU).
+      layer_norm_eps: the transformer's LayerNorm epsilon (the stem's GroupNorm keeps 1e-6).
 
     Returns:
       logits [N, K], float64.
@@ -311,11 +325,14 @@ def vit_logits(
     x = x + pos
 
     for i in range(_num_blocks(params)):
-        x = _encoder_block(params, f"Transformer/encoderblock_{i}", x, num_heads)
+        x = _encoder_block(
+            params, f"Transformer/encoderblock_{i}", x, num_heads, gelu, layer_norm_eps
+        )
     x = _layer_norm(
         x,
         _get(params, "Transformer/encoder_norm/scale"),
         _get(params, "Transformer/encoder_norm/bias"),
+        layer_norm_eps,
     )
 
     x = x[:, 0] if classifier == "token" else x.mean(axis=1)  # [N, D]

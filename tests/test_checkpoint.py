@@ -2,7 +2,16 @@
 
 import numpy as np
 import pytest
-from helpers import assert_npz_equal, assert_trees_equal, images, logits, random_params, unflat
+from helpers import (
+    FIDELITY_ATOL,
+    assert_npz_equal,
+    assert_trees_equal,
+    images,
+    logits,
+    quiet_params,
+    random_params,
+    unflat,
+)
 from helpers import flat as flatten
 from numpy_reference import resize_posemb as ref_resize_posemb
 from numpy_reference import vit_logits
@@ -35,7 +44,7 @@ def test_logits_match_numpy_reference(case, tmp_path):
     model = get_model(case["name"], 5, **case["overrides"])
     native = case["native"]
     path = tmp_path / "ckpt.npz"
-    weights.save_npz(path, random_params(model, native))
+    weights.save_npz(path, quiet_params(model, native))
     flat = dict(np.load(path))
     ref_kw = dict(
         num_heads=model.num_heads,
@@ -53,13 +62,13 @@ def test_logits_match_numpy_reference(case, tmp_path):
         want = vit_logits(ref, x, **ref_kw)
         got = logits(model, params, x)
         assert np.abs(want).max() > 0.5  # the comparison is not between near-zeros
-        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(got, want, atol=FIDELITY_ATOL, rtol=0)
 
 
 def test_scanned_model_loads_the_same_file(tmp_path):
     model = get_model("testing", 5)
     path = tmp_path / "ckpt.npz"
-    weights.save_npz(path, random_params(model, 32))
+    weights.save_npz(path, quiet_params(model, 32))
     scanned = get_model("testing", 5, scan=True)
     p = weights.load_pretrained(path, scanned, 32, reset_head=False)
     assert p["Transformer"]["encoderblock"]["LayerNorm_0"]["scale"].shape == (2, 32)
@@ -67,7 +76,8 @@ def test_scanned_model_loads_the_same_file(tmp_path):
     np.testing.assert_allclose(
         logits(scanned, p, x),
         vit_logits(dict(np.load(path)), x, num_heads=2, patch_size=16),
-        atol=1e-4,
+        atol=FIDELITY_ATOL,
+        rtol=0,
     )
     # Saving the scanned tree writes the published per-block names again.
     weights.save_npz(tmp_path / "again.npz", p)
@@ -86,7 +96,7 @@ def test_hybrid_stems_match_numpy_reference(stages, native, bigger, tmp_path):
     model = get_model("R50+B/16", 5, width=32, depth=1, num_heads=2, mlp_dim=16,
                       resnet_stages=stages, patch_size=patch)  # fmt: skip
     path = tmp_path / "hybrid.npz"
-    weights.save_npz(path, random_params(model, native))
+    weights.save_npz(path, quiet_params(model, native))
     flat = dict(np.load(path))
     for size in (native, bigger):
         x = images(size)
@@ -97,7 +107,60 @@ def test_hybrid_stems_match_numpy_reference(stages, native, bigger, tmp_path):
             ref[POSEMB] = ref_resize_posemb(flat[POSEMB], grid, True)
         want = vit_logits(ref, x, num_heads=2, patch_size=patch, resnet_stages=stages)
         assert np.abs(want).max() > 0.5
-        np.testing.assert_allclose(logits(model, params, x), want, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(logits(model, params, x), want, atol=FIDELITY_ATOL, rtol=0)
+
+
+WRONG_NUMERICS = {
+    "eps_1e-5": dict(layer_norm_eps=1e-5),
+    "eps_1e-12": dict(layer_norm_eps=1e-12),  # transformers' default
+    "exact_gelu": dict(gelu="exact"),
+}
+
+
+@pytest.mark.parametrize("case", [PLAIN, HYBRID, GAP], ids=["plain", "hybrid", "gap_prelogits"])
+def test_wrong_numerics_fail_the_fidelity_tolerance(case):
+    """The fidelity tests can fail: a LayerNorm epsilon of 1e-5 or 1e-12 instead of the
+    original's 1e-6, or the exact GELU instead of tanh, moves the logits of their
+    parameters past FIDELITY_ATOL (each at least 10x), the right numerics stay within."""
+    model = get_model(case["name"], 5, **case["overrides"])
+    params = quiet_params(model, case["native"])
+    x = images(case["native"])
+    ref_kw = dict(num_heads=model.num_heads, patch_size=model.patch_size,
+                  classifier=model.classifier, resnet_stages=model.resnet_stages)  # fmt: skip
+    want = vit_logits(flatten(params), x, **ref_kw)
+    assert np.abs(logits(model, params, x) - want).max() <= FIDELITY_ATOL
+    for name, wrong in WRONG_NUMERICS.items():
+        error = np.abs(logits(model.clone(**wrong), params, x) - want).max()
+        assert error > 10 * FIDELITY_ATOL, (name, error)
+        with pytest.raises(AssertionError):
+            np.testing.assert_allclose(logits(model.clone(**wrong), params, x), want,
+                                       atol=FIDELITY_ATOL, rtol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "numerics",
+    [dict(gelu="exact", layer_norm_eps=1e-12), dict(gelu="exact", layer_norm_eps=1e-6),
+     dict(gelu="tanh", layer_norm_eps=1e-5)],
+    ids=["exact_1e-12", "exact_1e-6", "tanh_1e-5"],
+)  # fmt: skip
+def test_other_numerics_are_stored_and_computed(numerics, tmp_path):
+    """A model of other numerics (an import of a PyTorch ViT) saved as .npz records them:
+    loaded without naming them, it computes the NumPy reference's function with them; the
+    original's numerics add nothing to the file."""
+    model = get_model("testing", 5, patch_size=8, **numerics)
+    params = quiet_params(model, 32)
+    weights.save_npz(tmp_path / "m.npz", params, numerics)
+    with np.load(tmp_path / "m.npz") as f:
+        assert "vit_jax_numerics" in f.files  # one entry beside the parameters
+    loaded, p, _ = weights.load_model(tmp_path / "m.npz")
+    assert (loaded.gelu, loaded.layer_norm_eps) == (numerics["gelu"], numerics["layer_norm_eps"])
+    assert_trees_equal(p, params)
+    x = images(32)
+    want = vit_logits(flatten(params), x, num_heads=2, patch_size=8, **numerics)
+    np.testing.assert_allclose(logits(loaded, p, x), want, atol=FIDELITY_ATOL, rtol=0)
+    weights.save_npz(tmp_path / "o.npz", params, {"gelu": "tanh", "layer_norm_eps": 1e-6})
+    weights.save_npz(tmp_path / "none.npz", params)
+    assert_npz_equal(tmp_path / "o.npz", tmp_path / "none.npz")  # nothing added
 
 
 # ------------------------------------------------------------------ layouts
@@ -139,7 +202,7 @@ def test_big_vision_files_written_by_hand_match_numpy_reference(tmp_path):
     Transformer/encoderblock/ (scan), and a gap model with no class token."""
     for classifier in ("token", "gap"):
         model = get_model("testing", 5, classifier=classifier, patch_size=8)
-        published = flatten(random_params(model, 32, seed=4))
+        published = flatten(quiet_params(model, 32, seed=4))
         bv = {"params/embedding/kernel": published["embedding/kernel"],
               "params/embedding/bias": published["embedding/bias"],
               "params/head/kernel": published["head/kernel"],
@@ -168,7 +231,7 @@ def test_big_vision_files_written_by_hand_match_numpy_reference(tmp_path):
         x = images(32)
         want = vit_logits(published, x, num_heads=2, patch_size=8, classifier=classifier)
         assert np.abs(want).max() > 0.5
-        np.testing.assert_allclose(logits(model, params, x), want, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(logits(model, params, x), want, atol=FIDELITY_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

@@ -3,8 +3,8 @@
 import jax
 import numpy as np
 import pytest
-from format_helpers import HYBRID, TI16, TINY, make
-from helpers import images, logits
+from format_helpers import HYBRID, TI16, TINY, make, reference_logits
+from helpers import FIDELITY_ATOL, images, logits
 
 from vit_jax import weights
 from vit_jax.base import files
@@ -19,22 +19,30 @@ R50 = dict(
     overrides=dict(width=64, depth=1, num_heads=2, mlp_dim=32, resnet_stages=(1, 2, 1)),
     size=32,
 )
+EXACT = dict(
+    name="testing", overrides=dict(patch_size=8, gelu="exact", layer_norm_eps=1e-12), size=32
+)
 CASES = [
     pytest.param(TINY, 48, id="tiny"),
+    pytest.param(EXACT, 48, id="exact_gelu_eps_1e-12"),
     pytest.param(GAP, 40, id="gap_prelogits"),
     pytest.param(TI16, 192, id="Ti16", marks=pytest.mark.slow),
 ]
 
 
 def _exported(case, res, tmp_path, fmt, suffix):
-    model, params, size = make(case)
+    """(output, resolution, expected logits of images) at the native resolution and `res`:
+    the expected ones are the float64 NumPy reference's, position embeddings resized by
+    its own zoom, with the model's numerics (recorded in the .npz converted)."""
+    from vit_jax.weights import numerics
+
+    model, params, size = make(case, quiet=True)
     src = tmp_path / "src.npz"
-    weights.save_npz(src, params)
+    weights.save_npz(src, params, numerics.of_model(model))
     for r in (size, res):  # native, then a resolution change
         out = tmp_path / f"m{r}{suffix}"
-        done = convert.convert(src, fmt, out, image_size=r)
-        ours = lambda x, r=r, done=done: logits(done.model, convert.load(src, image_size=r)[1], x)
-        yield out, r, ours
+        convert.convert(src, fmt, out, image_size=r)
+        yield out, r, lambda x: reference_logits(model, params, x)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +56,7 @@ def test_onnx_export_runs_in_onnxruntime(case, res, tmp_path):
         for n in (1, 3):  # the batch dimension is dynamic
             x = images(r, n=n, seed=n)
             (got,) = session.run(["logits"], {"images": x})
-            np.testing.assert_allclose(got, ours(x), atol=1e-4)
+            np.testing.assert_allclose(got, ours(x), atol=FIDELITY_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +69,7 @@ def test_saved_model_serving_default(case, res, tmp_path):
         for n in (1, 3):
             x = images(r, n=n, seed=n)
             got = serve(images=tf.constant(x))["logits"].numpy()
-            np.testing.assert_allclose(got, ours(x), atol=1e-4)
+            np.testing.assert_allclose(got, ours(x), atol=FIDELITY_ATOL, rtol=0)
 
 
 def test_onnx_weights_over_the_limit_go_to_a_data_file(tmp_path):
@@ -79,7 +87,7 @@ def test_onnx_weights_over_the_limit_go_to_a_data_file(tmp_path):
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     x = images(size, n=2)
     (got,) = session.run(["logits"], {"images": x})
-    np.testing.assert_allclose(got, logits(model, params, x), atol=1e-4)
+    np.testing.assert_allclose(got, logits(model, params, x), atol=FIDELITY_ATOL, rtol=0)
 
 
 def test_a_directory_output_is_built_whole_or_not_at_all(tmp_path):

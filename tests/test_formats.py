@@ -5,8 +5,15 @@ import re
 
 import numpy as np
 import pytest
-from format_helpers import HYBRID, TI16, TINY, make, run_in_timm
-from helpers import assert_npz_equal, assert_trees_equal, flat, images, logits, python_m
+from format_helpers import HYBRID, TI16, TINY, make, reference_logits, run_in_timm
+from helpers import (
+    FIDELITY_ATOL,
+    assert_npz_equal,
+    assert_trees_equal,
+    images,
+    logits,
+    python_m,
+)
 
 from vit_jax import weights
 from vit_jax.models import get_model
@@ -156,6 +163,15 @@ TIMM_CASES = {
         3,
         [],
     ),
+    "exact_gelu_eps_1e-12": (
+        dict(
+            name="testing",
+            overrides=dict(patch_size=8, gelu="exact", layer_norm_eps=1e-12),
+            size=32,
+        ),  # fmt: skip
+        4,
+        ["--image_size=40"],
+    ),
 }
 
 
@@ -182,56 +198,76 @@ def _printed_recipe(capsys, *args):
 
 def test_timm_printed_recipe_runs_in_timm_with_our_logits(timm_installed, capsys, tmp_path):
     """The lines the converter prints, executed as printed by real timm, build a model that
-    loads the file strictly and computes this package's logits (1e-5), for class-token and
-    mean-pooled models, patch 4, odd MLP ratios, non-square images, any number of classes,
-    hybrids with stages and with the root alone."""
+    loads the file strictly and computes the NumPy reference's logits (FIDELITY_ATOL), for
+    class-token and mean-pooled models, patch 4, odd MLP ratios, non-square images, any
+    number of classes, hybrids with stages and with the root alone, and a model of the
+    exact GELU and eps 1e-12 (recorded in its .npz, printed as timm's arguments)."""
     from vit_jax.data.images import parse_image_size
+    from vit_jax.weights import numerics
 
     jobs, ours = [], []
     for name, (case, classes, flags) in TIMM_CASES.items():
-        _, params, _ = make(case, num_classes=classes)
+        model, params, _ = make(case, num_classes=classes, quiet=True)
         src, out = tmp_path / f"{name}.npz", tmp_path / f"{name}.safetensors"
-        weights.save_npz(src, params)
+        weights.save_npz(src, params, numerics.of_model(model))
         recipe = _printed_recipe(
             capsys, f"--checkpoint={src}", "--format=timm", f"--out={out}", *flags
         )
         assert "create_model" not in recipe and "load_state_dict(" in recipe
+        act = "'gelu_tanh'" if model.gelu == "tanh" else "'gelu'"
+        eps = {1e-6: "1e-6", 1e-12: "1e-12"}[model.layer_norm_eps]
+        assert f"act_layer={act}" in recipe and f"LayerNorm, eps={eps})" in recipe
         size = [parse_image_size(f[len("--image_size=") :]) for f in flags if "image_size" in f]
-        model, p, size = convert.load(src, image_size=size[0] if size else None)
-        x = images(size, n=3, seed=len(jobs))
+        x = images(size[0] if size else case["size"], n=3, seed=len(jobs))
         np.save(tmp_path / f"{name}_x.npy", x)
         jobs.append(dict(recipe=recipe, images=str(tmp_path / f"{name}_x.npy")))
-        ours.append(logits(model, p, x))
+        ours.append(reference_logits(model, params, x))
     for name, theirs, want in zip(TIMM_CASES, run_in_timm(jobs, tmp_path), ours, strict=True):
         assert theirs.shape == want.shape == (3, TIMM_CASES[name][1]), name
         assert np.abs(want).max() > 0.5, name  # not a zero head
-        np.testing.assert_allclose(theirs, want, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(theirs, want, atol=FIDELITY_ATOL, rtol=0, err_msg=name)
 
 
-def test_timm_made_file_imports_with_timm_logits(timm_installed, tmp_path):
-    """A state dict saved by timm's own VisionTransformer (tanh GELU, as the original)
-    loads here, sizes and heads read from the file, with timm's logits."""
+@pytest.mark.parametrize(
+    "act, overrides",
+    [("", {}), ("act_layer='gelu_tanh', ", dict(gelu="tanh"))],
+    ids=["timm_defaults", "gelu_tanh_named"],
+)
+def test_timm_made_file_imports_with_timm_logits(timm_installed, tmp_path, act, overrides):
+    """A state dict saved by timm's own VisionTransformer loads here, sizes and heads read
+    from the file, with timm's logits (FIDELITY_ATOL): with timm's defaults (the exact
+    GELU, eps 1e-6) as they are, a model made with act_layer='gelu_tanh' with gelu='tanh'
+    named. Converted to .npz and timm again, each loads later computing the same."""
     path = tmp_path / "from_timm.safetensors"
     made = f"""
-from functools import partial
 import safetensors.torch, torch
 from timm.models.vision_transformer import VisionTransformer
 torch.manual_seed(0)
-model = VisionTransformer(img_size=32, patch_size=8, embed_dim=192, depth=1, num_heads=3,
-                          mlp_ratio=2.0, num_classes=5, act_layer='gelu_tanh').eval()
+model = VisionTransformer(img_size=32, patch_size=8, embed_dim=192, depth=2, num_heads=3,
+                          mlp_ratio=2.0, num_classes=5, {act}).eval()
 with torch.no_grad():
     for p in model.parameters():
         p.add_(0.1 * torch.randn_like(p))
+    model.patch_embed.proj.weight.mul_(0.1)  # a quiet residual stream: eps shows
 safetensors.torch.save_file(model.state_dict(), {str(path)!r})
 """
     x = images(32, n=3)
     np.save(tmp_path / "x.npy", x)
     (theirs,) = run_in_timm([dict(recipe=made, images=str(tmp_path / "x.npy"))], tmp_path)
-    m, p, s = weights.load_model(path)
-    assert s == (32, 32) and (m.width, m.depth, m.num_heads, m.mlp_dim) == (192, 1, 3, 384)
+    m, p, s = weights.load_model(path, **overrides)
+    assert s == (32, 32) and (m.width, m.depth, m.num_heads, m.mlp_dim) == (192, 2, 3, 384)
     assert m.patch_size == 8 and m.num_classes == 5
+    assert (m.gelu, m.layer_norm_eps) == (overrides.get("gelu", "exact"), 1e-6)
     assert np.abs(theirs).max() > 0.5
-    np.testing.assert_allclose(logits(m, p, x), theirs, atol=1e-5)
+    np.testing.assert_allclose(logits(m, p, x), theirs, atol=FIDELITY_ATOL, rtol=0)
+    other = m.clone(gelu="tanh" if m.gelu == "exact" else "exact")
+    assert np.abs(logits(other, p, x) - theirs).max() > 10 * FIDELITY_ATOL  # the form shows
+    convert.convert(path, "npz", tmp_path / "c.npz", **overrides)
+    convert.convert(tmp_path / "c.npz", "timm", tmp_path / "c.safetensors")
+    for written in ("c.npz", "c.safetensors"):
+        m2, p2, _ = weights.load_model(tmp_path / written)  # nothing named: the file says
+        assert (m2.gelu, m2.layer_norm_eps) == (m.gelu, m.layer_norm_eps), written
+        np.testing.assert_allclose(logits(m2, p2, x), theirs, atol=FIDELITY_ATOL, rtol=0)
 
 
 def test_timm_recipe_refuses_what_timm_cannot_compute():
@@ -260,18 +296,28 @@ def test_npz_to_format_and_back_is_bit_exact(case, fmt, middle, tmp_path):
 # ------------------------------------------------------------------ Hugging Face
 
 
-@pytest.mark.parametrize("case", [TINY, TI16], ids=["tiny", "Ti16"])
-def test_hf_export_loads_in_transformers_with_same_logits(case, tmp_path):
+@pytest.mark.parametrize(
+    "case, numerics",
+    [(TINY, {}), (TI16, {}), (TINY, dict(gelu="exact", layer_norm_eps=1e-12))],
+    ids=["tiny", "Ti16", "tiny_exact_1e-12"],
+)
+def test_hf_export_loads_in_transformers_with_same_logits(case, numerics, tmp_path):
+    """transformers computes the NumPy reference's logits (FIDELITY_ATOL) of the exported
+    model at its native and another resolution: config.json says its GELU form and eps."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    model, params, size = make(case)
+    from vit_jax.weights import numerics as numerics_lib
+
+    case = {**case, "overrides": {**case["overrides"], **numerics}}
+    model, params, size = make(case, quiet=True)
     src = tmp_path / "src.npz"
-    weights.save_npz(src, params)
+    weights.save_npz(src, params, numerics_lib.of_model(model))
+    act = {"tanh": "gelu_pytorch_tanh", "exact": "gelu"}[model.gelu]
     for res in (size, size + 2 * model.patch_size):
         out = tmp_path / f"hf{res}"
-        done = convert.convert(src, "hf", out, image_size=res)
+        convert.convert(src, "hf", out, image_size=res)
         cfg = json.loads((out / "config.json").read_text())
-        assert cfg["hidden_act"] == "gelu_pytorch_tanh" and cfg["layer_norm_eps"] == 1e-6
+        assert cfg["hidden_act"] == act and cfg["layer_norm_eps"] == model.layer_norm_eps
         hf_model, info = transformers.ViTForImageClassification.from_pretrained(
             out, output_loading_info=True
         )
@@ -279,8 +325,9 @@ def test_hf_export_loads_in_transformers_with_same_logits(case, tmp_path):
         x = images(res)
         with torch.no_grad():
             theirs = hf_model.eval()(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits
-        ours = logits(done.model, convert.load(src, image_size=res)[1], x)
-        np.testing.assert_allclose(theirs.numpy(), ours, atol=1e-4)
+        want = reference_logits(model, params, x)
+        assert np.abs(want).max() > 0.5
+        np.testing.assert_allclose(theirs.numpy(), want, atol=FIDELITY_ATOL, rtol=0)
     assert_trees_equal(weights.read_checkpoint(tmp_path / f"hf{size}"), params)
 
 
@@ -355,7 +402,9 @@ def test_hf_labels_that_do_not_fit_are_named(capsys, tmp_path):
         assert not list(tmp_path.glob("out*"))
 
 
-def test_hf_import_matches_transformers(tmp_path):
+def _hf_model(tmp_path, hidden_act, eps=1e-12, name="hf"):
+    """A transformers ViTForImageClassification with random weights saved at tmp_path/name;
+    its logits on images(32)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cfg = transformers.ViTConfig(
@@ -365,22 +414,72 @@ def test_hf_import_matches_transformers(tmp_path):
         intermediate_size=96,
         image_size=32,
         patch_size=8,
-        hidden_act="gelu_pytorch_tanh",
-        layer_norm_eps=1e-6,
+        hidden_act=hidden_act,
+        layer_norm_eps=eps,
         num_labels=5,
     )
     torch.manual_seed(0)
     src = transformers.ViTForImageClassification(cfg).eval()
     with torch.no_grad():
-        for p in src.parameters():
+        for key, p in src.named_parameters():
             p.add_(0.2 * torch.randn_like(p))
-    src.save_pretrained(tmp_path / "hf")
+            if re.search(r"embeddings|cls_token|output\.dense", key):  # as quiet_params:
+                p.mul_(0.1)  # a quiet residual stream, where the LayerNorm epsilon shows
+        src.save_pretrained(tmp_path / name)
+        x = torch.from_numpy(images(32)).permute(0, 3, 1, 2)
+        return src(pixel_values=x).logits.numpy()
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_pytorch_tanh"])
+def test_hf_import_matches_transformers(hidden_act, tmp_path):
+    """transformers' ViT with its default eps 1e-12 and the exact or tanh GELU: imported
+    as config.json says, the logits are transformers' (FIDELITY_ATOL), and the .npz it
+    converts to loads later computing the same function."""
+    theirs = _hf_model(tmp_path, hidden_act)
     model, params, size = weights.load_model(tmp_path / "hf")
     assert size == (32, 32) and model.num_heads == 3 and model.num_classes == 5
+    gelu = "exact" if hidden_act == "gelu" else "tanh"
+    assert (model.gelu, model.layer_norm_eps) == (gelu, 1e-12)
     x = images(32)
-    with torch.no_grad():
-        theirs = src(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits.numpy()
-    np.testing.assert_allclose(logits(model, params, x), theirs, atol=1e-4)
+    assert np.abs(theirs).max() > 0.5
+    np.testing.assert_allclose(logits(model, params, x), theirs, atol=FIDELITY_ATOL, rtol=0)
+    for name, wrong in (("eps 1e-6", dict(layer_norm_eps=1e-6)), ("tanh", dict(gelu="tanh"))):
+        if model.clone(**wrong) != model:
+            error = np.abs(logits(model.clone(**wrong), params, x) - theirs).max()
+            assert error > 10 * FIDELITY_ATOL, (name, error)
+    convert.convert(tmp_path / "hf", "npz", tmp_path / "m.npz")
+    again, p, _ = weights.load_model(tmp_path / "m.npz")
+    assert (again.gelu, again.layer_norm_eps) == (gelu, 1e-12)
+    np.testing.assert_allclose(logits(again, p, x), theirs, atol=FIDELITY_ATOL, rtol=0)
+
+
+def test_original_weights_that_say_gelu_load_as_the_original_with_one_flag(capsys, tmp_path):
+    """Files converted by others from the original JAX weights (google/vit-* on the hub)
+    say hidden_act 'gelu' and eps 1e-12: read as they say, the logits are off the
+    original's; --numerics=original computes the original function (the NumPy reference
+    of the published numerics), and the .npz written is the published layout alone."""
+    from helpers import run_command
+
+    from vit_jax import convert as command
+
+    model, params, _ = make(TINY, quiet=True)
+    weights.save_npz(tmp_path / "orig.npz", params)
+    convert.convert(tmp_path / "orig.npz", "hf", tmp_path / "hub")
+    cfg = json.loads((tmp_path / "hub" / "config.json").read_text())
+    cfg.update(hidden_act="gelu", layer_norm_eps=1e-12)  # as google/vit-base-patch16-224
+    (tmp_path / "hub" / "config.json").write_text(json.dumps(cfg))
+    x = images(32)
+    want = reference_logits(model, params, x)
+    m, p, _ = weights.load_model(tmp_path / "hub")
+    assert (m.gelu, m.layer_norm_eps) == ("exact", 1e-12)
+    assert np.abs(logits(m, p, x) - want).max() > 10 * FIDELITY_ATOL
+    out = tmp_path / "back.npz"
+    flags = [f"--checkpoint={tmp_path / 'hub'}", "--format=npz", f"--out={out}"]
+    assert run_command(command, *flags, "--numerics=original") == 0, capsys.readouterr().err
+    assert_npz_equal(out, tmp_path / "orig.npz")  # no numerics entry: the original's
+    m, p, _ = weights.load_model(out)
+    assert (m.gelu, m.layer_norm_eps) == ("tanh", 1e-6)
+    np.testing.assert_allclose(logits(m, p, x), want, atol=FIDELITY_ATOL, rtol=0)
 
 
 # ------------------------------------------------------------------ bad input
@@ -474,7 +573,27 @@ def test_convert_command(tmp_path):
 
 
 def test_hf_config_for_other_layouts():
-    assert hf.config(get_model("ViT-B_16", 10), (384, 384))["image_size"] == 384
+    cfg = hf.config(get_model("ViT-B_16", 10), (384, 384))
+    want = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                intermediate_size=3072, image_size=384, patch_size=16, num_channels=3,
+                hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)  # fmt: skip
+    assert {k: cfg[k] for k in want} == want
+    assert cfg["id2label"] == {str(i): f"LABEL_{i}" for i in range(10)}
+    exact = hf.config(get_model("ViT-B_16", 10, gelu="exact", layer_norm_eps=1e-12), (224, 224))
+    assert (exact["hidden_act"], exact["layer_norm_eps"]) == ("gelu", 1e-12)
     with pytest.raises(ValueError, match="square"):
         hf.config(get_model("ViT-B_16", 10), (384, 512))
-    assert flat  # helpers are shared with the other format tests
+
+
+def test_unknown_numerics_in_a_file_are_named(tmp_path):
+    from vit_jax.weights import numerics
+
+    with pytest.raises(CheckpointError, match="hidden_act 'relu'.*'gelu' \\(exact\\)"):
+        numerics.from_hf_config({"hidden_act": "relu"}, "x/config.json")
+    assert numerics.from_hf_config({}, "c") == {"gelu": "exact", "layer_norm_eps": 1e-12}
+    assert numerics.from_timm_metadata({"format": "pt"}, "t") == numerics.TIMM_DEFAULT
+    older = numerics.from_timm_metadata({"format": "pt", "num_heads": "3"}, "t")
+    assert older == {"gelu": "tanh", "layer_norm_eps": 1e-6}  # written here before
+    bad = {numerics.NPZ_KEY: np.array('{"gelu": "quick"}')}
+    with pytest.raises(CheckpointError, match="m.npz .vit_jax_numerics. names GELU 'quick'"):
+        numerics.from_npz(bad, "m.npz")

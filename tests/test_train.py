@@ -105,8 +105,9 @@ def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
 @needs_embedded_data
 def test_short_run_learns_and_a_ctrl_c_run_resumes_bit_identically(tmp_path, capsys, monkeypatch):
     """A 40-step run, and the same run stopped by Ctrl-C right after its step-20 save (it
-    stops after the step in flight, 21, and saves it) and run again: the same final parameters bit
-    for bit, one TensorBoard curve 1..40, and the reported accuracy is the exported model's, computed apart from the loop."""
+    stops after the step in flight, 21, and saves it) and run again: the same final
+    parameters bit for bit, one TensorBoard curve 1..40, and the reported accuracy is the
+    exported model's, computed apart from the loop."""
     config = tiny_config(total_steps=40, checkpoint_every=20, eval_every=20, log_every=1)
     config.optimizer.lr = 3e-3
     whole = train.run(config, str(tmp_path / "whole"))

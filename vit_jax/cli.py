@@ -180,8 +180,8 @@ def fail(message: str) -> None:
 
 
 def define_model_flags() -> None:
-    """--checkpoint, --model, --override, --image_size and --patch_size, shared by the
-    commands that load a checkpoint (classify, few-shot, figures, evaluate, convert)."""
+    """--checkpoint, --model, --override, --image_size, --patch_size and --numerics, shared
+    by the commands that load a checkpoint (classify, few-shot, figures, evaluate, convert)."""
     from absl import flags
 
     flags.DEFINE_string(
@@ -204,6 +204,17 @@ def define_model_flags() -> None:
         "(FlexiViT) and the default resolution keeps the token grid.",
         lower_bound=1,
     )
+    flags.DEFINE_enum(
+        "numerics",
+        "file",
+        ["file", "original"],
+        "GELU form and LayerNorm epsilon. file: what the checkpoint says (published .npz: "
+        "the original's; timm: exact GELU, eps 1e-6 unless this package wrote it; Hugging "
+        "Face: config.json's hidden_act and layer_norm_eps). original: the original ViT's "
+        "(tanh GELU, eps 1e-6), for files converted by others from the published weights, "
+        "such as google/vit-* on the hub (their config.json says gelu, 1e-12). "
+        "--override=gelu=exact|tanh and --override=layer_norm_eps=X set one.",
+    )
     flags.mark_flag_as_required("checkpoint")
 
 
@@ -223,6 +234,17 @@ def parse_overrides(items: Sequence[str]) -> dict[str, object]:
     return out
 
 
+def model_overrides() -> dict[str, object]:
+    """--override's model options, with --numerics=original's (named overrides win)."""
+    from absl import flags
+
+    from vit_jax.models import ORIGINAL_NUMERICS
+
+    f = flags.FLAGS
+    numerics = ORIGINAL_NUMERICS if f.numerics == "original" else {}
+    return {**numerics, **parse_overrides(f.override)}
+
+
 def load_model(head: bool = True):
     """The flags' checkpoint as (model, params, (H, W)); see weights.load_model."""
     from absl import flags
@@ -231,7 +253,7 @@ def load_model(head: bool = True):
     from vit_jax.data import images
 
     f = flags.FLAGS
-    overrides = parse_overrides(f.override)
+    overrides = model_overrides()
     size = images.parse_image_size(f.image_size)
     try:
         return weights.load_model(

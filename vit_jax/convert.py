@@ -1,19 +1,25 @@
 """Convert a checkpoint to another format: npz, timm, hf, onnx or saved_model.
 
     python -m vit_jax.convert --checkpoint=IN --format=FORMAT --out=OUT [--model=NAME] \\
-        [--image_size=N] [--num_classes=K] [--patch_size=P] [--labels=FILE]
+        [--image_size=N] [--num_classes=K] [--patch_size=P] [--labels=FILE] \\
+        [--numerics=file|original]
 
 IN is a published .npz (any layout), a timm .safetensors file or a Hugging Face model
 directory (config.json + model.safetensors); its format is recognised from the file.
-Without --model the architecture is read from the file; without --image_size the
-output keeps the file's resolution (position embeddings are resized to any other);
+Without --model the architecture is read from the file; without --image_size the output
+keeps the file's resolution (position embeddings are resized to any other);
 --num_classes replaces the head by a new zero one; --patch_size resamples the patch
-embedding (FlexiViT). The last lines say how to load OUT, as Python to paste: for timm,
-lines that build timm's VisionTransformer with every argument and load OUT strictly;
-for hf, from_pretrained and pipeline('image-classification'). An hf directory carries
-the class names (--labels=FILE, one a line as for vit_jax.infer; a 1000-class head gets
-the ImageNet names) and preprocessor_config.json (the resize and [-1, 1] scaling of
-vit_jax.infer). See vit_jax/weights/.
+embedding (FlexiViT). The output computes what the input does, GELU form and LayerNorm
+epsilon included (the input's own: a timm file's exact GELU, a Hugging Face config's
+hidden_act and layer_norm_eps); --numerics=original computes the original ViT's instead
+(tanh, 1e-6), for files converted by others from the published weights, such as
+google/vit-base-patch16-224, whose config.json says 'gelu' and 1e-12. The last lines say
+how to load OUT, as Python to paste: for timm, lines that build timm's VisionTransformer
+with every argument and load OUT strictly; for hf, from_pretrained and
+pipeline('image-classification'). An hf directory carries the class names
+(--labels=FILE, one a line as for vit_jax.infer; a 1000-class head gets the ImageNet
+names) and preprocessor_config.json (the resize and [-1, 1] scaling of vit_jax.infer).
+See vit_jax/weights/.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def main() -> None:
     from vit_jax.weights import convert
 
     f = flags.FLAGS
-    overrides = cli.parse_overrides(f.override)
+    overrides = cli.model_overrides()
     size = images.parse_image_size(f.image_size)
     try:
         done = convert.convert(

@@ -61,7 +61,9 @@ def parse_model_dataset(preset: str, arg: str, datasets: dict) -> tuple[str, Tfd
 
 def model_fields(model: str) -> ml_collections.ConfigDict:
     """config.model: `name` is a published name ('ViT-B_16') or SIZE/PATCH ('B/16'); the
-    other fields are VisionTransformer options. None keeps the variant's own value."""
+    other fields are VisionTransformer options. None keeps the variant's own value; for
+    `gelu` and `layer_norm_eps`, None is the init_from file's (its source's numerics, see
+    vit_jax/weights/numerics.py), or the original ViT's (tanh, 1e-6) from scratch."""
     return ml_collections.ConfigDict(
         dict(
             name=model,
@@ -79,6 +81,8 @@ def model_fields(model: str) -> ml_collections.ConfigDict:
             num_heads=config_dict.placeholder(int),
             mlp_dim=config_dict.placeholder(int),
             patch_size=config_dict.placeholder(int),
+            gelu=config_dict.placeholder(str),
+            layer_norm_eps=config_dict.placeholder(float),
         )
     )
 

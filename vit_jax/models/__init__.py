@@ -9,10 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax.core import unfreeze
 
+from vit_jax.models.layers import GELUS
 from vit_jax.models.variants import RESNETS, SIZES, VARIANTS, variant_config
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models.vit import ORIGINAL_NUMERICS, VisionTransformer
 
 __all__ = [
+    "GELUS",
+    "ORIGINAL_NUMERICS",
     "RESNETS",
     "SIZES",
     "VARIANTS",
@@ -30,7 +33,8 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 def get_model(name: str | None, num_classes: int | None, **overrides: Any) -> VisionTransformer:
     """A VisionTransformer by published name ('ViT-B_16', 'R50+ViT-B_16', 'testing') or
     short name ('B/16', 'R50+B/16'), with any field overridden (e.g. ``patch_size=8``,
-    ``classifier='gap'``, ``dtype='bfloat16'``, ``scan=True``). With ``name=None`` the
+    ``classifier='gap'``, ``dtype='bfloat16'``, ``scan=True``, ``gelu='exact'``,
+    ``layer_norm_eps=1e-12``). With ``name=None`` the
     overrides give every size (width, depth, num_heads, mlp_dim, patch_size)."""
     fields = set(VisionTransformer.__dataclass_fields__) - {"parent", "name"}
     unknown = sorted(set(overrides) - fields)

@@ -24,12 +24,18 @@ xavier = nn.initializers.xavier_uniform()
 tiny_normal = nn.initializers.normal(stddev=1e-6)
 
 
+GELUS = ("tanh", "exact")  # the tanh approximation (the original ViT's), or erf
+
+
 class MlpBlock(nn.Module):
-    """Dense -> GELU (tanh approximation) -> Dense, with dropout after each."""
+    """Dense -> GELU -> Dense, with dropout after each. `gelu`: 'tanh' (the original
+    ViT's approximation, jax.nn.gelu(approximate=True)) or 'exact' (erf: PyTorch's
+    nn.GELU(), timm's and transformers' 'gelu')."""
 
     mlp_dim: int
     dropout: float = 0.0
     train: bool = False
+    gelu: str = "tanh"
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
 
@@ -44,7 +50,8 @@ class MlpBlock(nn.Module):
             name=name,
         )
         d = x.shape[-1]
-        x = nn.gelu(dense(self.mlp_dim, "Dense_0")(x), approximate=True)  # [B, N, F]
+        tanh = self.gelu == "tanh"
+        x = nn.gelu(dense(self.mlp_dim, "Dense_0")(x), approximate=tanh)  # [B, N, F]
         x = nn.Dropout(self.dropout)(x, deterministic=not self.train)
         x = dense(d, "Dense_1")(x)  # [B, N, D]
         return nn.Dropout(self.dropout)(x, deterministic=not self.train)
@@ -119,11 +126,13 @@ class Encoder1DBlock(nn.Module):
     train: bool = False
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    gelu: str = "tanh"
+    layer_norm_eps: float = 1e-6
 
     @nn.compact
     def __call__(self, x: jax.Array, droppath: jax.Array | float = 0.0) -> jax.Array:  # [B, N, D]
         ln = lambda name: nn.LayerNorm(
-            epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+            epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
         )
         y = ln("LayerNorm_0")(x)
         y = SelfAttention(
@@ -139,7 +148,13 @@ class Encoder1DBlock(nn.Module):
         x = x + (drop_path(self, y, droppath) if drop else y)
         y = ln("LayerNorm_2")(x)
         y = MlpBlock(
-            self.mlp_dim, self.dropout, self.train, self.dtype, self.param_dtype, name="MlpBlock_3"
+            self.mlp_dim,
+            self.dropout,
+            self.train,
+            self.gelu,
+            self.dtype,
+            self.param_dtype,
+            name="MlpBlock_3",
         )(y)
         x = x + (drop_path(self, y, droppath) if drop else y)
         self.sow("intermediates", "output", x)
@@ -170,6 +185,8 @@ class Encoder(nn.Module):
     train: bool = False
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    gelu: str = "tanh"
+    layer_norm_eps: float = 1e-6
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, prefix + gh*gw, D]
@@ -188,6 +205,8 @@ class Encoder(nn.Module):
             stochastic_depth=self.stochastic_depth > 0,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            gelu=self.gelu,
+            layer_norm_eps=self.layer_norm_eps,
         )
         if self.scan:
             body = nn.remat(_ScanBlock) if self.remat else _ScanBlock
@@ -203,5 +222,8 @@ class Encoder(nn.Module):
             for i in range(self.depth):
                 x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]))
         return nn.LayerNorm(
-            epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name="encoder_norm"
+            epsilon=self.layer_norm_eps,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            name="encoder_norm",
         )(x)

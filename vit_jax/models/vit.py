@@ -9,10 +9,14 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import resnet
-from vit_jax.models.layers import Encoder
+from vit_jax.models.layers import GELUS, Encoder
 from vit_jax.models.posemb import KINDS
 
 CLASSIFIERS = ("token", "gap", "unpooled")
+# The original ViT's numerics (the published .npz files were trained with them): the tanh
+# GELU and LayerNorm epsilon 1e-6. PyTorch-trained ViTs (timm, transformers) use the exact
+# GELU; transformers' ViT defaults to epsilon 1e-12.
+ORIGINAL_NUMERICS = {"gelu": "tanh", "layer_norm_eps": 1e-6}
 
 
 class PatchEmbedding(nn.Module):
@@ -68,6 +72,11 @@ class VisionTransformer(nn.Module):
       scan: run the blocks with nn.scan (stacked parameters, faster compiles).
       channels: input channels the model is built for.
       head_bias_init: initial value of the head's bias.
+      gelu: the MLP's GELU, 'tanh' (the approximation the original ViT was trained
+        with) or 'exact' (erf, PyTorch's default, so timm's and most of the hub's).
+      layer_norm_eps: the transformer's LayerNorm epsilon (the original's 1e-6; the
+        hybrid stem's GroupNorm keeps 1e-6). Imports take both from the source file
+        (see vit_jax/weights/numerics.py).
     """
 
     num_classes: int | None
@@ -89,6 +98,8 @@ class VisionTransformer(nn.Module):
     scan: bool = False
     channels: int = 3
     head_bias_init: float = 0.0
+    gelu: str = ORIGINAL_NUMERICS["gelu"]
+    layer_norm_eps: float = ORIGINAL_NUMERICS["layer_norm_eps"]
 
     @property
     def token_stride(self) -> int:
@@ -138,6 +149,8 @@ class VisionTransformer(nn.Module):
             train=train,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            gelu=self.gelu,
+            layer_norm_eps=float(self.layer_norm_eps),
             name="Transformer",
         )(x)
         if self.classifier == "token":
@@ -171,6 +184,13 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"unknown classifier {self.classifier!r}: use one of {CLASSIFIERS}")
         if self.posemb not in KINDS:
             raise ValueError(f"unknown posemb {self.posemb!r}: use one of {KINDS}")
+        if self.gelu not in GELUS:
+            raise ValueError(f"unknown gelu {self.gelu!r}: use one of {GELUS}")
+        if not 0 < self.layer_norm_eps < 1:
+            raise ValueError(
+                f"layer_norm_eps={self.layer_norm_eps}: expected a small positive number "
+                "(the original ViT's is 1e-6)"
+            )
         if images.ndim != 4:
             raise ValueError(
                 f"expected images [batch, height, width, channels], got shape "

@@ -21,6 +21,7 @@ from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
 from vit_jax.weights.load import load_pretrained
 from vit_jax.weights.npz import save_npz
+from vit_jax.weights.read import read_numerics
 from vit_jax.workdir import integrity, recovery
 
 
@@ -46,11 +47,18 @@ class Start:
     patch_size: int | None = None
 
 
-def build_model(model: Any, num_classes: int | None) -> VisionTransformer:
-    """The model of a config's `model` fields: a name plus any VisionTransformer field."""
+def build_model(
+    model: Any, num_classes: int | None, init_from: str | None = None
+) -> VisionTransformer:
+    """The model of a config's `model` fields: a name plus any VisionTransformer field.
+    The numerics the fields leave unset (gelu, layer_norm_eps: None) are `init_from`'s,
+    the checkpoint fine-tuned (what its source computes, see weights/numerics.py)."""
     fields = {k: v for k, v in model.items() if k != "name" and v is not None}
     if fields.get("representation_size") == 0:
         del fields["representation_size"]
+    if init_from:
+        for key, value in read_numerics(init_from).items():
+            fields.setdefault(key, value)
     return get_model(model["name"], num_classes=num_classes, **fields)
 
 
@@ -130,9 +138,10 @@ def restore_or_create(
     return state, shardings
 
 
-def export_npz(path: str, params: Any) -> None:
+def export_npz(path: str, params: Any, computes: dict | None = None) -> None:
     """`params` (sharded, possibly over several processes) -> a published-layout .npz,
-    written by process 0. Every process must call it (the arrays are gathered)."""
+    written by process 0, with the model's numerics `computes` (`numerics.of_model`).
+    Every process must call it (the arrays are gathered)."""
     host = distributed.to_host(params)
     if distributed.is_lead():
-        save_npz(path, host)
+        save_npz(path, host, computes)

@@ -39,6 +39,7 @@ from vit_jax.training.state import (
     restore_or_create,
 )
 from vit_jax.training.steps import compile_steps
+from vit_jax.weights import numerics
 from vit_jax.workdir import checks, integrity, lock
 from vit_jax.workdir.saver import Saver
 
@@ -131,9 +132,13 @@ class Where:
 def plan_of(config: ml_collections.ConfigDict) -> checks.Plan:
     """What the workdir's checks need of `config`: length, saves, export, and the state's
     description for the integrity record (model, optimizer, image size)."""
-    state = integrity.describe(
-        config.model.to_dict(), config.optimizer.to_dict(), config.image_size
-    )
+    # Numerics left unset (taken from init_from, else the original's) are left out, so
+    # that a workdir finished before the fields existed still matches its config.
+    model = {k: v for k, v in config.model.to_dict().items()}
+    for field in ("gelu", "layer_norm_eps"):
+        if model.get(field) is None:
+            model.pop(field, None)
+    state = integrity.describe(model, config.optimizer.to_dict(), config.image_size)
     return checks.Plan(
         total_steps=config.total_steps,
         checkpoint_every=config.checkpoint_every,
@@ -203,7 +208,7 @@ def _run(
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
     _check_batches(config, mesh)
-    model = build_model(config.model, data.num_classes(config.dataset))
+    model = build_model(config.model, data.num_classes(config.dataset), config.init_from or None)
     tx, lr_fn = optim.make_optimizer(
         config.optimizer, config.total_steps, skip_nonfinite=config.skip_nonfinite
     )
@@ -227,7 +232,8 @@ def _run(
     if "accuracy" not in evals:  # resumed after the last step: evaluate the final state again
         evals.update(evaluate(loop, state.params))
     if config.export_npz:
-        _export(os.path.join(workdir, "final.npz"), state.params, saver.directory)
+        computes = numerics.of_model(model)  # a run fine-tuned from timm or HF keeps them
+        _export(os.path.join(workdir, "final.npz"), state.params, saver.directory, computes)
     summary = {
         "model": config.model.name,
         "steps": int(jax.device_get(state.step)),
@@ -341,10 +347,10 @@ def _stop(loop: Loop, step: int, signal_name: str, saved: bool) -> None:
     raise preemption.stopped(step, signal_name, checkpoint)
 
 
-def _export(path: str, params: Any, checkpoints: str) -> None:
+def _export(path: str, params: Any, checkpoints: str, computes: dict | None = None) -> None:
     """export_npz, with the run's one message when the file cannot be written."""
     try:
-        export_npz(path, params)
+        export_npz(path, params, computes)
     except OSError as e:
         raise OSError(
             f"could not write {path}: {e.strerror or e}. Nothing half-written was left. "

@@ -2,6 +2,7 @@
 
   errors.py          CheckpointError: a file that cannot be read or does not fit
   architecture.py    what a checkpoint's parameters say about its model; native resolution
+  numerics.py        what they cannot say: the GELU form and LayerNorm epsilon, per format
   npz.py             the published .npz: every layout read, the original one written
   safetensors_io.py  the safetensors file format
   timm.py, hf.py     timm's state dict; Hugging Face ViTForImageClassification directories

@@ -14,7 +14,11 @@ Formats written:
                preprocessor_config.json (this package's resize and [-1, 1] scaling)
   onnx         an ONNX model with a dynamic batch dimension (see export.py)
   saved_model  a TensorFlow SavedModel, signature serving_default: images -> logits
-Every output is written under a temporary name and renamed when complete.
+Every output computes the model's function, its numerics (GELU form, LayerNorm epsilon)
+included: npz and timm files record them (numerics.py), hf's config.json says them as
+transformers reads them, the timm recipe builds timm's model with them, and the ONNX and
+SavedModel graphs compute them. Every output is written under a temporary name and
+renamed when complete.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from flax import traverse_util
 
 from vit_jax.data import images
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import hf, npz, safetensors_io, timm
+from vit_jax.weights import hf, npz, numerics, safetensors_io, timm
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.load import load_model
 
@@ -118,13 +122,17 @@ def write(
             npz.unstack_blocks(traverse_util.flatten_dict(params, sep="/")), sep="/"
         )
         model = model.clone(scan=False)
+    computes = numerics.of_model(model)
     if fmt == "npz":
-        npz.save_npz(out, params)
-        how = f"vit_jax.weights.load_model({out!r})  # or the original code's np.load"
+        npz.save_npz(out, params, computes)
+        how = f"vit_jax.weights.load_model({out!r})"
+        if numerics.is_original(computes):
+            how += "  # or the original code's np.load"
     elif fmt == "timm":
         tensors = {k: np.asarray(v, np.float32) for k, v in timm.to_timm(params).items()}
         how = timm.recipe(model, size, os.path.abspath(out))
-        safetensors_io.write(out, tensors, {"format": "pt", "num_heads": str(model.num_heads)})
+        meta = {"format": "pt", "num_heads": str(model.num_heads)}
+        safetensors_io.write(out, tensors, {**meta, **numerics.to_timm_metadata(computes)})
     elif fmt == "hf":
         tensors = {k: np.asarray(v, np.float32) for k, v in hf.to_hf(params).items()}
         if labels is None and model.num_classes == 1000:

@@ -6,16 +6,17 @@ A directory holds `config.json` and `model.safetensors` with (per block i):
   .attention.output.dense, .layernorm_after, .intermediate.dense, .output.dense
   vit.layernorm, classifier
 Linear weights are the transpose of Flax kernels. transformers' ViT config defaults
-to layer_norm_eps=1e-12 and the exact GELU ('gelu'); the original ViT (and this
-package) uses 1e-6 and the tanh approximation, whose name there is 'gelu_pytorch_tanh'
-(the same function as 'gelu_new'), so `config` writes both explicitly and the logits
-agree. Files converted by others from the original checkpoints (e.g. google/vit-base-
-patch16-224) often say 'gelu' and 1e-12: their weights are the original ones, and this
-package computes them as the original code did. Plain ViTs with a class token only:
-transformers' ViT has no hybrid stem, no 'gap' pooling and no representation layer.
-`preprocessor_config` writes this package's image preprocessing for transformers'
-image processors, so that `pipeline('image-classification', model=DIR)` runs, and
-`config(labels=...)` the class names pipelines print.
+to layer_norm_eps=1e-12 and the exact GELU ('gelu'); the original ViT uses 1e-6 and the
+tanh approximation, whose name there is 'gelu_pytorch_tanh' (the same function as
+'gelu_new'). A directory read here computes what its config.json says, and `config`
+writes the model's own GELU form and epsilon (numerics.py), so the logits agree both
+ways. Files converted by others from the original checkpoints (e.g. google/vit-base-
+patch16-224) say 'gelu' and 1e-12 although their weights were trained with tanh and
+1e-6: load them with the original numerics (--numerics=original). Plain ViTs with a
+class token only: transformers' ViT has no hybrid stem, no 'gap' pooling and no
+representation layer. `preprocessor_config` writes this package's image preprocessing
+for transformers' image processors, so that `pipeline('image-classification',
+model=DIR)` runs, and `config(labels=...)` the class names pipelines print.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from flax import traverse_util
 from vit_jax.base import files
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import safetensors_io
+from vit_jax.weights import numerics, safetensors_io
 from vit_jax.weights._tensors import (
     Shape,
     check_table,
@@ -45,7 +46,6 @@ from vit_jax.weights.errors import CheckpointError
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 PREPROCESSOR = "preprocessor_config.json"
-TANH_GELU = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 _ATT = "MultiHeadDotProductAttention_1"
 _TOP = {
     "cls": "vit.embeddings.cls_token",
@@ -157,10 +157,9 @@ def config(model: VisionTransformer, image_size: tuple[int, int], labels=None) -
         "num_hidden_layers": model.depth,
         "num_attention_heads": model.num_heads,
         "intermediate_size": model.mlp_dim,
-        "hidden_act": "gelu_pytorch_tanh",
+        **numerics.to_hf_config(numerics.of_model(model)),  # hidden_act, layer_norm_eps
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
-        "layer_norm_eps": 1e-6,
         "image_size": image_size[0],
         "patch_size": model.patch_size,
         "num_channels": model.channels,
@@ -198,6 +197,18 @@ def hf_shapes(model: VisionTransformer, image_size: tuple[int, int]) -> dict[str
     return to_hf(tree)
 
 
+def read_config(path: str | os.PathLike) -> dict:
+    """config.json of an HF directory.
+
+    Raises:
+      CheckpointError: missing or not JSON.
+    """
+    try:
+        return json.loads((Path(path) / CONFIG).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{Path(path) / CONFIG} is not readable JSON: {e}") from None
+
+
 def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
     """An HF ViT directory -> (original-layout tree, its config.json).
 
@@ -206,10 +217,7 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
         fit the config (each named).
     """
     path = Path(path)
-    try:
-        cfg = json.loads((path / CONFIG).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path / CONFIG} is not readable JSON: {e}") from None
+    cfg = read_config(path)
     if cfg.get("model_type") != "vit":
         raise CheckpointError(
             f"{path} holds a Hugging Face {cfg.get('model_type')!r} model "

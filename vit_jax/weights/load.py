@@ -12,7 +12,7 @@ from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import architecture
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.errors import CheckpointError
-from vit_jax.weights.read import read_checkpoint
+from vit_jax.weights.read import read_checkpoint, read_source
 
 
 def load_pretrained(
@@ -35,6 +35,8 @@ def load_pretrained(
     when the model has no representation layer; with `reset_head` the head is replaced
     by a zero-initialised one for the model's classes, without it the stored head is
     kept. The result is in the model's layout (blocks stacked if `model.scan`).
+    The model's own numerics (GELU form, LayerNorm epsilon) are used, whatever the file
+    says: `read.read_numerics(path)` gives the file's, to build the model with.
 
     Raises:
       FileNotFoundError, CheckpointError: unreadable file, or one that does not fit
@@ -66,15 +68,17 @@ def load_model(
       patch_size: another patch size than the file's: the kernel is resampled
         (FlexiViT) and the native resolution is kept in tokens per side.
       **overrides: any `VisionTransformer` field, e.g. posemb='sincos_2d' for a file
-        without learned position embeddings, or dtype='bfloat16'.
+        without learned position embeddings, or dtype='bfloat16'. `gelu` and
+        `layer_norm_eps` default to what the file says its model computes (see
+        numerics.py); `**models.ORIGINAL_NUMERICS` computes the original ViT's instead.
 
     Raises:
       FileNotFoundError, CheckpointError: unreadable file, one that does not fit
         `name`, or an architecture the file cannot tell (the message says which option).
     """
     heads = overrides.get("num_heads") or (get_model(name, None).num_heads if name else None)
-    params = read_checkpoint(path, heads)
-    arch = architecture.architecture(params)
+    params, computes = read_source(path, heads)
+    arch = {**architecture.architecture(params), **computes}
     if arch["posemb"] is None and "posemb" not in overrides:
         raise CheckpointError(
             f"{path} has no learned position embeddings: it was trained with posemb "
@@ -84,7 +88,8 @@ def load_model(
     if arch["posemb"] is None:
         del arch["posemb"]
     if name is not None:  # the name's sizes; what the file implies for everything else
-        arch = {k: arch[k] for k in ("classifier", "representation_size", "posemb") if k in arch}
+        kept = ("classifier", "representation_size", "posemb", *computes)
+        arch = {k: arch[k] for k in kept if k in arch}
     classes = architecture.num_classes(params) if head else None
     stored = get_model(name, classes, **{**arch, **overrides})
     model = stored if patch_size is None else stored.clone(patch_size=patch_size)

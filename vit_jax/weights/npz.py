@@ -13,6 +13,9 @@ Layouts read by `load_npz` (keys joined with '/'):
 All are turned into the original layout, which is also the parameter tree of this
 package's models (with scan=False) and what `save_npz` writes. A big_vision file's
 class token had no position embedding, so its class row is zero here: same function.
+A model of other numerics than the original's (exact GELU, another LayerNorm epsilon)
+is saved with one more entry, `vit_jax_numerics`, which `read_npz` returns apart from the
+parameters (numerics.py).
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax.base import files
+from vit_jax.weights import numerics
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 
-__all__ = ["canonical", "load_npz", "save_npz", "stack_blocks", "unstack_blocks"]
+__all__ = ["canonical", "load_npz", "read_npz", "save_npz", "stack_blocks", "unstack_blocks"]
 _NEW_TO_OLD = {
     "LayerNorm_0": "LayerNorm_0",
     "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
@@ -137,11 +141,33 @@ def load_npz(path: str | os.PathLike) -> dict:
       FileNotFoundError: no such file.
       CheckpointError: truncated or corrupt, pickled objects, not an .npz archive.
     """
-    return traverse_util.unflatten_dict(canonical(_read(path)), sep="/")
+    return read_npz(path)[0]
 
 
-def save_npz(path: str | os.PathLike, params: dict) -> None:
+def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, Any]]:
+    """`load_npz`'s tree and the numerics the file's model computes (GELU form, LayerNorm
+    epsilon: the original's unless the file says otherwise, see numerics.py)."""
+    arrays = _read(path)
+    computes = numerics.from_npz(arrays, str(path))
+    return traverse_util.unflatten_dict(canonical(arrays), sep="/"), computes
+
+
+def read_numerics(path: str | os.PathLike) -> dict[str, Any]:
+    """The numerics of `read_npz` without reading the parameters."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            entry = {numerics.NPZ_KEY: f[numerics.NPZ_KEY]} if numerics.NPZ_KEY in f.files else {}
+    except (ValueError, zipfile.BadZipFile, EOFError, OSError, KeyError, AttributeError):
+        return numerics.from_npz(_read(path), str(path))  # its error names what is wrong
+    return numerics.from_npz(entry, str(path))
+
+
+def save_npz(path: str | os.PathLike, params: dict, computes: dict | None = None) -> None:
     """Write `params` in the original published layout (per-block names, float32).
+
+    `computes`: the model's numerics (`numerics.of_model`); other than the original's
+    (tanh GELU, LayerNorm eps 1e-6) they are stored with the arrays, so that loading the
+    file computes the same function (see numerics.py).
 
     The file is written whole to a temporary name and then renamed, so a crash
     never leaves a half-written checkpoint at `path`; a failed write (a full disk)
@@ -154,5 +180,6 @@ def save_npz(path: str | os.PathLike, params: dict) -> None:
     for k, v in flat.items():
         a = np.asarray(v)
         arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
+    arrays.update(numerics.to_npz(computes))
     with files.atomic_write(path) as f:
         np.savez(f, **arrays)

@@ -3,9 +3,9 @@
 The graph is the model's equations written in ONNX's standard operators:
   images [N, H, W, C] -> patches [N, T, P*P*C] (Reshape, Transpose) -> MatMul + bias
   -> [class token (Expand to the batch), +] + position embeddings
-  -> blocks: LayerNormalization(eps 1e-6) -> q, k, v (MatMul) -> softmax(q k^T / sqrt(d)) v
-     -> out (MatMul) -> residual; LayerNormalization -> MatMul -> GELU (tanh
-     approximation, written out) -> MatMul -> residual
+  -> blocks: LayerNormalization(the model's eps) -> q, k, v (MatMul) -> softmax(q k^T /
+     sqrt(d)) v -> out (MatMul) -> residual; LayerNormalization -> MatMul -> GELU (the
+     model's: tanh approximation or exact erf, written out) -> MatMul -> residual
   -> LayerNormalization -> class token or mean -> [tanh pre_logits] -> head: logits [N, K].
 Hybrids first run their ResNet stem in NCHW: weight-standardised convs (the kernels
 standardised at export) with 'SAME' padding (SAME_UPPER, as XLA pads), GroupNorm(32) as
@@ -34,7 +34,7 @@ EXTERNAL_ABOVE = 1_800_000_000
 class _Graph:
     """Nodes and initialisers of one graph, with fresh names."""
 
-    def __init__(self):
+    def __init__(self, eps: float = 1e-6):
         import onnx
         from onnx import helper, numpy_helper
 
@@ -42,6 +42,7 @@ class _Graph:
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self.count = 0
+        self.eps = float(eps)  # of every LayerNormalization
 
     def const(self, value: np.ndarray, name: str | None = None) -> str:
         name = name or f"const_{len(self.inits)}"
@@ -65,7 +66,7 @@ class _Graph:
             self.const(p["scale"], name + "_scale"),
             self.const(p["bias"], name + "_bias"),
             axis=-1,
-            epsilon=1e-6,
+            epsilon=self.eps,
         )
 
 
@@ -76,6 +77,13 @@ def _gelu_tanh(g: _Graph, x: str) -> str:
     inner = g.op("Add", x, g.op("Mul", cube, f32(0.044715)))
     t = g.op("Tanh", g.op("Mul", inner, f32(math.sqrt(2 / math.pi))))
     return g.op("Mul", x, g.op("Mul", g.op("Add", t, f32(1.0)), f32(0.5)))
+
+
+def _gelu_exact(g: _Graph, x: str) -> str:
+    """0.5 x (1 + erf(x / sqrt(2))), as jax.nn.gelu(approximate=False)."""
+    f32 = lambda v: g.const(np.array(v, np.float32))
+    e = g.op("Erf", g.op("Mul", x, f32(1 / math.sqrt(2))))
+    return g.op("Mul", x, g.op("Mul", g.op("Add", e, f32(1.0)), f32(0.5)))
 
 
 def _attention(g: _Graph, x: str, p: dict, tokens: int, heads: int, name: str) -> str:
@@ -158,14 +166,15 @@ def _embed(g: _Graph, tree: dict, model: VisionTransformer, size: tuple[int, int
     return x if pe is None else g.op("Add", x, g.const(pe, "pos_embedding"))
 
 
-def _block(g: _Graph, x: str, b: dict, tokens: int, heads: int, name: str) -> str:
+def _block(g: _Graph, x: str, b: dict, tokens: int, heads: int, gelu: str, name: str) -> str:
     """One pre-LN encoder block: x + attention(LN(x)), then + MLP(LN(.))."""
     y = g.layer_norm(x, b["LayerNorm_0"], f"{name}_ln0")
     att = b["MultiHeadDotProductAttention_1"]
     x = g.op("Add", x, _attention(g, y, att, tokens, heads, name))
     mlp = b["MlpBlock_3"]
     y = g.layer_norm(x, b["LayerNorm_2"], f"{name}_ln2")
-    y = _gelu_tanh(g, g.dense(y, mlp["Dense_0"]["kernel"], mlp["Dense_0"]["bias"], f"{name}_fc1"))
+    act = _gelu_tanh if gelu == "tanh" else _gelu_exact
+    y = act(g, g.dense(y, mlp["Dense_0"]["kernel"], mlp["Dense_0"]["bias"], f"{name}_fc1"))
     return g.op(
         "Add", x, g.dense(y, mlp["Dense_1"]["kernel"], mlp["Dense_1"]["bias"], f"{name}_fc2")
     )
@@ -200,13 +209,12 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
     tree = traverse_util.unflatten_dict(
         {k: np.asarray(v, np.float32) for k, v in flat.items()}, sep="/"
     )
-    g = _Graph()
+    g = _Graph(model.layer_norm_eps)
     x = _embed(g, tree, model, size)
     tokens = model.grid(size)[0] * model.grid(size)[1] + int(model.has_class_token)
     for i in range(model.depth):
-        x = _block(
-            g, x, tree["Transformer"][f"encoderblock_{i}"], tokens, model.num_heads, f"block{i}"
-        )
+        b = tree["Transformer"][f"encoderblock_{i}"]
+        x = _block(g, x, b, tokens, model.num_heads, model.gelu, f"block{i}")
     x = _pool_head(g, x, tree, model)
     g.nodes.append(g.helper.make_node("Identity", [x], ["logits"]))
     k = model.num_classes or model.representation_size or model.width

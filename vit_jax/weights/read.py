@@ -3,7 +3,8 @@ Hugging Face directory, local or remote.
 
 `read_checkpoint(path)` recognises the input format from the file and returns the
 original-layout parameter tree that `adapt.adapt` fits to a model, so every command that
-takes --checkpoint (and `init_from`) reads every format.
+takes --checkpoint (and `init_from`) reads every format; `read_source` also returns the
+numerics the file's model computes (GELU form, LayerNorm epsilon; see numerics.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import os
 from pathlib import Path
 
 from vit_jax.models import get_model
-from vit_jax.weights import architecture, hf, npz, remote, safetensors_io, timm
+from vit_jax.weights import architecture, hf, npz, numerics, remote, safetensors_io, timm
 from vit_jax.weights.errors import CheckpointError
 
-__all__ = ["FORMATS_READ", "detect_format", "read_checkpoint"]
+__all__ = ["FORMATS_READ", "detect_format", "read_checkpoint", "read_numerics", "read_source"]
 
 FORMATS_READ = "a published .npz, a timm .safetensors file, or a Hugging Face model directory"
 
@@ -51,7 +52,14 @@ def detect_format(path: str | os.PathLike) -> str:
 
 def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> dict:
     """Any checkpoint (npz, timm safetensors, HF directory; local or remote) -> the
-    original-layout parameter tree.
+    original-layout parameter tree (`read_source`'s first half)."""
+    return read_source(path, num_heads)[0]
+
+
+def read_source(path: str | os.PathLike, num_heads: int | None = None) -> tuple[dict, dict]:
+    """Any checkpoint (npz, timm safetensors, HF directory; local or remote) -> (the
+    original-layout parameter tree, the numerics its model computes: {'gelu': 'tanh' or
+    'exact', 'layer_norm_eps': float}, as the file says or its format implies).
 
     Args:
       path: a local path, or a gs:// / https:// path of a published file (fetched once
@@ -65,9 +73,10 @@ def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> di
     path = remote.fetch(path) if remote.is_remote(path) else Path(path)
     fmt = detect_format(path)
     if fmt == "npz":
-        return npz.load_npz(path)
+        return npz.read_npz(path)
     if fmt == "hf":
-        return hf.read_dir(path)[0]
+        params, cfg = hf.read_dir(path)
+        return params, numerics.from_hf_config(cfg, str(path / hf.CONFIG))
     tensors, meta = safetensors_io.read(path)
     if any(k.startswith(("vit.", "embeddings.")) for k in tensors):
         raise CheckpointError(
@@ -79,4 +88,20 @@ def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> di
     model = get_model(None, architecture.num_classes(params), **arch)
     size = architecture.native_image_size(params, model.token_stride)
     timm.check(tensors, model, size, str(path))
-    return params
+    return params, numerics.from_timm_metadata(meta, str(path))
+
+
+def read_numerics(path: str | os.PathLike) -> dict:
+    """`read_source`'s numerics alone, reading only the file's metadata (an .npz's one
+    entry, the safetensors header, config.json), not its tensors.
+
+    Raises:
+      FileNotFoundError, CheckpointError: as `read_source`.
+    """
+    path = remote.fetch(path) if remote.is_remote(path) else Path(path)
+    fmt = detect_format(path)
+    if fmt == "npz":
+        return npz.read_numerics(path)
+    if fmt == "hf":
+        return numerics.from_hf_config(hf.read_config(path), str(path / hf.CONFIG))
+    return numerics.from_timm_metadata(safetensors_io.read_metadata(path), str(path))

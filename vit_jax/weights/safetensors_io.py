@@ -89,6 +89,22 @@ def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]
     return tensors, dict(metadata)
 
 
+def read_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """A safetensors file's metadata alone (its header; no tensor is read).
+
+    Raises:
+      FileNotFoundError, CheckpointError: as `read`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path}: no such file")
+    try:
+        with safetensors.safe_open(path, framework="numpy") as f:
+            return dict(f.metadata() or {})
+    except safetensors.SafetensorError:
+        return read(path)[1]  # its error names what is wrong
+
+
 def _plain(error: Exception, data: bytes) -> str:
     """The safetensors package's complaint, with what it means for a file on disk."""
     why = str(error).removeprefix("Error while deserializing: ")

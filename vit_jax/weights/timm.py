@@ -20,8 +20,8 @@ Hybrids (timm's ResNetV2 stem, `patch_embed.backbone.` + ...):
 timm's VisionTransformer has no representation ('pre_logits') layer. Its named models
 (`timm.create_model`) cover the published sizes only, and their pretrained configs replace
 a head that is not 1000-class, so `recipe` prints lines that build timm's
-`VisionTransformer` class itself with every argument this package's model needs (the
-tanh GELU, LayerNorm eps 1e-6, mlp_ratio, image size, pooling: class token, or 'avg' with
+`VisionTransformer` class itself with every argument this package's model needs (its
+GELU form and LayerNorm eps, mlp_ratio, image size, pooling: class token, or 'avg' with
 the final norm before pooling; a hybrid's ResNetV2 stem with GroupNorm eps 1e-6) and
 load the file with a strict `load_state_dict`. A hybrid's recipe also subclasses timm's
 StdConv2dSame: timm standardises conv weights as (w - mean) / sqrt(var + eps), the
@@ -249,6 +249,11 @@ def _mlp_ratio(width: int, mlp_dim: int) -> float:
     return ratio
 
 
+def _float(x: float) -> str:
+    """1e-06 -> '1e-6': the float as Python reads it back, exponent without zeros."""
+    return re.sub(r"e([-+])0*(\d)", r"e\1\2", repr(float(x)))
+
+
 def _call(head: str, args: list[str], width: int = 92) -> list[str]:
     """`head(` and its keyword arguments, wrapped at `width`, then `)`."""
     lines, line = [head + "("], "   "
@@ -265,9 +270,10 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
     and load the converted file at `path` with a strict `load_state_dict`.
 
     Every argument is spelled out: sizes, mlp_ratio, patch, image size, channels, classes,
-    pooling (class token; 'avg' or none with the final norm before pooling), the tanh
-    GELU, LayerNorm eps 1e-6 and, for hybrids, the ResNetV2 stem with GroupNorm eps 1e-6
-    and the original weight standardisation. Pasted into Python (or exec'd), the lines
+    pooling (class token; 'avg' or none with the final norm before pooling), the GELU
+    ('gelu_tanh' or the exact 'gelu', as `model.gelu`), the LayerNorm eps and, for
+    hybrids, the ResNetV2 stem with GroupNorm eps 1e-6 and the original weight
+    standardisation. Pasted into Python (or exec'd), the lines
     leave `model` in eval mode: float32 [N, C, H, W] in [-1, 1] -> this package's logits.
 
     Raises:
@@ -298,7 +304,9 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
     ]
     if model.posemb == "none":
         args.append("pos_embed='none'")
-    args += ["act_layer='gelu_tanh'", "norm_layer=partial(torch.nn.LayerNorm, eps=1e-6)"]
+    act = "'gelu_tanh'" if model.gelu == "tanh" else "'gelu'"
+    eps = _float(model.layer_norm_eps)
+    args += [f"act_layer={act}", f"norm_layer=partial(torch.nn.LayerNorm, eps={eps})"]
     lines = [
         "from functools import partial",
         "import safetensors.torch, torch",
