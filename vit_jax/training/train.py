@@ -134,7 +134,7 @@ def plan_of(config: ml_collections.ConfigDict) -> checks.Plan:
     description for the integrity record (model, optimizer, image size)."""
     # Numerics left unset (taken from init_from, else the original's) are left out, so
     # that a workdir finished before the fields existed still matches its config.
-    model = {k: v for k, v in config.model.to_dict().items()}
+    model = config.model.to_dict()
     for field in ("gelu", "layer_norm_eps"):
         if model.get(field) is None:
             model.pop(field, None)
