@@ -370,7 +370,7 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
     assert run_command(main, "--config=fashion_mnistt:tiny", work) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --config=fashion_mnistt:tiny: 'fashion_mnistt' is neither")
-    assert "presets: finetune, pretrain, fashion_mnist" in err
+    assert "presets: finetune, pretrain, augreg, fashion_mnist" in err
     assert run_command(main, "--config=fashion_mnist:huge", work) == 1
     err = capsys.readouterr().err  # the preset's own message, not its traceback
     assert err.startswith("error: --config=fashion_mnist:huge: expected one of pretrain, finetune")

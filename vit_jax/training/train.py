@@ -90,6 +90,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     created = checks.missing_dirs(workdir)
     where = Where(os.path.join(workdir, "checkpoints"))
     try:
+        checks.check_writable(workdir)  # before the lock, which writes into it
         with lock.held(workdir, distributed.is_lead()), progress.StopRequest() as stop:
             return _run(config, workdir, where, stop)
     except lock.WorkdirLocked:
@@ -204,7 +205,6 @@ def _check_init_from(config: ml_collections.ConfigDict) -> None:
 def _run(
     config: ml_collections.ConfigDict, workdir: str, where: Where, stop: progress.StopRequest
 ) -> dict[str, Any]:
-    checks.check_writable(workdir)
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
     _check_batches(config, mesh)
