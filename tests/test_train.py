@@ -13,6 +13,7 @@ import ml_collections
 import numpy as np
 import pytest
 from helpers import (
+    ROOT,
     assert_npz_equal,
     assert_trees_equal,
     batch,
@@ -358,6 +359,26 @@ def test_every_config_parses_and_builds_its_model(preset, arg):
         assert config.total_steps == (10_000 if "cifar" in arg else 20_000)
 
 
+def test_the_repositorys_configs_are_the_shipped_presets():
+    """configs/NAME.py (by path, as --config=configs/NAME.py:ARG loads it) gives the
+    installed preset's config for every argument, field by field; one file per preset."""
+    import importlib.util
+
+    directory = os.path.join(ROOT, "configs")
+    files = sorted(n[:-3] for n in os.listdir(directory) if n.endswith(".py"))
+    assert files == sorted(configs.PRESETS)
+    for preset, arg in CONFIGS:
+        path = os.path.join(directory, f"{preset}.py")
+        spec = importlib.util.spec_from_file_location(f"user_config_{preset}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        got, want = module.get_config(arg).to_dict(), configs.get(f"{preset}:{arg}").to_dict()
+        assert got == want, (preset, arg)
+    assert configs.resolve(f"{directory}/finetune.py:b16,cifar10") == (
+        f"{directory}/finetune.py:b16,cifar10"  # a path is used as it is, not the preset
+    )
+
+
 @needs_embedded_data
 def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
     from vit_jax import main
@@ -385,8 +406,19 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
     assert run_command(main, "--config=fashion_mnist:tiny", work, data) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(empty) in err and "Traceback" not in err
-    # A user's own config file by path, from another directory.
-    mine = tmp_path / "mine.py"
+    path = main.preset_argv(["x", "--config", "finetune:b16,cifar10"])[2]
+    assert path.endswith("vit_jax/configs/finetune.py:b16,cifar10") and os.path.isabs(path)
+
+
+@needs_embedded_data
+def test_a_users_config_file_runs_with_string_overrides(tmp_path, capsys, monkeypatch):
+    """A config file by path, from another directory, with its argument; a tuple and a
+    split with TFDS slicing given as strings on the command line, as a shell passes
+    --config.dataset.classes='(0,1,2)' --config.dataset.train_split='train[:10%]'."""
+    from vit_jax import main
+
+    mine = tmp_path / "elsewhere" / "mine.py"
+    mine.parent.mkdir()
     mine.write_text(
         "from vit_jax.configs import fashion_mnist\n"
         "def get_config(arg):\n"
@@ -395,8 +427,22 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
         "    return c\n"
     )
     assert main.preset_argv(["x", f"--config={mine}:3"]) == ["x", f"--config={mine}:3"]
-    path = main.preset_argv(["x", "--config", "finetune:b16,cifar10"])[2]
-    assert path.endswith("vit_jax/configs/finetune.py:b16,cifar10") and os.path.isabs(path)
+    ran, real = [], train.run
+
+    def run(config, workdir):  # what main passes on: the config as parsed
+        ran.append(config)
+        return real(config, workdir)
+
+    monkeypatch.setattr(train, "run", run)
+    workdir = str(tmp_path / "run")
+    args = ["--config.dataset.classes=(0,1,2)", "--config.dataset.train_split=train[:10%]"]
+    assert run_command(main, f"--config={mine}:3", f"--workdir={workdir}", *args) == 0
+    (config,) = ran
+    assert config.dataset.classes == (0, 1, 2) and config.dataset.train_split == "train[:10%]"
+    assert config.total_steps == 3 and config.model.width == 32  # the file's, with its arg
+    assert "step 3/3" in capsys.readouterr().out
+    assert json.load(open(f"{workdir}/summary.json"))["steps"] == 3
+    assert weights.load_npz(f"{workdir}/final.npz")["head"]["bias"].shape == (3,)  # 3 classes
 
 
 @pytest.mark.slow
