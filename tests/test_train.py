@@ -447,17 +447,25 @@ def test_a_users_config_file_runs_with_string_overrides(tmp_path, capsys, monkey
 
 @pytest.mark.slow
 @needs_embedded_data
-def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
+def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys, monkeypatch):
     from vit_jax import fewshot as fewshot_command
-    from vit_jax import figures, infer
+    from vit_jax import figures, infer, recipe
     from vit_jax.training import miniature
 
-    short = {"total_steps": 6, "log_every": 3}
-    summary = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
-    print(miniature.report(summary))
+    # The command itself, each part shortened to 6 steps.
+    part_config = miniature.part_config
+
+    def short(part, workdir, examples_per_class=50):
+        config = part_config(part, workdir, examples_per_class)
+        config.update(total_steps=6, log_every=3)
+        return config
+
+    monkeypatch.setattr(miniature, "part_config", short)
+    command = [f"--workdir={tmp_path}", "--examples_per_class=5"]
+    assert run_command(recipe, *command) == 0
     out = capsys.readouterr().out
-    stored = json.load(open(tmp_path / "recipe.json"))
-    assert stored == summary and summary["examples_per_class"] == 5
+    summary = json.load(open(tmp_path / "recipe.json"))
+    assert out.endswith(miniature.report(summary) + "\n") and summary["examples_per_class"] == 5
     for part, key in (("pretrain", "pretrain_accuracy_classes_0_4"),
                       ("finetune", "finetuned_accuracy_classes_5_9"),
                       ("scratch", "scratch_accuracy_classes_5_9")):  # fmt: skip
@@ -471,9 +479,9 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     # The same command again: each part is finished, nothing is written or rewritten.
 
     before = snapshot(str(tmp_path))
-    again = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
+    assert run_command(recipe, *command) == 0
     out = capsys.readouterr().out
-    assert again == summary and snapshot(str(tmp_path)) == before
+    assert out.endswith(miniature.report(summary) + "\n") and snapshot(str(tmp_path)) == before
     for part in miniature.PARTS:
         assert f"{tmp_path}/{part}: finished at step 6 (summary.json); nothing to do" in out
     assert "training " not in out and "step 6/6" not in out
