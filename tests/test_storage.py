@@ -14,6 +14,7 @@ import sys
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from helpers import ROOT, assert_npz_equal, needs_embedded_data, python_m, tiny_config
 from subprocesses import Run, tiny_flags
@@ -284,6 +285,43 @@ def test_nonfinite_guard_names_only_a_checkpoint_that_verifies(reference, tmp_pa
     metrics = {"loss": float("nan"), "grad_norm": 1.0, "finite": 0.0, "skipped": 0}
     with pytest.raises(FloatingPointError, match="newest intact checkpoint is step 15 \\("):
         guard.check(metrics, 21)
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["with_record", "orbax_alone"])
+def test_a_checkpoint_that_restores_non_finite_values_is_set_aside(tmp_path, capsys, recorded):
+    """Its checksums match (the NaN was saved as it is) or it has no record: restoring it
+    finds a NaN, it is set aside and the run falls back to the step before."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    states = {4: {"w": w}, 8: {"w": w.copy()}}
+    states[8]["w"][1, 2] = np.nan
+    if recorded:
+        kept = saver.Saver(str(tmp_path), 0, {})
+        for step, state in states.items():
+            kept.save(step, jax.device_put(state))
+            kept.wait()
+        manager = kept.manager
+    else:
+        manager = workdir_lib.open_manager(str(tmp_path), 0)
+        for step, state in states.items():
+            manager.save(step, args=ocp.args.StandardSave(jax.device_put(state)))
+            manager.wait_until_finished()
+    directory = f"{tmp_path}/checkpoints"
+    assert integrity.step_dirs(directory) == [4, 8]
+    assert (integrity.read_record(f"{directory}/8") is not None) == recorded
+    state = "verifies" if recorded else "unchecked: no integrity record (restores, finite)"
+    assert recovery.verify_workdir(str(tmp_path)) == [
+        ("4", state), ("8", "DAMAGED: it restores non-finite values")
+    ]  # fmt: skip
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = {"w": jax.ShapeDtypeStruct((2, 3), np.float32, sharding=device)}
+    capsys.readouterr()
+    restored, step = recovery.restore_newest(manager, target)
+    out = capsys.readouterr().out
+    assert step == 4 and np.array_equal(np.asarray(restored["w"]), w)
+    said = f"checkpoint {directory}/8 is damaged: it restores non-finite values. Set aside as "
+    assert said + f"{directory}/8.damaged (nothing deleted); trying the one before" in out
+    assert sorted(os.listdir(directory)) == ["4", "8.damaged"]
+    assert manager.all_steps() == [4]
 
 
 def test_one_sentence_names_the_newest_intact_checkpoint(tmp_path):
