@@ -377,7 +377,7 @@ CLI_RUN["model.dropout"] = 0.1
 def cli_reference(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("cli_reference"))
     with Run(tiny_flags(workdir, **CLI_RUN), devices=1) as run:
-        assert run.finish(timeout=300) == 0, run.tail()
+        assert run.finish() == 0, run.tail()
     return workdir
 
 
@@ -392,7 +392,7 @@ def test_killed_before_the_record_keeps_the_older_checkpoint(cli_reference, tmp_
     assert names == ["10.orbax-checkpoint-tmp", "5"], names  # 5 not yet deleted
     assert not integrity.quick_check(f"{workdir}/checkpoints/5")
     with Run(flags, devices=1) as run:
-        assert run.finish(timeout=300) == 0, run.tail()
+        assert run.finish() == 0, run.tail()
     log = "\n".join(run.log)
     assert "ignoring incomplete checkpoint(s) 10.orbax-checkpoint-tmp" in log
     assert f"resuming from step 5 (checkpoint {workdir}/checkpoints/5)" in log
@@ -422,7 +422,7 @@ def test_disk_full_during_a_save_stops_with_one_message_and_resumes(
     workdir = f"{small_disk}/run"
     flags = tiny_flags(workdir, **CLI_RUN)
     with Run(flags, devices=1) as run:
-        assert run.finish(timeout=300) == 1, run.tail()
+        assert run.finish() == 1, run.tail()
     log = "\n".join(run.log)
     found = re.search(
         r"error: could not save checkpoint step (\d+) in (\S+): No space left on device\. "
@@ -439,7 +439,7 @@ def test_disk_full_during_a_save_stops_with_one_message_and_resumes(
     assert not integrity.quick_check(found[4])
     subprocess.run(["mount", "-o", "remount,size=16m", small_disk], check=True)  # space freed
     with Run(flags, devices=1) as run:
-        assert run.finish(timeout=300) == 0, run.tail()
+        assert run.finish() == 0, run.tail()
     assert f"resuming from step {good} " in "\n".join(run.log)
     assert_npz_equal(f"{workdir}/final.npz", f"{cli_reference}/final.npz")
 
