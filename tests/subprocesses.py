@@ -1,6 +1,10 @@
 """Training runs in subprocesses (`python -m vit_jax.main`) for the resume and
-multi-host tests: each with its own emulated CPU devices, read line by line with
-deadlines, and always killed when the test is done with it."""
+multi-host tests: each with its own emulated CPU devices, read line by line, and always
+killed when the test is done with it.
+
+A test waits on events, never on time: an output line (`wait_for`) or a state of the
+files (`wait_until`). Their deadline, HANG by default, only ends a run that hangs: a
+machine under load (a 2-core CI runner beside other jobs) takes longer, never fails."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import threading
 import time
 
 from helpers import ROOT
+
+HANG = 900.0  # seconds: far beyond any run here on a loaded machine; only a hang reaches it
 
 
 def tiny_flags(workdir: str, **overrides) -> list[str]:
@@ -51,7 +57,7 @@ class Run:
             self._lines.put(line.rstrip("\n"))
         self._lines.put(None)  # end of output
 
-    def wait_for(self, predicate, timeout: float) -> str:
+    def wait_for(self, predicate, timeout: float = HANG) -> str:
         """The first new output line for which `predicate` holds."""
         deadline = time.monotonic() + timeout
         while True:
@@ -65,13 +71,38 @@ class Run:
             if predicate(line):
                 return line
 
-    def finish(self, timeout: float) -> int:
+    def wait_until(self, condition, timeout: float = HANG, every: float = 0.001) -> None:
+        """Polls `condition()` (the files a run writes) every `every` seconds until it
+        holds, while the process runs; its output keeps being read meanwhile."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.proc.poll() is not None:
+                self._drain()
+                raise RuntimeError("the run ended before the condition held:\n" + self.tail())
+            if time.monotonic() > deadline:
+                self._drain()
+                raise TimeoutError(f"the condition did not hold in {timeout}s:\n" + self.tail())
+            time.sleep(every)
+
+    def _drain(self) -> None:
+        """Moves the lines read so far into `log` (for `tail`), without waiting."""
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                return
+            if line is None:
+                self._lines.put(None)  # the end stays marked for a later wait_for
+                return
+            self.log.append(line)
+
+    def finish(self, timeout: float = HANG) -> int:
         """Reads the output to the end; the exit status."""
         try:
             self.wait_for(lambda line: False, timeout)
         except RuntimeError:
             pass
-        return self.proc.wait(timeout=5)
+        return self.proc.wait(timeout=30)
 
     def kill(self) -> None:
         """SIGKILL to the process group (no clean-up runs), then reap it."""

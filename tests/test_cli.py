@@ -29,19 +29,21 @@ MISTAKES = {  # name -> (command, its arguments)
     "unknown": ("vit_jax.infer", ["--chekpoint=x.npz", "--image=x.png"]),
     "required": ("vit_jax.evaluate", []),
     "value": ("vit_jax.convert", ["--checkpoint=x.npz", "--format=png", "--out=y"]),
+    "missing": ("vit_jax.infer", ["--checkpoint=x.npz", "--image=nowhere.png"]),
 }
+DEBUG = {"missing_debug": MISTAKES["missing"]}  # the same mistake with VIT_JAX_DEBUG=1
 
 
 @pytest.fixture(scope="module")
 def runs():
     """Every command's --help and every mistake, started at once (each imports jax)."""
     env = {k: v for k, v in os.environ.items() if k != "VIT_JAX_DEBUG"}
-    jobs = {name: (name, ["--help"]) for name in COMMANDS} | MISTAKES
+    jobs = {name: (name, ["--help"]) for name in COMMANDS} | MISTAKES | DEBUG
     procs = {
         key: subprocess.Popen(
             [sys.executable, "-m", command, *args],
             cwd=ROOT,
-            env=env,
+            env=dict(env, VIT_JAX_DEBUG="1") if key in DEBUG else env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -132,6 +134,18 @@ def test_absl_flag_errors_name_the_way_out(runs):
     for key in ("unknown", "required", "value"):
         command = re.search(r"\(python -m (\S+) --help", runs[key][2]).group(1)
         assert runs[command][0] == 0
+
+
+def test_vit_jax_debug_shows_the_traceback_of_a_user_error(runs):
+    line = one_error_line("missing", runs)
+    assert line == "error: image not found: nowhere.png"
+    code, stdout, stderr = runs["missing_debug"]
+    assert code == 1 and stdout == "", stderr
+    lines = stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):", stderr
+    assert any(re.search(r'File ".*/vit_jax/cli\.py", line \d+, in entry', s) for s in lines)
+    assert re.fullmatch(r"FileNotFoundError: image not found: nowhere\.png", lines[-1]), stderr
+    assert "error: " not in stderr and "VIT_JAX_DEBUG" not in stderr
 
 
 def readme_test_command() -> str:

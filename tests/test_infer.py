@@ -293,3 +293,35 @@ def test_command_user_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: flag --top_k=0: 0 is not a positive integer")
     assert "python -m vit_jax.infer --help lists the flags" in err
+
+
+def test_override_sets_a_model_option_the_file_cannot_tell(tmp_path, capsys):
+    """A model trained with fixed sin-cos position embeddings stores none: the file alone
+    cannot say so, --override=posemb=sincos_2d does, and the output is that model's."""
+    path, model, params = _checkpoint(tmp_path, 10, posemb="sincos_2d")
+    assert model.posemb == "sincos_2d" and "posembed_input" not in params["Transformer"]
+    rng = np.random.default_rng(1)
+    img = tmp_path / "x.png"
+    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(img)
+    args = [f"--checkpoint={path}", f"--image={img}", "--top_k=10", "--image_size=32"]
+    assert run_command(infer, *args) == 1
+    err = capsys.readouterr().err
+    assert "has no learned position embeddings" in err and "--override=posemb=sincos_2d" in err
+    printed = {}
+    for posemb in ("sincos_2d", "none"):
+        assert run_command(infer, *args, f"--override=posemb={posemb}") == 0
+        ((_, rows),) = _blocks(capsys.readouterr().out)
+        printed[posemb] = dict(rows)
+    want = _direct(model, params, [str(img)], (32, 32))[0]
+    assert printed["sincos_2d"] == pytest.approx({f"class {i}": p for i, p in enumerate(want)},
+                                                 abs=6e-5)  # fmt: skip
+    other = _direct(model.clone(posemb="none"), params, [str(img)], (32, 32))[0]
+    assert printed["none"] == pytest.approx({f"class {i}": p for i, p in enumerate(other)},
+                                            abs=6e-5)  # fmt: skip
+    assert np.abs(want - other).max() > 1e-3  # the option changes the function
+    # Not a KEY=VALUE, and no such option: one error line each, naming --override.
+    assert run_command(infer, *args, "--override=posemb") == 1
+    assert "--override=posemb: expected KEY=VALUE" in capsys.readouterr().err
+    assert run_command(infer, *args, "--override=posemb=sincos_2d", "--override=depthh=3") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --override: ") and "depthh" in err and "Traceback" not in err

@@ -5,7 +5,9 @@ saves and restores from both (each hashing its own shards for the integrity reco
 process 0 exports the gathered parameters."""
 
 import os
+import re
 import socket
+import sys
 
 import jax
 import numpy as np
@@ -31,27 +33,73 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_pair(workdir, cache):
-    """Processes 0 and 1 of one run, each with 4 devices."""
-    address = f"127.0.0.1:{free_port()}"
-    runs = []
-    for i in range(2):
-        flags = tiny_flags(workdir, **RUN)
-        flags += [
-            f"--config.distributed.coordinator_address={address}",
-            "--config.distributed.num_processes=2",
-            f"--config.distributed.process_id={i}",
-            "--config.distributed.timeout_seconds=60",
-        ]
-        runs.append(Run(flags, devices=4, env=cache))
-    return runs
+# What process 0 says when its coordinator cannot bind the port (gRPC's words; JAX then
+# ends the process, by SIGSEGV in jax 0.10).
+BIND_FAILED = re.compile(r"Failed to add port|[Aa]ddress already in use")
+
+
+def launch_pair(workdir, cache, attempts: int = 3):
+    """Processes 0 and 1 of one run, each with 4 devices, once they have joined.
+
+    The port comes from free_port, which must close it before the coordinator binds it:
+    another program may take it in between (a machine running other tests). Process 0
+    then fails to bind: the pair is started again on another port.
+    """
+    for attempt in range(attempts):
+        address = f"127.0.0.1:{free_port()}"
+        runs = []
+        for i in range(2):
+            flags = tiny_flags(workdir, **RUN)
+            flags += [
+                f"--config.distributed.coordinator_address={address}",
+                "--config.distributed.num_processes=2",
+                f"--config.distributed.process_id={i}",
+                "--config.distributed.timeout_seconds=60",
+            ]
+            runs.append(Run(flags, devices=4, env=cache))
+        try:
+            runs[0].wait_for(lambda line: line.startswith("process 0 of 2: "))
+            return runs
+        except RuntimeError:  # process 0 ended before it joined
+            for run in runs:
+                run.kill()
+            if not BIND_FAILED.search(runs[0].tail()) or attempt == attempts - 1:
+                raise
+            print(f"{address} was taken before the coordinator bound it; another port")
+        except BaseException:
+            for run in runs:
+                run.kill()
+            raise
+    raise AssertionError("not reached")
 
 
 def finish_pair(runs):
     try:
         for run in runs:
-            assert run.finish(timeout=150) == 0, run.tail()
+            assert run.finish() == 0, run.tail()
         return ["\n".join(run.log) for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+
+
+def test_a_taken_port_is_retried_on_another(tmp_path, monkeypatch, capsys):
+    """The race, forced: the first port free_port gives is held by another listener, so
+    process 0 cannot bind it; launch_pair starts the pair again on a free one."""
+    pick = free_port
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        given = [taken.getsockname()[1]]
+        monkeypatch.setattr(sys.modules[__name__], "free_port", lambda: (given or [pick()]).pop())
+        runs = launch_pair(str(tmp_path / "two"), {})
+        port = taken.getsockname()[1]
+    try:
+        assert given == []  # the taken port was tried first
+        assert capsys.readouterr().out == (
+            f"127.0.0.1:{port} was taken before the coordinator bound it; another port\n"
+        )
+        assert runs[0].log[-1] == "process 0 of 2: 4 of 8 devices"
     finally:
         for run in runs:
             run.kill()

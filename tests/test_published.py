@@ -2,6 +2,7 @@
 
 import functools
 import http.server
+import os
 import socket
 import threading
 from pathlib import Path
@@ -106,6 +107,69 @@ def test_copy_goes_through_epath_whole_or_not_at_all(tmp_path):
         remote.copy(tmp_path / "bucket" / "nothing.npz", tmp_path / "cache" / "nothing.npz")
     assert sorted(p.name for p in (tmp_path / "cache" / "vit_models").iterdir()) == ["m.npz"]
     assert not (tmp_path / "cache" / "nothing.npz").exists()
+
+
+class Bucket:
+    """A local stand-in for gs://vit_models: epath.Path of a gs:// path, served from a
+    directory. Each copy writes the first half, checks that the destination is not yet
+    in place, then writes the rest, or breaks off there when `broken`."""
+
+    def __init__(self, root: Path):
+        self.root, self.broken, self.seen = root, False, []
+
+    def __call__(self, path: str) -> "Bucket.Blob":
+        assert path.startswith("gs://vit_models/"), path
+        return Bucket.Blob(self, self.root / path.removeprefix("gs://vit_models/"))
+
+    class Blob:
+        def __init__(self, bucket, path):
+            self.bucket, self.path = bucket, path
+
+        def exists(self) -> bool:
+            return self.path.is_file()
+
+        def copy(self, dst, overwrite=False):
+            data, dst = self.path.read_bytes(), Path(dst)
+            with open(dst, "wb") as f:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                final = dst.parent / dst.name.removesuffix(".tmp")
+                self.bucket.seen.append((dst.name, final.exists(), dst.stat().st_size))
+                if self.bucket.broken:
+                    raise ConnectionResetError("connection reset by peer")
+                f.write(data[len(data) // 2 :])
+
+
+def test_gs_path_is_copied_whole_from_a_stand_in_bucket(monkeypatch, tmp_path):
+    bucket = Bucket(tmp_path / "bucket")
+    (bucket.root / "x").mkdir(parents=True)
+    source = bucket.root / "x" / "m.npz"
+    source.write_bytes(bytes(range(256)) * 1000)
+    monkeypatch.setattr(remote.epath, "Path", bucket)
+    monkeypatch.setattr(remote.quiet_tf, "tensorflow", lambda: None)  # epath's gs:// layer
+    checked = []
+    monkeypatch.setattr(remote, "check_network", checked.append)
+    monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
+    local = tmp_path / "cache" / "vit_models" / "x" / "m.npz"
+    # A copy broken off midway: no file at the cache path, no partial file beside it.
+    bucket.broken = True
+    with pytest.raises(ConnectionResetError):
+        remote.fetch("gs://vit_models/x/m.npz")
+    assert bucket.seen == [("m.npz.tmp", False, 128_000)]  # written under .tmp, half of it
+    assert list(local.parent.iterdir()) == []
+    # Whole: renamed into place only when complete; then read from the cache, no network.
+    bucket.broken = False
+    assert remote.fetch("gs://vit_models/x/m.npz") == local
+    assert bucket.seen[1] == ("m.npz.tmp", False, 128_000)
+    assert local.read_bytes() == source.read_bytes() and os.listdir(local.parent) == ["m.npz"]
+    assert remote.fetch("gs://vit_models/x/m.npz") == local and len(bucket.seen) == 2
+    with pytest.raises(FileNotFoundError) as error:
+        remote.fetch("gs://vit_models/x/other.npz")
+    assert str(error.value) == (
+        "gs://vit_models/x/other.npz: no such remote file (see the published checkpoints)"
+    )
+    assert sorted(os.listdir(local.parent)) == ["m.npz"]
+    assert checked == ["gs://vit_models/x/m.npz"] * 2 + ["gs://vit_models/x/other.npz"]
 
 
 def test_http_path_is_fetched_once_into_the_cache(monkeypatch, tmp_path):

@@ -4,6 +4,7 @@ picked up; non-finite steps are never saved (or are skipped); a small disk fails
 import contextlib
 import os
 import random
+import re
 import shutil
 import time
 
@@ -33,36 +34,59 @@ def complete_steps(workdir):
     return sorted(int(n) for n in names if n.isdigit())
 
 
+def partial_saves(workdir):
+    """The checkpoints being written (or left by a kill): Orbax's temporary names."""
+    directory = os.path.join(workdir, "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return {n for n in names if workdir_lib.TMP_MARK in n}
+
+
+def started(line):  # the first step's line: the checkpoint manager is open by then
+    return re.match(r"step \d+/24", line) is not None
+
+
 @pytest.mark.slow
 @needs_embedded_data
 def test_killed_run_resumes_bit_identically(tmp_path):
     rng = random.Random(0)
     reference, killed = str(tmp_path / "reference"), str(tmp_path / "killed")
-    # Kill mid-run between saves, right after an asynchronous save starts, and late.
-    kills = [
-        (lambda line: line.startswith("step 6/24"), rng.uniform(0.0, 0.3)),
-        (lambda line: line.startswith("step 12: saving checkpoint"), 0.0),
-        (lambda line: line.startswith("step 19/24"), rng.uniform(0.0, 0.3)),
-    ]
+    # SIGKILL mid-run between saves, during an asynchronous save (the moment a new
+    # temporary checkpoint directory appears: the save is under way), and late.
+    kills = ["step 6/24", "during a save", "step 19/24"]
     # The first run compiles; the others (and the reference) load its programs.
     cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
-    logs, resumable, leftovers = [], [], []
+    logs, resumable, leftovers, during_save = [], [], [], []
     with contextlib.ExitStack() as stack:
-        for trigger, delay in kills:
+        while kills:
+            kill = kills.pop(0)
+            before = partial_saves(killed)
             with Run(tiny_flags(killed, **KILL_RUN), devices=4, env=cache) as run:
                 if not logs:  # the uninterrupted reference runs alongside
-                    run.wait_for(lambda line: line.startswith("step 1/24"), timeout=120)
+                    run.wait_for(lambda line: line.startswith("step 1/24"))
                     ref = stack.enter_context(Run(tiny_flags(reference, **KILL_RUN), 4, cache))
-                run.wait_for(trigger, timeout=120)
-                time.sleep(delay)
+                if kill == "during a save":
+                    run.wait_for(started)
+                    run.wait_until(lambda before=before: partial_saves(killed) - before)
+                else:
+                    run.wait_for(lambda line, kill=kill: line.startswith(kill))
+                    time.sleep(rng.uniform(0.0, 0.3))
                 run.kill()
             logs.append("\n".join(run.log))
             resumable.append(max(complete_steps(killed), default=None))
-            leftovers.append(any("tmp" in n for n in os.listdir(f"{killed}/checkpoints")))
+            leftovers.append(bool(partial_saves(killed)))
+            # What the kill left is what it found: the save's partial directory, newer
+            # than every complete checkpoint. A save that completed in the microseconds
+            # between the two is no kill during a save: the next run tries again.
+            new = {int(n.split(".")[0]) for n in partial_saves(killed) - before}
+            if kill == "during a save":
+                during_save.append(bool(new) and min(new) > (resumable[-1] or 0))
+                if not during_save[-1] and len(during_save) < 3:
+                    kills.insert(0, kill)
         with Run(tiny_flags(killed, **KILL_RUN), devices=4, env=cache) as run:
-            assert run.finish(timeout=120) == 0, run.tail()
+            assert run.finish() == 0, run.tail()
             logs.append("\n".join(run.log))
-        assert ref.finish(timeout=120) == 0, ref.tail()
+        assert ref.finish() == 0, ref.tail()
+    assert during_save[-1], during_save  # a kill landed while a save was being written
     # Each restart says where it resumed: the last complete checkpoint, never a partial one.
     for i, step in enumerate(resumable):
         if step is None:  # killed before its first save was complete: starts again
@@ -73,7 +97,8 @@ def test_killed_run_resumes_bit_identically(tmp_path):
     assert any(step is not None for step in resumable)  # some restart really resumed
     assert "step 24/24" in logs[-1] and "step 1/24" not in logs[-1]
     assert_npz_equal(f"{killed}/final.npz", f"{reference}/final.npz")  # bit-identical
-    print(f"resumed from {resumable}; interrupted saves left behind: {leftovers}")
+    print(f"resumed from {resumable}; interrupted saves left behind: {leftovers}; ", end="")
+    print(f"kills during a save: {during_save}")
 
 
 def test_interrupted_save_is_never_picked_up(tmp_path, capsys):

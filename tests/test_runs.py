@@ -32,10 +32,10 @@ def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp
     # interpreter's shutdown used to crash there (SIGSEGV, or a hang) after the line.
     early = str(tmp_path / "early")
     with Run(tiny_flags(early, **RUN), devices=1, env=cache) as run:
-        run.wait_for(lambda line: "compiling the first step" in line, timeout=120)
+        run.wait_for(lambda line: "compiling the first step" in line)
         time.sleep(0.5)
         os.kill(run.proc.pid, signal.SIGINT)
-        assert run.finish(timeout=60) == 130, run.tail()
+        assert run.finish() == 130, run.tail()
     # The handler is in place once the loop says it compiles: the step in flight ends.
     notice = progress.StopRequest.NOTICE.decode().strip()
     assert notice in run.log and "Exception ignored" not in "\n".join(run.log), run.tail()
@@ -45,9 +45,9 @@ def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp
     )
 
     with Run(tiny_flags(workdir, **RUN), devices=1, env=cache) as run:
-        run.wait_for(lambda line: line.startswith("step 7/20"), timeout=120)
+        run.wait_for(lambda line: line.startswith("step 7/20"))
         os.kill(run.proc.pid, signal.SIGINT)
-        assert run.finish(timeout=60) == 130, run.tail()
+        assert run.finish() == 130, run.tail()
     assert "Traceback" not in "\n".join(run.log) and "KeyboardInterrupt" not in run.log[-1]
     found = re.fullmatch(
         r"stopped at step (\d+) by SIGINT; checkpoint \1 saved \((\S+)\); "
@@ -60,7 +60,7 @@ def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp
     assert os.path.isdir(found[2])
 
     with Run(tiny_flags(workdir, **RUN), devices=1, env=cache) as run:
-        assert run.finish(timeout=120) == 0, run.tail()
+        assert run.finish() == 0, run.tail()
     log = "\n".join(run.log)
     assert f"resuming from step {newest} " in log and f"step {newest + 1}/20" in log
     assert "step 20/20" in log and "step 1/20" not in log
@@ -70,7 +70,7 @@ def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp
     # The same command once more: nothing to do, nothing written, the stored results.
     before = snapshot(workdir)
     with Run(tiny_flags(workdir, **RUN), devices=1, env=cache) as run:
-        assert run.finish(timeout=120) == 0, run.tail()
+        assert run.finish() == 0, run.tail()
     assert snapshot(workdir) == before
     assert run.log[0] == f"{workdir}: finished at step 20 (summary.json); nothing to do"
     accuracy, loss = summary["accuracy"], summary["eval_loss"]

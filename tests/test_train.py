@@ -12,6 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 from helpers import (
+    ROOT,
     assert_npz_equal,
     assert_trees_equal,
     batch,
@@ -354,6 +355,26 @@ def test_every_config_parses_and_builds_its_model(preset, arg):
         assert config.total_steps == (10_000 if "cifar" in arg else 20_000)
 
 
+def test_the_repositorys_configs_are_the_shipped_presets():
+    """configs/NAME.py (by path, as --config=configs/NAME.py:ARG loads it) gives the
+    installed preset's config for every argument, field by field; one file per preset."""
+    import importlib.util
+
+    directory = os.path.join(ROOT, "configs")
+    files = sorted(n[:-3] for n in os.listdir(directory) if n.endswith(".py"))
+    assert files == sorted(configs.PRESETS)
+    for preset, arg in CONFIGS:
+        path = os.path.join(directory, f"{preset}.py")
+        spec = importlib.util.spec_from_file_location(f"user_config_{preset}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        got, want = module.get_config(arg).to_dict(), configs.get(f"{preset}:{arg}").to_dict()
+        assert got == want, (preset, arg)
+    assert configs.resolve(f"{directory}/finetune.py:b16,cifar10") == (
+        f"{directory}/finetune.py:b16,cifar10"  # a path is used as it is, not the preset
+    )
+
+
 @needs_embedded_data
 def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
     from vit_jax import main
@@ -381,8 +402,19 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
     assert run_command(main, "--config=fashion_mnist:tiny", work, data) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and str(empty) in err and "Traceback" not in err
-    # A user's own config file by path, from another directory.
-    mine = tmp_path / "mine.py"
+    path = main.preset_argv(["x", "--config", "finetune:b16,cifar10"])[2]
+    assert path.endswith("vit_jax/configs/finetune.py:b16,cifar10") and os.path.isabs(path)
+
+
+@needs_embedded_data
+def test_a_users_config_file_runs_with_string_overrides(tmp_path, capsys, monkeypatch):
+    """A config file by path, from another directory, with its argument; a tuple and a
+    split with TFDS slicing given as strings on the command line, as a shell passes
+    --config.dataset.classes='(0,1,2)' --config.dataset.train_split='train[:10%]'."""
+    from vit_jax import main
+
+    mine = tmp_path / "elsewhere" / "mine.py"
+    mine.parent.mkdir()
     mine.write_text(
         "from vit_jax.configs import fashion_mnist\n"
         "def get_config(arg):\n"
@@ -391,23 +423,45 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
         "    return c\n"
     )
     assert main.preset_argv(["x", f"--config={mine}:3"]) == ["x", f"--config={mine}:3"]
-    path = main.preset_argv(["x", "--config", "finetune:b16,cifar10"])[2]
-    assert path.endswith("vit_jax/configs/finetune.py:b16,cifar10") and os.path.isabs(path)
+    ran, real = [], train.run
+
+    def run(config, workdir):  # what main passes on: the config as parsed
+        ran.append(config)
+        return real(config, workdir)
+
+    monkeypatch.setattr(train, "run", run)
+    workdir = str(tmp_path / "run")
+    args = ["--config.dataset.classes=(0,1,2)", "--config.dataset.train_split=train[:10%]"]
+    assert run_command(main, f"--config={mine}:3", f"--workdir={workdir}", *args) == 0
+    (config,) = ran
+    assert config.dataset.classes == (0, 1, 2) and config.dataset.train_split == "train[:10%]"
+    assert config.total_steps == 3 and config.model.width == 32  # the file's, with its arg
+    assert "step 3/3" in capsys.readouterr().out
+    assert json.load(open(f"{workdir}/summary.json"))["steps"] == 3
+    assert weights.load_npz(f"{workdir}/final.npz")["head"]["bias"].shape == (3,)  # 3 classes
 
 
 @pytest.mark.slow
 @needs_embedded_data
-def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
+def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys, monkeypatch):
     from vit_jax import fewshot as fewshot_command
-    from vit_jax import figures, infer
+    from vit_jax import figures, infer, recipe
     from vit_jax.training import miniature
 
-    short = {"total_steps": 6, "log_every": 3}
-    summary = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
-    print(miniature.report(summary))
+    # The command itself, each part shortened to 6 steps.
+    part_config = miniature.part_config
+
+    def short(part, workdir, examples_per_class=50):
+        config = part_config(part, workdir, examples_per_class)
+        config.update(total_steps=6, log_every=3)
+        return config
+
+    monkeypatch.setattr(miniature, "part_config", short)
+    command = [f"--workdir={tmp_path}", "--examples_per_class=5"]
+    assert run_command(recipe, *command) == 0
     out = capsys.readouterr().out
-    stored = json.load(open(tmp_path / "recipe.json"))
-    assert stored == summary and summary["examples_per_class"] == 5
+    summary = json.load(open(tmp_path / "recipe.json"))
+    assert out.endswith(miniature.report(summary) + "\n") and summary["examples_per_class"] == 5
     for part, key in (("pretrain", "pretrain_accuracy_classes_0_4"),
                       ("finetune", "finetuned_accuracy_classes_5_9"),
                       ("scratch", "scratch_accuracy_classes_5_9")):  # fmt: skip
@@ -421,9 +475,9 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys):
     # The same command again: each part is finished, nothing is written or rewritten.
 
     before = snapshot(str(tmp_path))
-    again = miniature.run(str(tmp_path), 5, {p: short for p in miniature.PARTS})
+    assert run_command(recipe, *command) == 0
     out = capsys.readouterr().out
-    assert again == summary and snapshot(str(tmp_path)) == before
+    assert out.endswith(miniature.report(summary) + "\n") and snapshot(str(tmp_path)) == before
     for part in miniature.PARTS:
         assert f"{tmp_path}/{part}: finished at step 6 (summary.json); nothing to do" in out
     assert "training " not in out and "step 6/6" not in out
