@@ -4,6 +4,8 @@ against the bound of its own per-image work.
     python benchmarks/input_pipeline.py                       # every case, 1 and 2 cores
     python benchmarks/input_pipeline.py --cases=idx32 --cores=1 --batches=20
     python benchmarks/input_pipeline.py --baseline=none       # Grain and the bound only
+    python benchmarks/input_pipeline.py --augreg --cases=jpeg224,idx32 --cores=1
+                                    # each AugReg setting (mixup + RandAugment) per core
 
 Cases: the embedded Fashion-MNIST idx files (in memory, 28x28 gray) at 32 and 56 px,
 global batch 256; a folder of JPEGs (300x400, generated) at 224 px with Inception crop
@@ -15,6 +17,10 @@ tf.data is the pipeline of commit --baseline (default c6b96ae, the last one that
 taken from git into a temporary directory and imported from there (needs TensorFlow).
 The bound: the per-image work alone (idx: the batched crop + resize + flip per image;
 JPEG: read + decode + crop + resize + flip), timed on one core, times the cores.
+
+--augreg times Grain (threads) with each AugReg setting of vit_jax/configs/augreg.py
+instead, and prints images/s per core against no augmentation and the cores needed
+per 1,000 images/s.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ def worker(args) -> None:
     if args.impl == "grain":
         cfg.threads = args.cores if args.mode == "threads" else 1
         cfg.workers = args.cores if args.mode == "workers" else 0
+    if args.setting:
+        from vit_jax.configs import augreg
+
+        cfg.mixup, cfg.randaugment = augreg.SETTINGS[args.setting]
     it = data.train_iterator(
         cfg, global_batch=batch, image_size=size, seed=0, process_index=0, process_count=1
     )
@@ -110,6 +120,7 @@ def run_worker(args, impl: str, case: str, cores: int, mode: str, pythonpath: st
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--impl={impl}"]
     cmd += [f"--case={case}", f"--cores={cores}", f"--mode={mode}", f"--folder={args.folder}"]
     cmd += [f"--batches={args.batches}", f"--warmup={args.warmup}"]
+    cmd += [f"--setting={setting}"] if (setting := getattr(args, "setting", "")) else []
     env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/")
     if proc.returncode:
@@ -138,7 +149,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=8, help="untimed batches per run")
     parser.add_argument("--jpegs", type=int, default=256, help="JPEGs in the generated folder")
     parser.add_argument("--baseline", default="c6b96ae", help="commit with tf.data, or none")
+    parser.add_argument("--augreg", action="store_true", help="time each AugReg setting")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--setting", default="", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="grain", help=argparse.SUPPRESS)
     parser.add_argument("--case", default="idx32", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="threads", help=argparse.SUPPRESS)
@@ -153,6 +166,8 @@ def main() -> None:
     if unknown:
         parser.error(f"--cases: unknown {unknown}; expected some of {list(CASES)}")
     here = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    if args.augreg:
+        return augreg_costs(args, cases, cores, here)
     with tempfile.TemporaryDirectory() as tmp:
         args.folder = os.path.join(tmp, "jpegs")
         make_jpeg_folder(args.folder, args.jpegs)
@@ -182,6 +197,34 @@ def main() -> None:
         print(
             f"{r['case']:<8} {r['cores']:>5} {tf_cell} {r['threads']:>8.0f} {r['workers']:>8.0f} "
             f"{r['bound']:>8.0f} {ratio} {best / r['bound']:>9.2f}"
+        )
+
+
+def augreg_costs(args, cases: list[str], cores: list[int], pythonpath: str) -> None:
+    """Grain's images/s per core with each AugReg setting, against no augmentation."""
+    from vit_jax.configs import augreg
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        args.folder = os.path.join(tmp, "jpegs")
+        make_jpeg_folder(args.folder, args.jpegs)
+        for case in cases:
+            for n in cores:
+                for setting in augreg.SETTINGS:
+                    args.setting = setting
+                    ips = run_worker(args, "grain", case, n, "threads", pythonpath)
+                    rows.append(dict(case=case, cores=n, setting=setting, ips=ips))
+                    print(json.dumps(rows[-1]), flush=True)
+    print(f"\nGrain (threads) with each AugReg setting, {args.batches} timed batches")
+    header = f"{'case':<8} {'cores':>5} {'setting':<8} {'images/s':>9} {'per core':>9} "
+    header += f"{'vs none':>8} {'cores per 1k img/s':>19}"
+    print(header + "\n" + "-" * len(header))
+    for r in rows:
+        none = next(x["ips"] for x in rows if x["case"] == r["case"] and x["cores"] == r["cores"])
+        per_core = r["ips"] / r["cores"]
+        print(
+            f"{r['case']:<8} {r['cores']:>5} {r['setting']:<8} {r['ips']:>9.0f} {per_core:>9.0f} "
+            f"{r['ips'] / none:>8.2f} {1000 / per_core:>19.1f}"
         )
 
 

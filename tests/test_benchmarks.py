@@ -148,3 +148,40 @@ def test_inference_and_train_step_share_one_flag_block():
         for flag in ("--model", "--batch", "--image_size", "--dtype", "--no-bound", "--products"):
             assert flag in text, (script, flag)
     assert "--optimizer" in run("train_step.py", "--help")
+
+
+@pytest.mark.skipif(
+    not os.path.isdir("/usr/share/datasets/fashion-mnist"), reason="no embedded dataset"
+)
+def test_input_pipeline_prints_grain_bound_and_augreg_costs():
+    out = run(
+        "input_pipeline.py",
+        "--cases=idx32",
+        "--cores=1",
+        "--batches=2",
+        "--warmup=1",
+        "--baseline=none",
+        "--jpegs=8",
+    )
+    cells = row(out, "idx32")  # case cores tf.data threads workers bound vs-tf.data vs-bound
+    assert cells[1] == "1" and cells[2] == "-" and cells[6] == "-"
+    threads, workers, bound = (float(c) for c in cells[3:6])
+    assert min(threads, workers, bound) > 0
+    assert float(cells[7]) == pytest.approx(max(threads, workers) / bound, abs=0.01)
+    out = run(
+        "input_pipeline.py",
+        "--augreg",
+        "--cases=idx32",
+        "--cores=1",
+        "--batches=2",
+        "--warmup=1",
+        "--jpegs=8",
+    )
+    rows = [line.split() for line in out.splitlines() if line.startswith("idx32")]
+    assert [r[2] for r in rows] == ["none", "light1", "light2", "medium1", "medium2",
+                                    "strong1", "strong2"]  # fmt: skip
+    none = float(rows[0][3])
+    for r in rows:  # per core = images/s on 1 core; vs none; cores per 1,000 images/s
+        assert float(r[4]) == pytest.approx(float(r[3]), abs=1)
+        assert float(r[5]) == pytest.approx(float(r[3]) / none, abs=0.01)
+        assert float(r[6]) == pytest.approx(1000 / float(r[4]), rel=0.01, abs=0.1)
