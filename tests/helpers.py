@@ -125,6 +125,19 @@ def write_idx_split(root, split: str, images: np.ndarray, labels: np.ndarray) ->
     write_idx(os.path.join(root, f"{split}-labels-idx1-ubyte.gz"), labels)
 
 
+def write_three_class_idx(root: str) -> str:
+    """An idx directory of 3 classes of 8x8 images (30 train, 12 test): class c is a
+    little brighter in band c, under noise; easy for a linear probe, not trivial."""
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 30), ("t10k", 12)):
+        labels = np.arange(n) % 3
+        images = rng.integers(0, 60, (n, 8, 8))
+        for i, c in enumerate(labels):
+            images[i, :, 3 * c : 3 * c + 2] += 25
+        write_idx_split(root, prefix, images, labels)
+    return root
+
+
 def images(size, n: int = 2, seed: int = 1) -> np.ndarray:
     """Random images in [-1, 1].  # [n, H, W, 3]"""
     h, w = (size, size) if isinstance(size, int) else size

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from helpers import random_params, run_command, write_idx_split
+from helpers import random_params, run_command, write_three_class_idx
 
 from vit_jax.evaluation import linear
 
@@ -129,16 +129,7 @@ def test_accuracy_is_deterministic_per_seed():
 
 @pytest.fixture(scope="module")
 def idx_dir(tmp_path_factory):
-    """3 classes of 8x8 images: class c is a little brighter in band c, under noise."""
-    root = tmp_path_factory.mktemp("fewshot_idx")
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 30), ("t10k", 12)):
-        labels = np.arange(n) % 3
-        images = rng.integers(0, 60, (n, 8, 8))
-        for i, c in enumerate(labels):
-            images[i, :, 3 * c : 3 * c + 2] += 25
-        write_idx_split(root, prefix, images, labels)
-    return str(root)
+    return write_three_class_idx(str(tmp_path_factory.mktemp("fewshot_idx")))
 
 
 @pytest.fixture(scope="module")

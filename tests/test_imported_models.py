@@ -14,7 +14,7 @@ from helpers import (
     quiet_params,
     run_command,
     tiny_config,
-    write_idx_split,
+    write_three_class_idx,
 )
 
 from vit_jax import weights
@@ -26,16 +26,7 @@ PYTORCH = dict(gelu="exact", layer_norm_eps=1e-12)  # transformers' defaults
 
 @pytest.fixture(scope="module")
 def idx_dir(tmp_path_factory):
-    """3 classes of 8x8 images: class c is a little brighter in band c, under noise."""
-    root = tmp_path_factory.mktemp("imported_idx")
-    rng = np.random.default_rng(0)
-    for prefix, n in (("train", 30), ("t10k", 12)):
-        labels = np.arange(n) % 3
-        images = rng.integers(0, 60, (n, 8, 8))
-        for i, c in enumerate(labels):
-            images[i, :, 3 * c : 3 * c + 2] += 25
-        write_idx_split(root, prefix, images, labels)
-    return str(root)
+    return write_three_class_idx(str(tmp_path_factory.mktemp("imported_idx")))
 
 
 @pytest.fixture(scope="module")
