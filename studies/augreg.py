@@ -132,8 +132,12 @@ def summary(records: list[dict]) -> str:
             worth = none_equivalent(mean[f"{aug}_{k}"], curve)
             if worth is not None:
                 where = f"none needs about {worth:,.0f} images for it ({worth / (10 * n):.1f}x)"
+            elif curve and mean[f"{aug}_{k}"] < min(a for _, a in curve):
+                where = "below none at every size of the grid"
             elif curve and mean[f"{aug}_{k}"] < curve[0][1]:
                 where = f"below none on {curve[0][0]:,} images"
+            elif curve and mean[f"{aug}_{k}"] > max(a for _, a in curve):
+                where = "above none at every size of the grid"
             else:
                 where = "none reaches it at no size of the grid"
             lines.append(

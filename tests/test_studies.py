@@ -153,9 +153,9 @@ def test_augreg_summary_pairs_seeds_and_prices_the_gain():
         f"none needs about {images:,.0f} images for it ({images / 100:.1f}x)"
     )
     assert lines[1] == "light1 on 10,000 images: +20.00 ± 0.00 points over none; " + (
-        "none reaches it at no size of the grid"
+        "above none at every size of the grid"
     )
     assert lines[2] == "medium2 on 100 images: -11.00 ± 1.41 points over none; " + (
-        "below none on 100 images"
+        "below none at every size of the grid"
     )
     assert len(lines) == 3  # cells without their none pair are left out
