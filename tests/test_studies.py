@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from studies import classifier, common, datasize, posemb
+from studies import augreg, classifier, common, datasize, posemb
 
 
 def table_rows(text: str) -> dict[str, list[str]]:
@@ -49,8 +49,9 @@ def check_table(text: str, records: list[dict], settings, metrics) -> None:
             ("accuracy", "finetune_accuracy", "pretrain_accuracy"),
             marks=pytest.mark.slow,
         ),
+        pytest.param(augreg, (0,), ("accuracy", "train_accuracy", "gap"), marks=pytest.mark.slow),
     ],
-    ids=["posemb", "classifier", "datasize"],
+    ids=["posemb", "classifier", "datasize", "augreg"],
 )
 def test_quick_study_runs_every_cell(study, seeds, metrics, tmp_path, capsys):
     argv = ["--quick", f"--seeds={','.join(map(str, seeds))}", f"--workdir={tmp_path}"]
@@ -62,7 +63,8 @@ def test_quick_study_runs_every_cell(study, seeds, metrics, tmp_path, capsys):
     assert cells == sorted((s, seed) for s in study.SETTINGS for seed in seeds)
     for r in records:
         for m in metrics:
-            assert math.isfinite(r[m]) and 0.0 <= r[m] <= 1.0, r
+            low = -1.0 if m == "gap" else 0.0  # a difference of two accuracies
+            assert math.isfinite(r[m]) and low <= r[m] <= 1.0, r
         assert r["quick"] and r["wall_seconds"] > 0
     check_table(out, records, study.SETTINGS, metrics)
     assert (tmp_path / "table.txt").read_text().strip() in out
@@ -111,3 +113,49 @@ def test_classifier_summary_picks_each_heads_best_lr():
     records = [{"setting": s, "seed": 0, "accuracy": a} for s, a in acc.items()]
     assert classifier.best(records) == {"token": "token_lr1e-3", "gap": "gap_lr3e-4"}
     assert "gap at the token's best lr (gap_lr1e-3): 60.00" in classifier.summary(records)
+
+
+def test_augreg_cells_take_the_augreg_presets():
+    from vit_jax.configs import augreg as presets
+
+    for setting in augreg.SETTINGS:
+        aug, size = augreg.parse_setting(setting)
+        c = augreg.config(setting, seed=2)
+        mixup, randaug = presets.SETTINGS[aug]
+        assert c.dataset.mixup == mixup and c.dataset.randaugment == randaug
+        assert c.model.dropout == c.model.stochastic_depth == (0.0 if aug == "none" else 0.1)
+        assert c.dataset.examples_per_class == augreg.SIZES[size]
+        assert c.total_steps == augreg.STEPS and c.seed == 2 and c.dataset.classes is None
+
+
+def test_augreg_none_equivalent_interpolates_in_log_images():
+    curve = [(100, 0.4), (1000, 0.6), (10000, 0.7)]
+    assert augreg.none_equivalent(0.6, curve) == pytest.approx(1000)
+    assert augreg.none_equivalent(0.5, curve) == pytest.approx(math.sqrt(10) * 100)
+    assert augreg.none_equivalent(0.65, curve) == pytest.approx(math.sqrt(10) * 1000)
+    assert augreg.none_equivalent(0.3, curve) is None  # below the smallest size
+    assert augreg.none_equivalent(0.8, curve) is None  # beyond the largest
+
+
+def test_augreg_summary_pairs_seeds_and_prices_the_gain():
+    acc = {"none_100": (0.40, 0.42), "none_1k": (0.60, 0.60), "none_10k": (0.70, 0.70)}
+    acc |= {"light1_100": (0.50, 0.54), "medium2_100": (0.30, 0.30), "light1_10k": (0.9, 0.9)}
+    records = [
+        {"setting": s, "seed": k, "accuracy": a}
+        for s, pair in acc.items()
+        for k, a in enumerate(pair)
+    ]
+    lines = augreg.summary(records).splitlines()
+    # light1 on 100: +10 and +12 points; its mean 0.52 lies between none's 0.41 and 0.60.
+    images = math.exp(math.log(100) + (0.52 - 0.41) / 0.19 * math.log(10))
+    assert lines[0] == (
+        f"light1 on 100 images: +11.00 ± 1.41 points over none; "
+        f"none needs about {images:,.0f} images for it ({images / 100:.1f}x)"
+    )
+    assert lines[1] == "light1 on 10,000 images: +20.00 ± 0.00 points over none; " + (
+        "above none at every size of the grid"
+    )
+    assert lines[2] == "medium2 on 100 images: -11.00 ± 1.41 points over none; " + (
+        "below none at every size of the grid"
+    )
+    assert len(lines) == 3  # cells without their none pair are left out
