@@ -117,6 +117,13 @@ def bound(case: str, folder: str, repeats: int = 3) -> float:
 
 
 def run_worker(args, impl: str, case: str, cores: int, mode: str, pythonpath: str) -> float:
+    """Median images/s of --repeats runs, each in a fresh process (one run varies by up to
+    2x on a shared virtual machine)."""
+    runs = [_run_once(args, impl, case, cores, mode, pythonpath) for _ in range(args.repeats)]
+    return float(np.median(runs))
+
+
+def _run_once(args, impl: str, case: str, cores: int, mode: str, pythonpath: str) -> float:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--impl={impl}"]
     cmd += [f"--case={case}", f"--cores={cores}", f"--mode={mode}", f"--folder={args.folder}"]
     cmd += [f"--batches={args.batches}", f"--warmup={args.warmup}"]
@@ -148,6 +155,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=8, help="untimed batches per run")
     parser.add_argument("--jpegs", type=int, default=256, help="JPEGs in the generated folder")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell (median)")
     parser.add_argument("--baseline", default="c6b96ae", help="commit with tf.data, or none")
     parser.add_argument("--augreg", action="store_true", help="time each AugReg setting")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -183,8 +191,11 @@ def main() -> None:
                     row["tfdata"] = run_worker(args, "tfdata", case, n, "-", old)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print(f"\nimages/s, {args.batches} timed batches after {args.warmup}; bound = per-image work")
-    print("alone on one core x cores; ratios: Grain (best of threads/workers) over each")
+    print(
+        f"\nimages/s, median of {args.repeats} runs of {args.batches} batches after {args.warmup}"
+    )
+    print("bound = the per-image work alone on one core x cores")
+    print("ratios: Grain (the better of threads and workers) over tf.data and over the bound")
     header = (
         f"{'case':<8} {'cores':>5} {'tf.data':>8} {'threads':>8} {'workers':>8} "
         f"{'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"

@@ -162,6 +162,7 @@ def test_input_pipeline_prints_grain_bound_and_augreg_costs():
         "--warmup=1",
         "--baseline=none",
         "--jpegs=8",
+        "--repeats=1",
     )
     cells = row(out, "idx32")  # case cores tf.data threads workers bound vs-tf.data vs-bound
     assert cells[1] == "1" and cells[2] == "-" and cells[6] == "-"
@@ -176,6 +177,7 @@ def test_input_pipeline_prints_grain_bound_and_augreg_costs():
         "--batches=2",
         "--warmup=1",
         "--jpegs=8",
+        "--repeats=1",
     )
     rows = [line.split() for line in out.splitlines() if line.startswith("idx32")]
     assert [r[2] for r in rows] == ["none", "light1", "light2", "medium1", "medium2",

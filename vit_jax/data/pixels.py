@@ -126,9 +126,35 @@ def _pil_coefficients(length: int, out: int) -> np.ndarray:
 
 
 def _round(s: np.ndarray) -> np.ndarray:
-    """Fixed-point sums -> uint8 values (as float64), rounded and clipped as Pillow does."""
-    s = s + (1 << (_PRECISION_BITS - 1))
-    return np.clip(np.floor(s / (1 << _PRECISION_BITS)), 0, 255)
+    """Fixed-point sums -> uint8 values (as float64), rounded and clipped as Pillow does:
+    (s + 2^21) >> 22, capped at 255 (the weights are positive: no negative sums)."""
+    s += 1 << (_PRECISION_BITS - 1)
+    s *= 1.0 / (1 << _PRECISION_BITS)  # a power of two: exact
+    np.floor(s, out=s)
+    return np.minimum(s, 255.0, out=s)
+
+
+@functools.lru_cache(maxsize=1024)
+def _weight_table(length: int, out: int) -> np.ndarray:
+    """Weights of every crop length 0..length of an axis, left-aligned.  # [length + 1, out, length]
+
+    Row n resizes a crop of n pixels to `out` (Pillow's coefficients), or copies it
+    (fixed-point identity) when n == out, as Pillow skips that pass.
+    """
+    table = np.zeros([length + 1, out, length])
+    for n in range(1, length + 1):
+        weights = np.eye(n) * (1 << _PRECISION_BITS) if n == out else _pil_coefficients(n, out)
+        table[n, :, :n] = weights
+    return table
+
+
+def _weights(starts: np.ndarray, lengths: np.ndarray, length: int, out: int) -> np.ndarray:
+    """Per-example weights for the crops [start, start + n) of an axis.  # [b, out, length]"""
+    left = _weight_table(length, out)[lengths]  # [b, out, length], crop at 0
+    source = np.arange(length)[None] - starts[:, None]  # [b, length]: position in the crop
+    inside = (source >= 0) & (source < lengths[:, None])
+    shifted = np.take_along_axis(left, np.clip(source, 0, length - 1)[:, None], axis=2)
+    return shifted * inside[:, None]
 
 
 def _horizontal(x: np.ndarray, wx: np.ndarray) -> np.ndarray:
@@ -168,15 +194,10 @@ def resize_batch(images: np.ndarray, boxes: np.ndarray, size: tuple[int, int]) -
     """
     b, h, w, c = images.shape
     out_h, out_w = size
-    one = 1 << _PRECISION_BITS
-    wy = np.zeros([b, out_h, h])
-    wx = np.zeros([b, out_w, w])
-    orders = []
-    for i, (y0, x0, ch, cw) in enumerate(np.asarray(boxes, np.int64).tolist()):
-        wx[i, :, x0 : x0 + cw] = np.eye(cw) * one if cw == out_w else _pil_coefficients(cw, out_w)
-        wy[i, :, y0 : y0 + ch] = np.eye(ch) * one if ch == out_h else _pil_coefficients(ch, out_h)
-        orders.append(_order(ch, cw, size))
-    orders = np.asarray(orders)
+    boxes = np.asarray(boxes, np.int64).reshape(b, 4)
+    wy = _weights(boxes[:, 0], boxes[:, 2], h, out_h)  # [b, H, h]
+    wx = _weights(boxes[:, 1], boxes[:, 3], w, out_w)  # [b, W, w]
+    orders = np.asarray([_order(ch, cw, size) for ch, cw in boxes[:, 2:].tolist()])
     out = np.empty([b, out_h, out_w, c], np.uint8)
     x = images.transpose(0, 3, 1, 2).astype(np.float64)  # [b, c, h, w]: BLAS matmuls
     hv, vh = orders == "hv", orders == "vh"
