@@ -161,9 +161,7 @@ def plot(records: list[dict], path: str) -> None:
             ]
             if not pts:
                 continue
-            stats = [common.mean_std([100 * v for v in p[1]]) for p in pts]
-            ax.errorbar([p[0] for p in pts], [m for m, _ in stats], [s for _, s in stats],
-                        marker="o", capsize=4, color=f"C{i}", label=aug)  # fmt: skip
+            common.error_bars(ax, pts, aug, f"C{i}")
         ax.set_xscale("log")
         ax.set_xlabel("training images (all ten classes)")
         ax.set_ylabel(

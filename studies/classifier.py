@@ -87,10 +87,7 @@ def plot(records: list[dict], path: str) -> None:
         pts = [(float(lr), values[f"{head}_lr{lr}"]) for lr in LRS if f"{head}_lr{lr}" in values]
         if not pts:
             continue
-        lrs = [p[0] for p in pts]
-        stats = [common.mean_std([100 * v for v in p[1]]) for p in pts]
-        ax.errorbar(lrs, [m for m, _ in stats], [s for _, s in stats], marker="o", capsize=4,
-                    color=f"C{i}", label=head)  # fmt: skip
+        common.error_bars(ax, pts, head, f"C{i}")
         for lr, vals in pts:
             ax.plot([lr] * len(vals), [100 * v for v in vals], ".", color=f"C{i}", ms=3)
     ax.set_xscale("log")

@@ -173,6 +173,14 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def error_bars(ax, points: list[tuple[float, list[float]]], label: str, color: str) -> None:
+    """One series on matplotlib axes: at each x, the mean and standard deviation over seeds
+    of the fractions given, in percent.  points: [(x, [value of each seed])]"""
+    stats = [mean_std([100 * v for v in values]) for _, values in points]
+    ax.errorbar([x for x, _ in points], [m for m, _ in stats], [s for _, s in stats],
+                marker="o", capsize=4, color=color, label=label)  # fmt: skip
+
+
 def by_setting(records: list[dict], metric: str) -> dict[str, list[float]]:
     """{setting: [metric of each seed]} in record order."""
     out: dict[str, list[float]] = {}

@@ -117,9 +117,7 @@ def plot(records: list[dict], path: str) -> None:
             pts = [(5 * SIZES[n], values[s]) for n, s in cells if s in values]
             if not pts:
                 continue
-            stats = [common.mean_std([100 * v for v in p[1]]) for p in pts]
-            ax.errorbar([p[0] for p in pts], [m for m, _ in stats], [s for _, s in stats],
-                        marker="o", capsize=4, color=f"C{i}", label=model)  # fmt: skip
+            common.error_bars(ax, pts, model, f"C{i}")
         ax.set_xscale("log")
         ax.set_xlabel("pretraining images (classes 0-4)")
         ax.set_ylabel(f"{LABELS[metric]} (%)")
