@@ -137,16 +137,17 @@ class EvalBatch:
         images = np.zeros([self.batch_size, *self.size, 3], np.float32)
         labels = np.zeros([self.batch_size, table.num_classes], np.float32)
         real = np.arange(start, stop)
-        if table.images is not None and len(real):  # in memory, one size: one batch
+        if table.images is None:
+            for j, i in enumerate(real):
+                image, label = table.example(int(i))
+                images[j] = pixels.normalize(pixels.resize(image, self.size))
+                labels[j, label] = 1.0
+        elif len(real):  # in memory, one size: resized as one batch
             h, w = table.images.shape[1:3]
             boxes = np.tile([0, 0, h, w], (len(real), 1))
             resized = pixels.resize_batch(table.images[real], boxes, self.size)
             images[: len(real)] = pixels.normalize(resized)
             labels[np.arange(len(real)), table.labels[real]] = 1.0
-        for j, i in enumerate(real if table.images is None else []):
-            image, label = table.example(int(i))
-            images[j] = pixels.normalize(pixels.resize(image, self.size))
-            labels[j, label] = 1.0
         mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)
         return {"image": images, "label": labels, "mask": mask}
 
