@@ -152,12 +152,17 @@ def run_command(module, *args: str) -> int:
     define on first import (Grain's) stay, as their modules stay imported. Output goes to
     the real stdout/stderr: read it with pytest's capsys.
     """
+    import logging
+
     from absl import app, flags
 
     from vit_jax import cli
 
     app.define_help_flags()  # absl's own flags stay defined between commands
     before = set(flags.FLAGS)
+    # A failing command silences logging and unraisable reports for the rest of its
+    # process (cli._last_word); here the process goes on, so they come back after it.
+    disabled, unraisable = logging.root.manager.disable, sys.unraisablehook
     try:
         prepare = getattr(module, "preset_argv", None)
         cli.run(module.main, module.define_flags, [module.__name__, *args], prepare)
@@ -165,9 +170,12 @@ def run_command(module, *args: str) -> int:
         return int(e.code or 0) if not isinstance(e.code, str) else 1
     finally:
         for name in set(flags.FLAGS) - before:
-            if flags.FLAGS.find_module_defining_flag(name, "vit_jax").startswith("vit_jax"):
+            module = flags.FLAGS.find_module_defining_flag(name, "vit_jax")
+            if module.startswith("vit_jax") or name.startswith("config."):  # and overrides
                 delattr(flags.FLAGS, name)
         flags.FLAGS.unparse_flags()
+        logging.disable(disabled)
+        sys.unraisablehook = unraisable
     return 0
 
 

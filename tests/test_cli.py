@@ -185,3 +185,46 @@ def test_readme_test_command_ends_with_the_summary_line(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"=* ?1 passed, 1 skipped in [\d.]+s ?=*", last), proc.stdout
+
+
+LATE_NOISE = """
+import asyncio, logging, sys, threading, time
+from vit_jax import cli
+
+def main():
+    # What a failed asynchronous checkpoint write leaves behind: a library's error log
+    # from a background thread, a future whose exception nobody retrieved (asyncio logs
+    # it when the future is collected, at exit), an error in a finalizer.
+    loop = asyncio.new_event_loop()
+    main.future = loop.create_future()
+    main.future.set_exception(OSError("write failed"))
+    threading.Thread(
+        target=lambda: (time.sleep(0.3), logging.getLogger("orbax").error("save failed"))
+    ).start()
+
+    class Finalizer:
+        def __del__(self):
+            raise RuntimeError("Event loop is closed")
+
+    main.finalizer = Finalizer()
+    raise OSError("could not save checkpoint step 5: No space left on device")
+
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_after_the_error_line_nothing(debug):
+    """A failed run's one line is its last output, whatever libraries report later."""
+    env = {**os.environ, "VIT_JAX_DEBUG": debug}
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_NOISE], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    if not debug:
+        assert done.stderr.splitlines() == [
+            "error: could not save checkpoint step 5: No space left on device",
+            "(for the Python traceback, set VIT_JAX_DEBUG=1)",
+        ]
+    else:  # VIT_JAX_DEBUG=1 shows everything: the traceback and what came after
+        assert "Traceback" in done.stderr and "save failed" in done.stderr

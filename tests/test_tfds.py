@@ -147,3 +147,25 @@ print(int(sum(b["mask"].sum() for b in ev)), "tensorflow" in sys.modules)
 """)
     first, second = out.splitlines()[-2:]
     assert all(0 <= i < 24 for i in eval(first)) and second == "10 False"
+
+
+def test_a_tfds_dataset_not_prepared_is_one_line_before_anything_else(tmp_path):
+    """A user's first run on a TFDS dataset not prepared: the error line comes first and
+    alone (TFDS warns of each version folder it looks in: not shown), nothing created."""
+    from helpers import python_m
+
+    workdir, root = tmp_path / "run", tmp_path / "tfds"
+    done = python_m(
+        "vit_jax.main",
+        "--config=finetune:b16,cifar10",
+        f"--workdir={workdir}",
+        "--config.init_from=",
+        f"--config.dataset.data_dir={root}",
+    )
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and len(lines) == 2, done.stderr
+    assert lines[0].startswith(
+        f"error: --config.dataset.data_dir='{root}': TFDS dataset 'cifar10' is not prepared"
+    )
+    assert f"tfds build cifar10 --data_dir={root} --file_format=array_record" in lines[0]
+    assert not workdir.exists() and not root.exists()

@@ -97,10 +97,8 @@ def interrupted(message: str, status: int = 130) -> None:
     """Ctrl-C: exit 130 (as shells report SIGINT; a run stopped by SIGTERM: 143) with one
     line on stderr, the command's own (a run says where it stopped and how to resume) or
     'interrupted'."""
-    sys.stdout.flush()
     after_echo = "\n" if sys.stderr.isatty() else ""  # the terminal's ^C ends no line
-    sys.stderr.write(f"{after_echo}{message or 'interrupted'}\n")
-    sys.stderr.flush()
+    _last_word(f"{after_echo}{message or 'interrupted'}\n")
     sys.exit(status)
 
 
@@ -170,10 +168,25 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def fail(message: str) -> None:
-    """Exit 1 with `error: message` on stderr, naming how to get the traceback."""
-    sys.stderr.write(f"error: {message}\n(for the Python traceback, set {DEBUG_ENV}=1)\n")
-    sys.stderr.flush()
+    """Exit 1 with `error: message` on stderr, naming how to get the traceback; nothing
+    is printed after it (`_last_word`)."""
+    _last_word(f"error: {message}\n(for the Python traceback, set {DEBUG_ENV}=1)\n")
     sys.exit(1)
+
+
+def _last_word(text: str) -> None:
+    """Writes `text` to stderr as the command's last output. What libraries would report
+    afterwards about the failure just named (Orbax's and asyncio's logs of a failed
+    background write, 'Future exception was never retrieved' at exit, errors in
+    finalizers) says nothing the line does not, so logging and unraisable-exception
+    reports are silenced first; VIT_JAX_DEBUG=1 keeps them (and the traceback)."""
+    import logging
+
+    sys.stdout.flush()
+    logging.disable(logging.CRITICAL)  # absl's logs go through the standard logging
+    sys.unraisablehook = lambda unraisable: None
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 # ---------------------------------------------------------------- commands that load a checkpoint

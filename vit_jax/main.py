@@ -16,6 +16,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from vit_jax import cli, configs
+from vit_jax.base import problems
+from vit_jax.configs import check
 from vit_jax.parallel import distributed
 from vit_jax.training import train
 
@@ -35,8 +37,13 @@ def define_flags() -> None:
 
 
 def main() -> None:
-    distributed.initialize(flags.FLAGS.config.distributed)  # before any other use of jax
-    train.run(flags.FLAGS.config, flags.FLAGS.workdir)
+    config = flags.FLAGS.config
+    try:
+        problems.raise_if_any(check.problems(config))  # before the processes join
+        distributed.initialize(config.distributed)  # before any other use of jax
+        train.run(config, flags.FLAGS.workdir)  # checks the rest before it writes
+    except problems.ConfigError as e:
+        raise e.with_prefix("--config.") from None
 
 
 def preset_argv(argv: list[str]) -> list[str]:

@@ -19,7 +19,9 @@ from vit_jax.training import miniature
 
 def define_flags() -> None:
     flags.DEFINE_string("workdir", "workdirs/recipe", "one subdirectory per part goes here")
-    flags.DEFINE_integer("examples_per_class", 50, "labelled examples of each class 5-9")
+    flags.DEFINE_integer(
+        "examples_per_class", 50, "labelled examples of each class 5-9", lower_bound=1
+    )
 
 
 def main() -> None:

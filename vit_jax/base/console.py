@@ -3,6 +3,7 @@ terminal and in a log file alike."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -59,3 +60,17 @@ def bar(
         else:
             out.write(f"{desc}: {i}/{total} done in {duration(clock() - start)}\n")
         out.flush()
+
+
+@contextlib.contextmanager
+def absl_warnings_off() -> Iterator[None]:
+    """absl's INFO and WARNING logs off for the block: for library calls whose warnings
+    the caller turns into its own message (or deliberately tolerates)."""
+    from absl import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)

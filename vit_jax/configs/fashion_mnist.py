@@ -27,6 +27,7 @@ from vit_jax.configs.common import base
 from vit_jax.data.config import FASHION_MNIST_HALVES
 
 FIRST, SECOND = FASHION_MNIST_HALVES
+ARGS = ("pretrain", "finetune", "scratch", "full", "tiny")
 
 
 def small_vit(c, width=64, depth=4, heads=4, mlp=128, patch=4):
@@ -88,7 +89,5 @@ def get_config(arg: str = "pretrain"):
         c.optimizer.update(name="adam", lr=3e-3, warmup_steps=2, decay="linear")
         c.progress_bars = False
     else:
-        raise ValueError(
-            f"--config=fashion_mnist:{arg}: expected one of pretrain, finetune, scratch, full, tiny"
-        )
+        raise ValueError(f"--config=fashion_mnist:{arg}: expected one of {', '.join(ARGS)}")
     return c

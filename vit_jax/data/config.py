@@ -5,7 +5,8 @@ from __future__ import annotations
 import ml_collections
 from ml_collections import config_dict
 
-from vit_jax.data import randaugment
+from vit_jax.base.problems import Problem, integer, is_int, number, one_of, raise_if_any
+from vit_jax.data import randaugment, splits
 
 SOURCES = ("idx", "folder", "tfds")
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
@@ -72,50 +73,62 @@ def default_config() -> ml_collections.ConfigDict:
     )
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-    """Raises ValueError naming the first bad field of a dataset config."""
-    if cfg.source not in SOURCES:
-        raise ValueError(
-            f"dataset.source={cfg.source!r}: expected one of {SOURCES} "
-            "(idx files, an image folder, or a TFDS builder)."
-        )
+def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[Problem]:
+    """Every field of a dataset config that cannot make sense (`vit_jax.base.problems`),
+    from the config alone: nothing is read."""
+    out: list[Problem] = []
+    one_of(out, f"{prefix}source", cfg.source, SOURCES)
     if cfg.source == "folder" and not cfg.data_dir:
-        raise ValueError(
-            "dataset.source='folder' needs dataset.data_dir=DIR with DIR/train/<class>/*.jpg "
-            "and DIR/test/<class>/*.jpg."
+        out.append(
+            Problem(
+                f"{prefix}data_dir",
+                cfg.data_dir,
+                "source 'folder' needs the folder DIR, with DIR/train/<class>/*.jpg and "
+                "DIR/test/<class>/*.jpg",
+            )
         )
+    for field in ("train_split", "test_split"):
+        try:
+            splits.check_spec(cfg[field])
+        except ValueError as e:
+            out.append(Problem(f"{prefix}{field}", cfg[field], str(e)))
     classes = cfg.get("classes")
     if classes is not None:
-        classes = list(classes)
-        if not classes or any(not isinstance(c, int) or c < 0 for c in classes):
-            raise ValueError(
-                f"dataset.classes={cfg.classes!r}: expected a non-empty list of class ids >= 0."
+        ids = list(classes) if isinstance(classes, (tuple, list)) else None
+        if not ids or any(not is_int(c) or c < 0 for c in ids) or len(set(ids)) != len(ids):
+            out.append(
+                Problem(
+                    f"{prefix}classes",
+                    classes,
+                    "expected None (all) or distinct class ids >= 0, e.g. (5, 6, 7, 8, 9)",
+                )
             )
-        if len(set(classes)) != len(classes):
-            raise ValueError(f"dataset.classes={cfg.classes!r} lists a class twice.")
-    epc = cfg.get("examples_per_class")
-    if epc is not None and epc < 1:
-        raise ValueError(f"dataset.examples_per_class={epc}: expected None or an int >= 1.")
-    if not 0.0 < cfg.crop_min_area <= 1.0:
-        raise ValueError(f"dataset.crop_min_area={cfg.crop_min_area}: expected 0 < a <= 1.")
-    if cfg.mixup < 0:
-        raise ValueError(f"dataset.mixup={cfg.mixup}: expected alpha >= 0 (0 turns it off).")
+    if cfg.get("examples_per_class") is not None:
+        integer(out, f"{prefix}examples_per_class", cfg.examples_per_class, 1, " (or None: all)")
+    integer(out, f"{prefix}subset_seed", cfg.subset_seed, 0)
+    number(out, f"{prefix}crop_min_area", cfg.crop_min_area, 0, 1, low_open=True)
+    number(out, f"{prefix}mixup", cfg.mixup, 0, note=" (Beta concentration; 0 turns it off)")
     randaug = cfg.get("randaugment")
     if randaug is not None:
         if not isinstance(randaug, (tuple, list)) or len(randaug) != 2:
-            raise ValueError(
-                f"dataset.randaugment={randaug!r}: expected None or (num_layers, magnitude), "
-                "e.g. (2, 15)."
-            )
-        try:
-            randaugment.check_args(*randaug)
-        except ValueError as e:
-            raise ValueError(f"dataset.randaugment={tuple(randaug)!r}: {e}") from None
-    if not 0.0 <= cfg.label_smoothing < 1.0:
-        raise ValueError(f"dataset.label_smoothing={cfg.label_smoothing}: expected 0 <= s < 1.")
+            why = "expected None or (num_layers, magnitude), e.g. (2, 15)"
+        else:
+            try:
+                randaugment.check_args(*randaug)
+                why = None
+            except ValueError as e:
+                why = str(e)
+        if why:
+            out.append(Problem(f"{prefix}randaugment", randaug, why))
+    number(out, f"{prefix}label_smoothing", cfg.label_smoothing, 0, 1, high_open=True)
     for field in ("threads", "workers"):
-        if cfg[field] < 0:
-            raise ValueError(f"dataset.{field}={cfg[field]}: expected an int >= 0.")
+        integer(out, f"{prefix}{field}", cfg[field], 0)
+    return out
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+    """Raises a ConfigError (a ValueError) naming every bad field of a dataset config."""
+    raise_if_any(problems(cfg), "dataset config")
 
 
 def data_dir(cfg: ml_collections.ConfigDict) -> str | None:

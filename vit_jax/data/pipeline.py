@@ -1,23 +1,26 @@
-"""The public input pipeline on Grain: class and example counts, train and eval iterators.
+"""The public input pipeline: class and example counts, train and eval iterators.
 
 Batches are numpy dicts holding this process's share of the global batch:
 ``{'image': float32 [b, H, W, 3] in [-1, 1], 'label': float32 [b, K]}`` (+ 'mask'
 float32 [b] in eval), b = global_batch // process_count.
 
-A Grain MapDataset indexed by step maps each step to its whole batch (`TrainBatch`):
-the examples order.py assigns to this process, loaded, augmented (augment.py, and
+A function of the step number makes each step's whole batch (`TrainBatch`): the
+examples order.py assigns to this process, loaded, augmented (augment.py, and
 randaugment.py when dataset.randaugment is set) and stacked. The batch is a pure
-function of (seed, step), so a run resumed at step s is the same dataset sliced at s --
-no iterator state to save. Grain runs the batches ahead of the loop on threads (PIL and
-NumPy release the GIL) or, with dataset.workers > 0, in worker processes.
+function of (seed, step), so a run resumed at step s starts the same function at s --
+no iterator state to save. `Batches` runs it ahead of the loop on threads (PIL and
+NumPy release the GIL) or, with dataset.workers > 0, in Grain's worker processes, and
+stops them when closed: a run closes every iterator it opens, so none outlives it.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grain
 import ml_collections
@@ -152,18 +155,78 @@ class EvalBatch:
         return {"image": images, "label": labels, "mask": mask}
 
 
-def _run(ds: grain.MapDataset, cfg: ml_collections.ConfigDict) -> Iterator[Batch]:
-    """Iterates ds ahead of the consumer: threads, or worker processes if cfg.workers."""
-    threads = 1 if cfg.workers else cfg.threads or os.cpu_count() or 1
-    options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
-    it = ds.to_iter_dataset(options)
-    if cfg.workers > 0:
-        from absl import flags  # noqa: PLC0415
+class Batches(Iterator[Batch]):
+    """`make(i)` for each i of `indices`, prepared ahead of the consumer; `close()` (or
+    the end of a `with` block, or the last batch taken) stops the work and waits for it,
+    so that no thread or process of the pipeline outlives it.
 
-        if not flags.FLAGS.is_parsed():  # Grain reads its absl flags (defaults will do)
-            flags.FLAGS.mark_as_parsed()
-        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.workers))
-    return iter(it)
+    With `workers` = 0, `threads` threads each prepare whole batches, at most
+    2 x threads ahead (PIL and NumPy release the GIL). With `workers` > 0, Grain's
+    worker processes prepare them (`mp_prefetch`), each on one thread.
+    """
+
+    def __init__(self, make: Callable[[int], Batch], indices: range, threads: int, workers: int):
+        self._grain = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._queue: collections.deque[concurrent.futures.Future] = collections.deque()
+        if workers > 0:
+            from absl import flags  # noqa: PLC0415
+
+            if not flags.FLAGS.is_parsed():  # Grain reads its absl flags (defaults will do)
+                flags.FLAGS.mark_as_parsed()
+            ds = grain.MapDataset.range(indices.start, indices.stop).map(make)
+            options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
+            ds = ds.to_iter_dataset(options)
+            self._grain = iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)))
+            return
+        self._make, self._indices, self._ahead = make, iter(indices), 2 * threads
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "vit_jax-batches")
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self._queue) < self._ahead and (i := next(self._indices, None)) is not None:
+            self._queue.append(self._pool.submit(self._make, i))
+
+    def __next__(self) -> Batch:
+        if self._grain is not None:
+            return next(self._grain)
+        if self._pool is None or not self._queue:
+            self.close()
+            raise StopIteration
+        batch = self._queue.popleft().result()  # an error in make() is raised here
+        self._fill()
+        return batch
+
+    def close(self) -> None:
+        """Cancels the batches not started, waits for the running ones; idempotent."""
+        if self._grain is not None:
+            self._grain.close()  # stops and joins the worker processes
+            self._grain = None
+        if self._pool is not None:
+            for future in self._queue:
+                future.cancel()
+            self._queue.clear()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> Batches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # an iterator dropped unclosed: stop, without waiting
+        if getattr(self, "_pool", None) is not None:
+            for future in self._queue:
+                future.cancel()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if getattr(self, "_grain", None) is not None:
+            self._grain.close()
+
+
+def _batches(make: Callable[[int], Batch], indices: range, cfg: ml_collections.ConfigDict):
+    threads = cfg.threads or os.cpu_count() or 1
+    return Batches(make, indices, threads, cfg.workers)
 
 
 def train_iterator(
@@ -175,7 +238,7 @@ def train_iterator(
     start_step: int = 0,
     process_index: int | None = None,
     process_count: int | None = None,
-) -> Iterator[Batch]:
+) -> Batches:
     """Infinite training batches of this process's share, a pure function of (cfg, seed, step).
 
     Args:
@@ -202,7 +265,7 @@ def train_iterator(
         )
     size = splits.image_size_hw(image_size)
     make = TrainBatch(cfg, cfg.train_split, size, seed, global_batch, index, count)
-    return _run(grain.MapDataset.range(start_step, _FOREVER).map(make), cfg)
+    return _batches(make, range(start_step, _FOREVER), cfg)
 
 
 def eval_iterator(
@@ -213,7 +276,7 @@ def eval_iterator(
     image_size: int | tuple[int, int],
     process_index: int | None = None,
     process_count: int | None = None,
-) -> Iterator[Batch]:
+) -> Batches:
     """One pass over a split: each example exactly once over all processes.
 
     Every process yields the same number of batches; the tail is padded to full batches
@@ -237,4 +300,4 @@ def eval_iterator(
     lo, hi = splits.process_range(n, index, count)
     num_batches = math.ceil(math.ceil(n / count) / b)
     make = EvalBatch(cfg, split, splits.image_size_hw(image_size), lo, hi, b)
-    return _run(grain.MapDataset.range(num_batches).map(make), cfg)
+    return _batches(make, range(num_batches), cfg)

@@ -16,6 +16,10 @@ _SPLIT_RE = re.compile(r"^(?P<name>[\w-]+)(\[(?P<start>[^:\]]*):(?P<stop>[^:\]]*
 _BOUND_RE = re.compile(r"^(?P<value>-?\d+(\.\d*)?)(?P<percent>%?)$")
 
 
+class SplitError(ValueError):
+    """A split spec that is malformed, or whose boundaries do not fit its split."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
     """A split name with an absolute example range [start, stop) of that split."""
@@ -34,6 +38,11 @@ def split_name(spec: str) -> str:
     return _parse(spec)[0]
 
 
+def check_spec(spec: str) -> None:
+    """Raises SplitError for a malformed spec (nothing is read: sizes are not checked)."""
+    _parse(spec)
+
+
 def resolve(spec: str, num_examples: int) -> Split:
     """Resolves a split spec against the size of the named split.
 
@@ -45,7 +54,7 @@ def resolve(spec: str, num_examples: int) -> Split:
         The absolute range, 0 <= start <= stop <= num_examples.
 
     Raises:
-        ValueError: For malformed specs and boundaries beyond the split.
+        SplitError: For malformed specs and boundaries beyond the split.
     """
     name, start, stop = _parse(spec)
     bounds = []
@@ -57,7 +66,7 @@ def resolve(spec: str, num_examples: int) -> Split:
         if percent:
             value = int(round(value * num_examples / 100.0))
         if abs(value) > num_examples:
-            raise ValueError(
+            raise SplitError(
                 f"split {spec!r}: boundary {value} is beyond the {num_examples} examples "
                 f"of split {name!r}."
             )
@@ -66,9 +75,9 @@ def resolve(spec: str, num_examples: int) -> Split:
 
 
 def _parse(spec: str) -> tuple[str, tuple[float, bool] | None, tuple[float, bool] | None]:
-    match = _SPLIT_RE.match(spec.replace(" ", ""))
+    match = _SPLIT_RE.match(spec.replace(" ", "")) if isinstance(spec, str) else None
     if not match:
-        raise ValueError(
+        raise SplitError(
             f"split {spec!r}: expected 'name' or 'name[start:stop]' with absolute or percent "
             "boundaries, e.g. 'train', 'train[:10%]', 'train[90%:]', 'train[100:-100]'."
         )
@@ -80,7 +89,7 @@ def _parse(spec: str) -> tuple[str, tuple[float, bool] | None, tuple[float, bool
             continue
         bound = _BOUND_RE.match(text)
         if not bound or (not bound.group("percent") and "." in text):
-            raise ValueError(
+            raise SplitError(
                 f"split {spec!r}: boundary {text!r} is not an integer or a percentage like '10%'."
             )
         value = float(bound.group("value")) if bound.group("percent") else int(text)

@@ -8,15 +8,18 @@ import numpy as np
 from absl import logging
 
 
+class ClassesError(ValueError):
+    """Class ids to keep that the dataset does not have."""
+
+
 def check_classes(classes: Sequence[int] | None, num_total: int, where: str) -> None:
-    """Raises ValueError if a kept class id is not a class of the dataset."""
+    """Raises ClassesError if a kept class id is not a class of the dataset."""
     if classes is None:
         return
     bad = [c for c in classes if not 0 <= c < num_total]
     if bad:
-        raise ValueError(
-            f"dataset.classes={list(classes)}: {where} has {num_total} classes "
-            f"(ids 0..{num_total - 1}); {bad} do not exist."
+        raise ClassesError(
+            f"{where} has {num_total} classes (ids 0..{num_total - 1}); {bad} do not exist"
         )
 
 

@@ -31,7 +31,8 @@ class Table:
         num_skipped: Corrupt files left out (skip_corrupt=True).
         images: All images, when they are in memory and of one size (idx source), for
             batched preprocessing (pixels.resize_batch).  # uint8 [N, h, w, c]
-        labels: Their labels, with images.  # int64 [N]
+        labels: Every example's label, where known without decoding (idx and folder
+            sources; TFDS when a class subset or budget made it read them).  # int64 [N]
     """
 
     size: int
@@ -94,7 +95,7 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     num_classes = len(classes) if classes else len(class_names)
     if not (cfg.skip_corrupt or cfg.cache):
         example = lambda i: (folder_source.load(paths[i]), int(new_labels[i]))
-        return Table(len(paths), num_classes, example, paths)
+        return Table(len(paths), num_classes, example, paths, labels=new_labels)
 
     ok, images, failures = folder_source.decode_all(paths, keep_images=cfg.cache)
     if failures and not cfg.skip_corrupt:
@@ -111,7 +112,9 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     paths, new_labels = paths[ok], new_labels[ok]
     load = images.__getitem__ if cfg.cache else (lambda i: folder_source.load(paths[i]))
     example = lambda i: (load(i), int(new_labels[i]))
-    return Table(len(paths), num_classes, example, paths, num_skipped=len(failures))
+    return Table(
+        len(paths), num_classes, example, paths, num_skipped=len(failures), labels=new_labels
+    )
 
 
 def _open_tfds(cfg, spec: str, classes, epc) -> Table:
@@ -123,9 +126,11 @@ def _open_tfds(cfg, spec: str, classes, epc) -> Table:
     name = splits.split_name(spec)
     split = splits.resolve(spec, tfds_source.split_size(builder, name))
     kept = np.arange(split.start, split.stop)  # record numbers
+    kept_labels = None
     if classes is not None or epc is not None:  # needs every label of the range
         labels = tfds_source.labels(builder, name)[split.start : split.stop]
-        kept = kept[subsets.select(labels, classes, total, epc, cfg.subset_seed)[0]]
+        chosen, kept_labels = subsets.select(labels, classes, total, epc, cfg.subset_seed)
+        kept = kept[chosen]
     relabel = subsets.relabel_table(classes, total)
     records = tfds_source.records(builder, name)
 
@@ -143,4 +148,4 @@ def _open_tfds(cfg, spec: str, classes, epc) -> Table:
     if cfg.cache:
         examples = [example(i) for i in range(len(kept))]
         example = examples.__getitem__
-    return Table(len(kept), len(classes) if classes else total, example)
+    return Table(len(kept), len(classes) if classes else total, example, labels=kept_labels)

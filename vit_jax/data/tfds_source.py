@@ -18,6 +18,8 @@ import functools
 import numpy as np
 import tensorflow_datasets as tfds
 
+from vit_jax.base import console
+
 
 def _name(builder) -> str:
     name = builder.name
@@ -50,7 +52,9 @@ def open_builder(name: str, data_dir: str | None):
     """tfds.builder(name, data_dir) of a prepared ArrayRecord dataset, or an error that
     lists close names or says how to prepare it."""
     try:  # a registered builder, or a prepared dataset found in data_dir by its files
-        builder = tfds.builder(name, data_dir=data_dir)
+        with console.absl_warnings_off():  # TFDS warns of each unprepared version folder
+            builder = tfds.builder(name, data_dir=data_dir)  # it looks in: said below
+            prepared = builder.is_prepared()
     except tfds.core.registered.DatasetNotFoundError:
         base = name.split("/")[0].split(":")[0]
         known = tfds.list_builders(with_community_datasets=False)
@@ -61,7 +65,7 @@ def open_builder(name: str, data_dir: str | None):
             "image-classification builder with 'image' and 'label' features, e.g. cifar10, "
             "cifar100, imagenet2012, oxford_iiit_pet, oxford_flowers102, fashion_mnist."
         ) from None
-    if not builder.is_prepared():
+    if not prepared:
         raise FileNotFoundError(
             f"TFDS dataset {builder.name!r} is not prepared in {builder.data_dir}. "
             f"{_prepare_hint(builder)}"

@@ -100,8 +100,9 @@ def evaluate(
         process_index=0,
         process_count=1,
     )
-    bar = console.bar(batches, -(-n // batch_size), f"evaluate {cfg.name} {split}", progress)
-    got = counts(model, params, bar, label_map)
+    with batches:
+        bar = console.bar(batches, -(-n // batch_size), f"evaluate {cfg.name} {split}", progress)
+        got = counts(model, params, bar, label_map)
     m = max(got["examples"], 1)
     return {
         "dataset": cfg.name,

@@ -187,15 +187,15 @@ class FewShotEvaluator:
                 f"{mesh.devices.size} devices: use a multiple of {mesh.devices.size}"
             )
         index, count = (jax.process_index(), jax.process_count()) if mesh is not None else (0, 1)
-        batches = data.eval_iterator(
+        with data.eval_iterator(
             cfg,
             split,
             global_batch=self.batch_size,
             image_size=self.image_size,
             process_index=index,
             process_count=count,
-        )
-        return extract_features(model, params, batches, mesh)
+        ) as batches:
+            return extract_features(model, params, batches, mesh)
 
     def run(
         self, model: VisionTransformer, params: Any, mesh: jax.sharding.Mesh | None = None

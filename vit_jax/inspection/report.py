@@ -96,15 +96,15 @@ def sample_images(
     if data_dir:
         cfg.data_dir = data_dir
     cfg.test_split = f"test[:{num_images}]"
-    batches = data.eval_iterator(
+    with data.eval_iterator(
         cfg,
         cfg.test_split,
         global_batch=num_images,
         image_size=image_size,
         process_index=0,
         process_count=1,
-    )
-    batch = next(iter(batches))
+    ) as batches:
+        batch = next(batches)
     return batch["image"][batch["mask"] > 0]
 
 

@@ -32,7 +32,14 @@ class EventWriter:
         self._writer.flush()
 
     def close(self) -> None:
+        """Writes what is pending and ends the writer's thread."""
         self._writer.close()
+
+    def __enter__(self) -> EventWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:

@@ -14,12 +14,14 @@ The command is `python -m vit_jax.recipe` (the README's main job).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
 
 from vit_jax.base import files
-from vit_jax.configs import fashion_mnist
+from vit_jax.base.problems import is_int
+from vit_jax.configs import check, fashion_mnist
 from vit_jax.evaluation import fewshot
 from vit_jax.training import train
 
@@ -43,13 +45,33 @@ def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = Non
     Args:
       workdir: one subdirectory per part goes here.
       examples_per_class: labelled examples of each of classes 5-9.
-      overrides: {part: {config field: value}}, e.g. shorter runs for tests.
+      overrides: {part: {config field: value}}, e.g. shorter runs for tests; a nested
+        field is named with dots ('optimizer.lr').
     """
-    results = {}
+    if not is_int(examples_per_class) or examples_per_class < 1:
+        raise check.ConfigError(
+            [check.Problem("examples_per_class", examples_per_class, "expected an integer >= 1")]
+        )
+    parts = {}
     for part in PARTS:
         config = part_config(part, workdir, examples_per_class)
         for key, value in (overrides or {}).get(part, {}).items():
-            config[key] = value
+            *sections, name = key.split(".")  # 'optimizer.lr' names a nested field
+            node = config
+            for section in sections:
+                node = node[section]
+            node[name] = value
+        parts[part] = config
+    found = []  # all three checked before the first trains; the fine-tuning part
+    for part, config in parts.items():  # starts from a file the pretraining part writes
+        try:
+            check.check(config, init_from_later=part == "finetune")
+        except check.ConfigError as e:
+            found += [dataclasses.replace(p, field=f"{part}: {p.field}") for p in e.problems]
+    if found:
+        raise check.ConfigError(found, "recipe's configs")
+    results = {}
+    for part, config in parts.items():
         print(f"\n=== {part} ===", flush=True)
         results[part] = train.run(config, os.path.join(workdir, part))
     summary = {

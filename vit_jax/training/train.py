@@ -12,9 +12,11 @@ the loop: data in, steps, evaluations, saves, console lines and TensorBoard scal
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -23,6 +25,7 @@ import ml_collections
 
 from vit_jax import data
 from vit_jax.base import console
+from vit_jax.configs import check
 from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.models import count_params
 from vit_jax.models.vit import VisionTransformer
@@ -72,21 +75,22 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     the step reached and the newest checkpoint, where the same command resumes.
 
     Raises:
+        ConfigError: fields of `config` that cannot make sense, every one named
+            (`configs.check`), before anything is written (a ValueError).
         OSError: the workdir is not writable or its disk too small (before training);
             no checkpoint verifies (recovery.py); a save or the export failed.
-        ValueError: the workdir's checkpoints are of another model or image size;
-            `config.init_from` names no file.
+        ValueError: the workdir's checkpoints are of another model or image size.
         FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
         WorkdirLocked: another run holds the workdir (an OSError; nothing touched).
         Stopped: SIGTERM or Ctrl-C, the step saved (a KeyboardInterrupt).
         Interrupted: a second Ctrl-C (a KeyboardInterrupt).
     """
+    check.check(config)  # every field that cannot make sense, before the workdir is touched
     done = checks.finished_summary(workdir, plan_of(config))
     if done is not None:
         if distributed.is_lead():
             print(_finished_lines(workdir, done), flush=True)
         return done
-    _check_init_from(config)
     created = checks.missing_dirs(workdir)
     where = Where(os.path.join(workdir, "checkpoints"))
     try:
@@ -185,29 +189,11 @@ def _fewshot_lines(step: int, evals: dict) -> list[str]:
     return lines
 
 
-def _check_init_from(config: ml_collections.ConfigDict) -> None:
-    """Fails before anything is created when `config.init_from` names no local file."""
-    from vit_jax.weights import remote
-
-    path = config.init_from
-    if not path or remote.is_remote(path) or os.path.exists(os.path.expanduser(path)):
-        return
-    raise ValueError(
-        f"config.init_from={path}: no such file or directory. This config fine-tunes a "
-        "checkpoint: pass --config.init_from=PATH, where PATH is a .npz (a published "
-        "file, or the final.npz of a run: --config=fashion_mnist:pretrain writes "
-        "WORKDIR/final.npz), a timm .safetensors file, a Hugging Face model directory, or "
-        "a published file's gs:// path (vit_jax/weights/published_checkpoints.json); "
-        "--config.init_from='' trains from scratch"
-    )
-
-
 def _run(
     config: ml_collections.ConfigDict, workdir: str, where: Where, stop: progress.StopRequest
 ) -> dict[str, Any]:
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
-    _check_batches(config, mesh)
     model = build_model(config.model, data.num_classes(config.dataset), config.init_from or None)
     tx, lr_fn = optim.make_optimizer(
         config.optimizer, config.total_steps, skip_nonfinite=config.skip_nonfinite
@@ -216,59 +202,65 @@ def _run(
     abstract = abstract_state(start, model, tx)
     state_bytes, npz_bytes = checks.tree_bytes(abstract), 4 * count_params(abstract.params)
     checks.check_free_space(workdir, plan, state_bytes, npz_bytes)
-    saver = Saver(workdir, config.keep_checkpoints, plan.state)
-    where.saver = saver
-    scratch = config.get("from_scratch_if_damaged", False)
-    state, shardings = restore_or_create(start, model, tx, mesh, saver.manager, scratch)
-    where.step = int(jax.device_get(state.step))
-    train_step, eval_step = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
-    writer = EventWriter(workdir) if distributed.is_lead() else None
-    loop = Loop(
-        config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
-    )
-    loop.stop = stop  # SIGTERM, Ctrl-C: save and stop between steps (preemption.py)
-    state, metrics, evals = train_loop(loop, state, where)
-    _stop_if_asked(loop, state)  # before the final evaluation and export
-    if "accuracy" not in evals:  # resumed after the last step: evaluate the final state again
-        evals.update(evaluate(loop, state.params))
-    if config.export_npz:
-        computes = numerics.of_model(model)  # a run fine-tuned from timm or HF keeps them
-        _export(os.path.join(workdir, "final.npz"), state.params, saver.directory, computes)
-    summary = {
-        "model": config.model.name,
-        "steps": int(jax.device_get(state.step)),
-        "num_params": count_params(state.params),
-        "accuracy": evals["accuracy"],
-        "eval_loss": evals["loss"],
-        "train_loss": metrics.get("loss"),
-        "skipped_steps": int(jax.device_get(optim.skipped_steps(state.opt_state))),
-        **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
-        "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
-        "wall_seconds": time.time() - start_time,
-    }
-    if writer is not None:
-        writer.close()
-        progress.write_summary(workdir, summary)
+    # Everything that runs beside the loop (the saver's threads and Orbax's, the event
+    # writer's thread, the input pipeline's threads or processes) is closed when the run
+    # ends, however it ends: nothing of one run outlives it into the next.
+    with contextlib.ExitStack() as running:
+        saver = running.enter_context(Saver(workdir, config.keep_checkpoints, plan.state))
+        where.saver = saver
+        scratch = config.get("from_scratch_if_damaged", False)
+        state, shardings = restore_or_create(start, model, tx, mesh, saver.manager, scratch)
+        where.step = int(jax.device_get(state.step))
+        train_step, eval_step = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
+        writer = running.enter_context(EventWriter(workdir)) if distributed.is_lead() else None
+        loop = Loop(
+            config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
+        )
+        loop.stop = stop  # SIGTERM, Ctrl-C: save and stop between steps (preemption.py)
+        batches = running.enter_context(
+            data.train_iterator(
+                config.dataset,
+                global_batch=config.batch_size,
+                image_size=config.image_size,
+                seed=config.seed,
+                start_step=where.step,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+            )
+        )
+        state, metrics, evals = train_loop(loop, state, batches, where)
+        _stop_if_asked(loop, state)  # before the final evaluation and export
+        if "accuracy" not in evals:  # resumed after the last step: evaluate it again
+            evals.update(evaluate(loop, state.params))
+        if config.export_npz:
+            computes = numerics.of_model(model)  # a run fine-tuned from timm or HF keeps them
+            _export(os.path.join(workdir, "final.npz"), state.params, saver.directory, computes)
+        summary = {
+            "model": config.model.name,
+            "steps": int(jax.device_get(state.step)),
+            "num_params": count_params(state.params),
+            "accuracy": evals["accuracy"],
+            "eval_loss": evals["loss"],
+            "train_loss": metrics.get("loss"),
+            "skipped_steps": int(jax.device_get(optim.skipped_steps(state.opt_state))),
+            **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
+            "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
+            "wall_seconds": time.time() - start_time,
+        }
+        if writer is not None:
+            progress.write_summary(workdir, summary)
     return summary
 
 
 def train_loop(
-    loop: Loop, state: TrainState, where: Where | None = None
+    loop: Loop, state: TrainState, batches: Iterator[dict], where: Where | None = None
 ) -> tuple[TrainState, dict, dict]:
     """The steps from the state's own to config.total_steps: (state, metrics, evals);
     evals holds the last test accuracy and loss, and few-shot accuracies if any.
+    `batches` yields this process's share of each step's batch from the state's step on;
     `where.step` follows the steps run (for the message of an interrupted run)."""
     config, mesh = loop.config, loop.mesh
     start, lead = int(jax.device_get(state.step)), distributed.is_lead()
-    batches = data.train_iterator(
-        config.dataset,
-        global_batch=config.batch_size,
-        image_size=config.image_size,
-        seed=config.seed,
-        start_step=start,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
     cadence = progress.Cadence(
         config.total_steps,
         config.log_every,
@@ -375,9 +367,10 @@ def evaluate(loop: Loop, params: Any) -> dict[str, float]:
     )
     total = None
     show = distributed.is_lead() and config.progress_bars
-    for local in console.bar(batches, -(-n // config.eval_batch_size), f"eval {split}", show):
-        sums = loop.eval_step(params, sharding.global_batch(local, loop.mesh))
-        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+    with batches:
+        for local in console.bar(batches, -(-n // config.eval_batch_size), f"eval {split}", show):
+            sums = loop.eval_step(params, sharding.global_batch(local, loop.mesh))
+            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
     total = jax.device_get(total)
     count = max(float(total["count"]), 1.0)
     return {"accuracy": float(total["correct"]) / count, "loss": float(total["loss"]) / count}
@@ -417,18 +410,3 @@ def _write_fewshot(writer: Any, step: int, evals: dict) -> None:
     for line in _fewshot_lines(step, evals):
         print(line, flush=True)
     writer.write_scalars(step, {k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)})
-
-
-def _check_batches(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
-    n = mesh.devices.size
-    batches = [("batch_size", config.batch_size), ("eval_batch_size", config.eval_batch_size)]
-    if config.fewshot.datasets:
-        batches.append(("fewshot.batch_size", config.fewshot.batch_size))
-    for name, b in batches:
-        if b % n:
-            raise ValueError(f"config.{name}={b} is not divisible by the {n} devices")
-    if config.batch_size % (config.accum_steps * n):
-        raise ValueError(
-            f"config.batch_size={config.batch_size} must split into "
-            f"accum_steps={config.accum_steps} micro-batches over {n} devices"
-        )

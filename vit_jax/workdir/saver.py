@@ -55,7 +55,8 @@ class Saver:
         self.description = description
         self.manager = manager_lib.open_manager(workdir, keep, on_commit=self._write_record)
         self.directory = str(self.manager.directory)
-        self._pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count())
+        self._pool: concurrent.futures.ThreadPoolExecutor | None
+        self._pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count(), "vit_jax-checksums")
         self._step: int | None = None  # the save in flight, until `wait`
         self._recording = 0  # the step whose record the callback writes
         self._mine: concurrent.futures.Future = concurrent.futures.Future()
@@ -96,6 +97,25 @@ class Saver:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001
             self._fail(step, e)
+
+    def close(self) -> None:
+        """Waits for the save in flight, then ends Orbax's threads and the hashing pool.
+        A failed save is not raised here (`wait` and `save` name it); idempotent."""
+        if self._pool is None:
+            return
+        self._step = None
+        try:
+            self.manager.close()  # waits for the save in flight first
+        except Exception:  # noqa: BLE001 (reported by wait(), or the run's error wins)
+            pass
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+
+    def __enter__(self) -> Saver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _pending(self, step: int, process: int) -> str:
         return os.path.join(self.directory, PENDING, f"{step}.process_{process}.json")

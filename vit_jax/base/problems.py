@@ -1,0 +1,104 @@
+"""Config values that cannot make sense, all named at once.
+
+A check appends one `Problem` per bad field (the field, its value, what is allowed) and
+raises one `ConfigError` for all of them, so a user fixes every field in one go instead
+of meeting them one run at a time. The library names fields ('optimizer.lr'); a command
+says how to set them (`ConfigError.lines(prefix='--config.')`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One field that cannot make sense: 'optimizer.lr=-1.0: expected a number > 0'."""
+
+    field: str
+    value: Any
+    allowed: str
+
+    def line(self, prefix: str = "") -> str:
+        return f"{prefix}{self.field}={self.value!r}: {self.allowed}"
+
+
+class ConfigError(ValueError):
+    """A config with fields that cannot make sense; str() names every one, a line each
+    (one bad field: one line). `prefix` goes before each field name: a command that
+    takes the fields as flags passes its flag prefix ('--config.')."""
+
+    def __init__(self, problems: Sequence[Problem], what: str = "config", prefix: str = ""):
+        self.problems, self.what, self.prefix = list(problems), what, prefix
+        super().__init__(self.message())
+
+    def message(self) -> str:
+        lines = [p.line(self.prefix) for p in self.problems]
+        if len(lines) == 1:
+            return lines[0] if self.what == "config" else f"the {self.what}: {lines[0]}"
+        head = f"{len(lines)} fields of the {self.what} cannot make sense:"
+        return "\n".join([head, *(f"  {line}" for line in lines)])
+
+    def with_prefix(self, prefix: str) -> ConfigError:
+        return ConfigError(self.problems, self.what, prefix)
+
+
+def raise_if_any(problems: Iterable[Problem], what: str = "config") -> None:
+    problems = list(problems)
+    if problems:
+        raise ConfigError(problems, what)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite real number (an int or a float, not a bool, not NaN or infinite)."""
+    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def integer(out: list[Problem], field: str, value: Any, low: int, note: str = "") -> None:
+    """An int >= low."""
+    if not (is_int(value) and value >= low):
+        out.append(Problem(field, value, f"expected an integer >= {low}{note}"))
+
+
+def number(
+    out: list[Problem],
+    field: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    note: str = "",
+) -> None:
+    """A finite number in the interval [low, high] (or open at either end)."""
+    ok = is_number(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    if not ok:
+        interval = _interval(low, high, low_open, high_open)
+        out.append(Problem(field, value, f"expected a finite number {interval}{note}"))
+
+
+def one_of(out: list[Problem], field: str, value: Any, choices: Sequence[Any]) -> None:
+    if value not in choices:
+        out.append(Problem(field, value, f"expected one of {', '.join(map(repr, choices))}"))
+
+
+def _interval(low, high, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return ""

@@ -1,0 +1,343 @@
+"""One check of a whole run config, before anything is compiled, read or written.
+
+`problems(config)` names every field that cannot make sense from the config alone (a
+`Problem` each: the field, its value, what is allowed); `device_problems` those that do
+not fit the devices and processes of this run; `data_problems` those that need the
+data's sizes (split boundaries, class ids, few-shot shots against each class's
+examples) and the `init_from` file: it reads them, and writes nothing. `check(config)`
+runs all three and raises one `ConfigError` naming every bad field. `train.run` calls it
+before it touches the workdir, and `vit_jax.recipe` checks its three parts before the
+first of them trains.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_collections
+
+from vit_jax.base import console
+from vit_jax.base.problems import (
+    ConfigError,
+    Problem,
+    integer,
+    is_int,
+    is_number,
+    number,
+    one_of,
+    raise_if_any,
+)
+from vit_jax.data import config as data_config
+
+__all__ = ["ConfigError", "Problem", "check", "data_problems", "device_problems", "problems"]
+
+OPTIMIZERS = ("adam", "sgd")
+DECAYS = ("cosine", "linear", "constant")
+MU_DTYPES = ("", "float32", "bfloat16")
+TRAINABLE_CLASSIFIERS = ("token", "gap")  # 'unpooled' has no logits per image to train on
+
+
+def problems(config: ml_collections.ConfigDict) -> list[Problem]:
+    """Every field of `config` that cannot make sense, from the config alone."""
+    c, out = config, []
+    integer(out, "seed", c.seed, 0)
+    integer(out, "total_steps", c.total_steps, 1)
+    for field in ("batch_size", "eval_batch_size", "accum_steps"):
+        integer(out, field, c[field], 1)
+    if is_int(c.batch_size) and is_int(c.accum_steps) and c.accum_steps >= 1:
+        if c.batch_size % c.accum_steps:
+            out.append(
+                Problem(
+                    "accum_steps",
+                    c.accum_steps,
+                    f"expected a divisor of batch_size ({c.batch_size}): it splits each "
+                    "batch into that many micro-batches",
+                )
+            )
+    for field in ("log_every", "eval_every", "checkpoint_every"):
+        integer(out, field, c[field], 0, " (0: only after the last step)")
+    integer(out, "keep_checkpoints", c.keep_checkpoints, 0, " (0: keep all)")
+    out += _model_problems(c.model, c.image_size)
+    out += _optimizer_problems(c.optimizer, c.total_steps)
+    out += data_config.problems(c.dataset, "dataset.")
+    out += _fewshot_problems(c.fewshot)
+    if not (c.mesh.data == -1 or (is_int(c.mesh.data) and c.mesh.data >= 1)):
+        out.append(Problem("mesh.data", c.mesh.data, "expected -1 (every device left) or >= 1"))
+    integer(out, "mesh.fsdp", c.mesh.fsdp, 1)
+    d = c.distributed
+    integer(out, "distributed.num_processes", d.num_processes, 0, " (0: not set)")
+    integer(out, "distributed.process_id", d.process_id, -1, " (-1: not set)")
+    number(out, "distributed.timeout_seconds", d.timeout_seconds, 0, low_open=True)
+    if not isinstance(c.init_from, str):
+        out.append(Problem("init_from", c.init_from, "expected a path ('' trains from scratch)"))
+    return out
+
+
+def _model_problems(m: Any, image_size: Any) -> list[Problem]:
+    from vit_jax.models import GELUS, get_model, variant_config
+    from vit_jax.models.posemb import KINDS
+
+    out: list[Problem] = []
+    try:
+        variant_config(m.name)
+    except (ValueError, TypeError) as e:
+        out.append(Problem("model.name", m.name, str(e)))
+    for field in ("width", "depth", "num_heads", "mlp_dim", "patch_size"):
+        if m[field] is not None:
+            integer(out, f"model.{field}", m[field], 1, " (or None: the variant's)")
+    if m.representation_size is not None:
+        integer(out, "model.representation_size", m.representation_size, 0, " (0: no layer)")
+    one_of(out, "model.classifier", m.classifier, TRAINABLE_CLASSIFIERS)
+    one_of(out, "model.posemb", m.posemb, KINDS)
+    for field in ("dropout", "attention_dropout", "stochastic_depth"):
+        number(out, f"model.{field}", m[field], 0, 1, high_open=True)
+    one_of(out, "model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
+    if m.gelu is not None:
+        one_of(out, "model.gelu", m.gelu, GELUS)
+    if m.layer_norm_eps is not None:
+        number(out, "model.layer_norm_eps", m.layer_norm_eps, 0, 1, low_open=True, high_open=True)
+    if "head_bias_init" in m:
+        number(out, "model.head_bias_init", m.head_bias_init)
+    if not is_int(image_size) or image_size < 1:
+        out.append(Problem("image_size", image_size, "expected an integer >= 1 (pixels a side)"))
+    if out:
+        return out
+    fields = {k: v for k, v in m.items() if k != "name" and v not in (None, 0)}
+    model = get_model(m.name, num_classes=None, **fields)
+    if model.width % model.num_heads:
+        out.append(
+            Problem(
+                "model.num_heads",
+                model.num_heads,
+                f"expected a divisor of the width ({model.width}): each head takes width / heads",
+            )
+        )
+    s = model.token_stride
+    if image_size % s:
+        near = max(s, round(image_size / s) * s)
+        stem = " (the stem's downsampling x the patch)" if model.resnet_stages is not None else ""
+        out.append(
+            Problem(
+                "image_size",
+                image_size,
+                f"expected a multiple of the model's {s} px per token{stem}, e.g. {near}",
+            )
+        )
+    return out
+
+
+def _optimizer_problems(o: Any, total_steps: Any) -> list[Problem]:
+    out: list[Problem] = []
+    one_of(out, "optimizer.name", o.name, OPTIMIZERS)
+    number(out, "optimizer.lr", o.lr, 0, low_open=True)
+    lr_ok = is_number(o.lr) and o.lr > 0
+    number(out, "optimizer.end_lr", o.end_lr, 0, o.lr if lr_ok else None,
+           note=" (the learning rate decays to it)")  # fmt: skip
+    if is_int(total_steps) and total_steps >= 1:
+        if not (is_int(o.warmup_steps) and 0 <= o.warmup_steps <= total_steps):
+            out.append(
+                Problem(
+                    "optimizer.warmup_steps",
+                    o.warmup_steps,
+                    f"expected an integer from 0 to total_steps ({total_steps})",
+                )
+            )
+    else:
+        integer(out, "optimizer.warmup_steps", o.warmup_steps, 0)
+    one_of(out, "optimizer.decay", o.decay, DECAYS)
+    for field in ("momentum", "b1", "b2"):
+        number(out, f"optimizer.{field}", o[field], 0, 1, high_open=True)
+    number(out, "optimizer.weight_decay", o.weight_decay, 0)
+    number(out, "optimizer.grad_clip", o.grad_clip, 0, note=" (0: no clipping)")
+    one_of(out, "optimizer.mu_dtype", o.mu_dtype, MU_DTYPES)
+    return out
+
+
+def _fewshot_problems(f: Any) -> list[Problem]:
+    from vit_jax.data import splits
+
+    out: list[Problem] = []
+    if not isinstance(f.datasets, str):
+        out.append(Problem("fewshot.datasets", f.datasets, "expected names, comma-separated"))
+        return out
+    if f.source:
+        one_of(out, "fewshot.source", f.source, data_config.SOURCES)
+    for field in ("train_split", "test_split"):
+        try:
+            splits.check_spec(f[field])
+        except ValueError as e:
+            out.append(Problem(f"fewshot.{field}", f[field], str(e)))
+    shots = f.shots
+    if not isinstance(shots, (tuple, list)) or not shots:
+        shots = None
+    if shots is None or any(not is_int(k) or k < 1 for k in shots):
+        out.append(
+            Problem("fewshot.shots", f.shots, "expected examples per class >= 1, e.g. (1, 5)")
+        )
+    number(out, "fewshot.l2", f.l2, 0)
+    integer(out, "fewshot.seed", f.seed, 0)
+    integer(out, "fewshot.batch_size", f.batch_size, 1)
+    integer(out, "fewshot.every", f.every, 0, " (0: with each evaluation)")
+    return out
+
+
+def device_problems(
+    config: ml_collections.ConfigDict, devices: int, processes: int
+) -> list[Problem]:
+    """The fields that do not fit `devices` devices over `processes` processes."""
+    c, out = config, []
+    data, fsdp = c.mesh.data, c.mesh.fsdp
+    if fsdp and devices % fsdp:
+        out.append(Problem("mesh.fsdp", fsdp, f"expected a divisor of the {devices} devices"))
+    elif data != -1 and data * fsdp != devices:
+        out.append(
+            Problem(
+                "mesh.data",
+                data,
+                f"expected -1 or {devices // fsdp}: data x fsdp ({fsdp}) must be the "
+                f"{devices} devices",
+            )
+        )
+    per_step = devices * c.accum_steps
+    if c.batch_size % per_step or c.batch_size % processes:
+        out.append(
+            Problem(
+                "batch_size",
+                c.batch_size,
+                f"expected a multiple of {per_step} ({devices} devices x accum_steps "
+                f"{c.accum_steps}) and of the {processes} processes",
+            )
+        )
+    batches = [("eval_batch_size", c.eval_batch_size)]
+    if c.fewshot.datasets:
+        batches.append(("fewshot.batch_size", c.fewshot.batch_size))
+    for field, b in batches:
+        if b % devices:
+            out.append(Problem(field, b, f"expected a multiple of the {devices} devices"))
+    return out
+
+
+def data_problems(
+    config: ml_collections.ConfigDict, init_from_later: bool = False
+) -> list[Problem]:
+    """The fields that do not fit the data they name, and an `init_from` that names no
+    file (unless `init_from_later`: an earlier run writes it). Reads the datasets' sizes
+    and labels (and the idx files), writes nothing."""
+    from vit_jax.weights import remote
+
+    c, out = config, []
+    init_from = c.init_from
+    local = os.path.expanduser(init_from) if init_from else ""
+    if local and not init_from_later and not remote.is_remote(init_from):
+        if not os.path.exists(local):
+            out.append(
+                Problem(
+                    "init_from",
+                    init_from,
+                    "no such file or directory: name the checkpoint to fine-tune: a .npz (a "
+                    "published file, or the final.npz of a run: the fashion_mnist:pretrain "
+                    "preset writes WORKDIR/final.npz), a timm .safetensors file, a Hugging "
+                    "Face model directory, or a published file's gs:// path "
+                    "(vit_jax/weights/published_checkpoints.json); '' trains from scratch",
+                )
+            )
+    train = _open(out, c.dataset, "dataset.", c.dataset.train_split, "train_split")
+    if train is not None and not len(train):
+        out.append(
+            Problem(
+                "dataset.train_split",
+                c.dataset.train_split,
+                "no examples left after slicing, dataset.classes and dataset.examples_per_class",
+            )
+        )
+    _open(out, c.dataset, "dataset.", c.dataset.test_split, "test_split")
+    if c.fewshot.datasets:
+        out += _fewshot_data_problems(c)
+    first = {}  # a data directory that fails both splits is one problem
+    for p in out:
+        first.setdefault(p.field, p)
+    return list(first.values())
+
+
+def _open(out: list[Problem], cfg: Any, prefix: str, spec: str, field: str) -> Any:
+    """The table of split `spec`, or None with the reason appended to `out`, named by
+    the field it comes from."""
+    from vit_jax.data import splits, subsets, tables
+
+    try:
+        return tables.open_table(cfg, spec)
+    except splits.SplitError as e:
+        out.append(Problem(f"{prefix}{field}", spec, str(e).removeprefix(f"split {spec!r}: ")))
+    except subsets.ClassesError as e:
+        out.append(Problem(f"{prefix}classes", cfg.classes, str(e)))
+    except FileNotFoundError as e:
+        out.append(Problem(f"{prefix}data_dir", cfg.data_dir, str(e)))
+    except (ValueError, ImportError, OSError) as e:  # a TFDS name, an unreadable folder
+        culprit = "name" if cfg.source == "tfds" else "data_dir"
+        out.append(Problem(f"{prefix}{culprit}", cfg[culprit], str(e)))
+    return None
+
+
+def _fewshot_data_problems(c: ml_collections.ConfigDict) -> list[Problem]:
+    """Each few-shot dataset opens, and each class of its train split has at least the
+    largest number of shots."""
+    import numpy as np
+
+    from vit_jax.data import default_config
+    from vit_jax.evaluation.fewshot import dataset_configs
+
+    f, out = c.fewshot, []
+    names = [n.strip() for n in f.datasets.split(",") if n.strip()]
+    most = max(f.shots)
+    for fields in dataset_configs(names, f.source or None, f.data_dir or None, f.train_split,
+                                  f.test_split):  # fmt: skip
+        cfg = default_config()
+        cfg.update(fields)
+        cfg.examples_per_class, cfg.subset_seed = most, f.seed  # as FewShotEvaluator reads
+        with console.absl_warnings_off():  # short classes are named below, not warned
+            train = _open(out, cfg, "fewshot.", cfg.train_split, "train_split")
+        _open(out, cfg, "fewshot.", cfg.test_split, "test_split")
+        if train is None or train.labels is None:
+            continue
+        counts = np.bincount(train.labels, minlength=train.num_classes)
+        short = [(k, int(n)) for k, n in enumerate(counts) if n < most]
+        if short:
+            k, n = short[0]
+            more = f" (and {len(short) - 1} more classes)" if len(short) > 1 else ""
+            out.append(
+                Problem(
+                    "fewshot.shots",
+                    tuple(f.shots),
+                    f"class {k} of {cfg.name} {cfg.train_split!r} has {n} example"
+                    f"{'s' if n != 1 else ''}{more}; "
+                    f"the largest shot takes {most} of each class",
+                )
+            )
+    return out
+
+
+def check(
+    config: ml_collections.ConfigDict,
+    *,
+    devices: int | None = None,
+    processes: int | None = None,
+    init_from_later: bool = False,
+    read_data: bool = True,
+) -> None:
+    """Raises a ConfigError naming every field of `config` that cannot make sense: from
+    the config alone, then against the devices and processes (this run's, unless given),
+    then against the data (unless `read_data` is False). Nothing is written.
+
+    Raises:
+        ConfigError: a ValueError; str() has one line per bad field.
+    """
+    found = problems(config)
+    raise_if_any(found)
+    if devices is None or processes is None:
+        import jax
+
+        devices, processes = jax.device_count(), jax.process_count()
+    raise_if_any(device_problems(config, devices, processes))
+    if read_data:
+        raise_if_any(data_problems(config, init_from_later))
