@@ -15,19 +15,23 @@ missing() {
   echo "setup.sh: $1" >&2
   if [ "${CI:-}" = true ] || [ "${CI:-}" = 1 ]; then exit 1; fi
 }
-# torch's CPU build for the format tests (transformers end to end), before ".[all]" so
-# that pip keeps it: the registry's default Linux wheel pulls ~3 GB of CUDA packages.
-if ! python3 -c "import torch" 2>/dev/null; then
-  $PIP "torch==2.13.0+cpu" 2>/dev/null \
-    || $PIP torch --index-url https://download.pytorch.org/whl/cpu \
-    || missing "no CPU build of torch found; the torch/transformers tests will skip"
+# PyTorch and torchvision for the format tests and for the lines `convert --format=timm`
+# prints (timm imports torchvision at start-up), installed before ".[all]" so that pip
+# keeps them. The CPU builds come from PyTorch's own index (~1 GB); where it cannot be
+# reached, pip takes the pair from the package registry (its Linux builds carry CUDA
+# libraries: several GB, but they run on the CPU too).
+pair() { python3 -c "import torch, torchvision" 2>/dev/null; }
+if ! pair; then
+  $PIP torch torchvision --index-url https://download.pytorch.org/whl/cpu 2>/dev/null || true
+  # The registry's torchvision loads only beside the registry's torch (a CPU torch
+  # already here makes pip pick a torchvision built for the other): take both from it.
+  pair || $PIP --upgrade torch torchvision || true
+  pair || missing "no torch/torchvision pair imports; the torch, transformers and timm tests will skip"
 fi
 $PIP -e ".[all]"
-# timm for the format tests (the timm export's printed lines run in real timm). --no-deps:
-# timm requires torchvision, whose registry builds pull CUDA torch over the CPU build
-# above; its light deps (pyyaml, huggingface_hub, safetensors: a core dependency) come
-# with ".[all]", and the tests stand in a minimal torchvision (tests/stubs) where none imports.
-$PIP --no-deps timm || missing "timm not installed; the timm format tests will skip"
+# timm for the format tests and the printed timm lines; with torch and torchvision in
+# place its other dependencies are light (pyyaml, huggingface_hub, safetensors).
+$PIP timm || missing "timm not installed; the timm format tests will skip"
 
 FMNIST=/usr/share/datasets/fashion-mnist
 if [ -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then

@@ -34,18 +34,11 @@ def reference_logits(model, params, x):
                       gelu=model.gelu, layer_norm_eps=model.layer_norm_eps)  # fmt: skip
 
 
-# A script run by a fresh Python with real timm: for each job, exec the printed recipe
-# lines as they are, then save the model's outputs on the job's images. torchvision,
-# which timm imports at start-up, comes from tests/stubs only where a real one does not
-# import (no registry build loads against the CPU torch of the tests).
+# A script run by a fresh Python with real timm (and the torchvision it imports, as
+# setup.sh installs them): for each job, exec the printed recipe lines as they are, then
+# save the model's outputs on the job's images.
 TIMM_DRIVER = """
 import json, sys
-try:
-    import torchvision  # noqa: F401
-except Exception:
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    sys.path.insert(0, sys.argv[2])
 import numpy as np, torch
 for job in json.load(open(sys.argv[1])):
     scope = {}
@@ -60,16 +53,14 @@ def run_in_timm(jobs, tmp_path):
     """Runs each job's `recipe` (Python text) in one subprocess with real timm; returns
     the outputs of its `model` on `images` (NHWC, one array per job)."""
     import json
-    import os
     import subprocess
     import sys
 
     for i, job in enumerate(jobs):
         job["logits"] = str(tmp_path / f"timm_logits{i}.npy")
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    stubs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs")
     run = subprocess.run(
-        [sys.executable, "-c", TIMM_DRIVER, str(tmp_path / "jobs.json"), stubs],
+        [sys.executable, "-c", TIMM_DRIVER, str(tmp_path / "jobs.json")],
         capture_output=True,
         text=True,
         timeout=600,

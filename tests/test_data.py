@@ -330,13 +330,10 @@ def folder_cfg(root, **overrides):
 
 
 def as_rgb(array: np.ndarray) -> np.ndarray:
-    """Gray repeated; RGBA over white (as `infer` always did): rgb * a + 255 * (1 - a)."""
+    """Gray repeated; RGBA without its alpha (as PIL's convert('RGB'), TF, timm, HF)."""
     if array.ndim == 2:
         return np.repeat(array[..., None], 3, -1)
-    if array.shape[-1] == 4:
-        alpha = array[..., 3:] / 255.0
-        return np.rint(array[..., :3] * alpha + 255.0 * (1.0 - alpha))
-    return array
+    return array[..., :3]
 
 
 def test_folder_decodes_gray_rgba_rgb_and_jpeg(tmp_path):

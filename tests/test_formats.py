@@ -177,10 +177,13 @@ TIMM_CASES = {
 
 @pytest.fixture(scope="module")
 def timm_installed():
-    import importlib.util
+    """timm and what it imports (torch, torchvision) import, as the printed lines need."""
+    from helpers import MISSING
 
-    if importlib.util.find_spec("timm") is None:
-        pytest.skip("timm is not installed (setup.sh: pip install --no-deps timm)")
+    try:
+        import timm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (a torchvision built for another torch raises too)
+        pytest.skip(f"{MISSING} timm does not import ({type(e).__name__}: {e}); run ./setup.sh")
 
 
 def _printed_recipe(capsys, *args):
@@ -331,11 +334,12 @@ def test_hf_export_loads_in_transformers_with_same_logits(case, numerics, tmp_pa
     assert_trees_equal(weights.read_checkpoint(tmp_path / f"hf{size}"), params)
 
 
-def _png(path, h, w, seed=0):
-    """A real image file: random RGB pixels, not the model's size."""
+def _png(path, h, w, seed=0, channels=3):
+    """A real image file: random RGB (or RGBA: random transparency) pixels, not the
+    model's size."""
     from PIL import Image
 
-    rgb = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    rgb = np.random.default_rng(seed).integers(0, 256, (h, w, channels), dtype=np.uint8)
     Image.fromarray(rgb).save(path)
     return str(path)
 
@@ -364,16 +368,17 @@ def test_hf_pipeline_classifies_files_as_infer_does(classes, labelled, capsys, t
     assert cfg["id2label"] == {str(i): n for i, n in enumerate(names)}
     assert cfg["label2id"] == {n: i for i, n in enumerate(names)}
     exec(printed, scope := {})  # the printed lines, as a user pastes them
-    image = _png(tmp_path / "photo.png", 37, 61)
-    got = scope["classify"](image, top_k=5)
-    probs = predict.predict(model, params, vit_images.load_images([image], (48, 48)))[0]
-    top = np.argsort(-probs)[:5]
-    assert [g["label"] for g in got] == [names[i] for i in top]
-    np.testing.assert_allclose([g["score"] for g in got], probs[top], atol=1e-5)
+    # An RGB photo, and a PNG with transparency: one rule for alpha in both (dropped).
+    for image in (_png(tmp_path / "photo.png", 37, 61), _png(tmp_path / "a.png", 30, 41, 1, 4)):
+        got = scope["classify"](image, top_k=5)
+        probs = predict.predict(model, params, vit_images.load_images([image], (48, 48)))[0]
+        top = np.argsort(-probs)[:5]
+        assert [g["label"] for g in got] == [names[i] for i in top]
+        np.testing.assert_allclose([g["score"] for g in got], probs[top], atol=1e-5)
     assert isinstance(scope["model"], transformers.ViTForImageClassification)
 
 
-def test_hf_labels_that_do_not_fit_are_named(capsys, tmp_path):
+def test_labels_that_do_not_fit_are_named(capsys, tmp_path):
     from helpers import run_command
 
     from vit_jax import convert as command
@@ -386,7 +391,8 @@ def test_hf_labels_that_do_not_fit_are_named(capsys, tmp_path):
         ("hf", "three.txt", r"labels file .*three\.txt has 3 lines but the model has 7 classes"),
         ("hf", "twice.txt", r"class names must differ.*repeated: 'a'"),
         ("hf", "none.txt", r"labels file not found: .*none\.txt"),
-        ("timm", "three.txt", r"--format=hf only; timm has no place for them"),
+        ("timm", "twice.txt", r"class names must differ.*repeated: 'a'"),
+        ("npz", "three.txt", r"labels file .*three\.txt has 3 lines but the model has 7 classes"),
     ]
     for fmt, labels, message in cases:
         capsys.readouterr()

@@ -56,13 +56,18 @@ def test_load_images_white_and_black(tmp_path):
     np.testing.assert_array_equal(images[1], -np.ones((8, 8, 3), np.float32))
 
 
-def test_load_images_transparent_goes_on_white(tmp_path):
-    clear = _write(tmp_path, "clear.png", "RGBA", (10, 10), (0, 0, 0, 0))
+def test_load_images_drop_alpha_as_pil_convert_does(tmp_path):
+    """Alpha dropped, the colour under it kept (as TensorFlow, timm and transformers'
+    pipeline read a file): a fully transparent red pixel is red."""
+    clear = _write(tmp_path, "clear.png", "RGBA", (10, 10), (255, 0, 0, 0))
     half = _write(tmp_path, "half.png", "LA", (10, 10), (0, 128))
-    images = images_lib.load_images([clear, half], (4, 4))
-    np.testing.assert_array_equal(images[0], np.ones((4, 4, 3), np.float32))
-    # Black at alpha 128/255 over white: 255 * (1 - 128/255) = 127 -> about 0.
-    np.testing.assert_allclose(images[1], 0.0, atol=0.01)
+    palette = tmp_path / "palette.png"  # a palette with a transparent entry
+    Image.new("P", (10, 10), 1).save(palette, transparency=1)
+    images = images_lib.load_images([clear, half, str(palette)], (4, 4))
+    np.testing.assert_array_equal(images[0], np.broadcast_to([1.0, -1.0, -1.0], (4, 4, 3)))
+    np.testing.assert_array_equal(images[1], -np.ones((4, 4, 3), np.float32))  # black
+    want = np.asarray(Image.open(palette).convert("RGB"), np.float32)[:4, :4]
+    np.testing.assert_array_equal(images[2], (want - 127.5) / 127.5)
 
 
 def test_load_images_palette_and_cmyk(tmp_path):

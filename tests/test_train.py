@@ -496,9 +496,13 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys, monkeypatch):
         path = tmp_path / part / "final.npz"
         assert run_command(infer, f"--checkpoint={path}", f"--image={image}", "--top_k=9") == 0
         assert len(capsys.readouterr().out.strip().splitlines()) == 1 + classes
-    args = [f"--checkpoint={tmp_path}/pretrain/final.npz", "--test_split=test[:50]", "--shots=1"]
-    assert run_command(fewshot_command, *args) == 0
-    assert "at 28x28" in capsys.readouterr().out
+    # The few-shot command on the pretrained file, with its defaults, prints recipe.json's.
+    assert run_command(fewshot_command, f"--checkpoint={tmp_path}/pretrain/final.npz") == 0
+    out = capsys.readouterr().out
+    assert "at 28x28" in out
+    row = out.strip().splitlines()[-1].split()
+    want = [f"{100 * summary[f'fewshot/fashion_mnist_{k}shot']:.2f}%" for k in (1, 5, 10, 25)]
+    assert row == ["fashion_mnist", *want], out
     path = f"--checkpoint={tmp_path}/finetune/final.npz"
     assert run_command(figures, path, f"--image={image}", f"--out={tmp_path}/fig") == 0
     assert json.load(open(tmp_path / "fig" / "inspect.json"))["grid"] == [10, 10]

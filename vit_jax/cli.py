@@ -259,7 +259,8 @@ def model_overrides() -> dict[str, object]:
 
 
 def load_model(head: bool = True):
-    """The flags' checkpoint as (model, params, (H, W)); see weights.load_model."""
+    """The flags' checkpoint, read once: `weights.Loaded` (model, params, image_size and
+    the head's class names where the file names them)."""
     from absl import flags
 
     from vit_jax import weights
@@ -269,9 +270,7 @@ def load_model(head: bool = True):
     overrides = model_overrides()
     size = images.parse_image_size(f.image_size)
     try:
-        return weights.load_model(
-            f.checkpoint, f.model, size, head, patch_size=f.patch_size, **overrides
-        )
+        return weights.load(f.checkpoint, f.model, size, head, patch_size=f.patch_size, **overrides)
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
 

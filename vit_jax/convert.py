@@ -16,9 +16,11 @@ hidden_act and layer_norm_eps); --numerics=original computes the original ViT's 
 google/vit-base-patch16-224, whose config.json says 'gelu' and 1e-12. The last lines say
 how to load OUT, as Python to paste: for timm, lines that build timm's VisionTransformer
 with every argument and load OUT strictly; for hf, from_pretrained and
-pipeline('image-classification'). An hf directory carries the class names
-(--labels=FILE, one a line as for vit_jax.infer; a 1000-class head gets the ImageNet
-names) and preprocessor_config.json (the resize and [-1, 1] scaling of vit_jax.infer).
+pipeline('image-classification'). Every format but saved_model keeps the head's class
+names: the input's own (the files this package writes carry them), or --labels=FILE
+(one a line, as for vit_jax.infer); an hf directory without any names a 1000-class
+head with ImageNet's. An hf directory also holds preprocessor_config.json (the resize
+and [-1, 1] scaling of vit_jax.infer).
 See vit_jax/weights/.
 """
 
@@ -37,7 +39,7 @@ def define_flags() -> None:
     flags.DEFINE_string("out", None, "Output file (npz, timm, onnx) or directory.", required=True)
     flags.DEFINE_integer("num_classes", None, "New zero head of K classes (0: none).")
     flags.DEFINE_string(
-        "labels", None, "hf only: class names, one a line (default: ImageNet's for 1000)."
+        "labels", None, "Class names, one a line (default: the input's own, if it names them)."
     )
 
 

@@ -1,8 +1,9 @@
 """Top-1 and top-5 accuracy of a classifier checkpoint on a dataset split.
 
     python -m vit_jax.evaluate --checkpoint=PATH --dataset=NAME [--model=NAME] \\
-        [--source=tfds|folder|idx] [--data_dir=DIR] [--split=test] [--image_size=N] \\
+        [--source=tfds|idx] [--data_dir=DIR] [--split=test] [--image_size=N] \\
         [--classes=5,6,7,8,9] [--labels=MAP] [--batch_size=64]
+    python -m vit_jax.evaluate --checkpoint=PATH --source=folder --data_dir=DIR [--split=test]
 
 PATH is any checkpoint format (published .npz, timm .safetensors, Hugging Face
 directory, or a published file's gs:// path). The preprocessing is the fine-tuning
@@ -26,14 +27,18 @@ the same subset: --classes lists the dataset class ids in the head's order, rela
 
 --labels maps the dataset's classes (after --classes) to the head's when their order
 differs: head class indices, one per dataset class, comma-separated or one a line in a
-file. Without --source, 'fashion_mnist' is read from the Debian idx files, any other
-name from TFDS; --source=folder reads DIR/<split>/<class>/*.jpg (--data_dir=DIR), only
-the evaluated split.
+file. A checkpoint that names its classes (every file this package writes does) needs
+neither where the dataset names its classes too: the classes are matched by name (the
+main job's fine-tuned checkpoint on fashion_mnist keeps classes 5-9 by itself). Without
+--source, 'fashion_mnist' is read from the Debian idx files, any other name from TFDS;
+--source=folder reads DIR/<split>/<class>/*.jpg (--data_dir=DIR, no --dataset), only
+the evaluated split. Top-k is reported for k below the head's classes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from absl import flags
 
@@ -42,7 +47,9 @@ from vit_jax import cli
 
 def define_flags() -> None:
     cli.define_model_flags()
-    flags.DEFINE_string("dataset", None, "Dataset name, e.g. cifar10.", required=True)
+    flags.DEFINE_string(
+        "dataset", None, "Dataset name, e.g. cifar10 (with --source=folder: the folder's name)."
+    )
     flags.DEFINE_enum(
         "source", None, ["idx", "tfds", "folder"], "Default: idx for fashion_mnist, else tfds."
     )
@@ -63,30 +70,39 @@ def main() -> None:
     from vit_jax.evaluation import classify
 
     f = flags.FLAGS
+    if not f.dataset and f.source != "folder":
+        raise ValueError(
+            "--dataset is required: a TFDS name such as cifar10, or fashion_mnist (the idx "
+            "files); an image folder needs --source=folder --data_dir=DIR instead"
+        )
     source = f.source or ("idx" if f.dataset == "fashion_mnist" else "tfds")
-    dataset = {"source": source, "name": f.dataset, "test_split": f.split}
-    if f.data_dir:
-        dataset["data_dir"] = f.data_dir
-    elif source == "folder":
+    if source == "folder" and not f.data_dir:
         raise ValueError(
             "--source=folder needs --data_dir=DIR, the image folder with "
             f"DIR/{f.split.split('[')[0]}/<class>/*.jpg (one directory per class)"
         )
+    name = f.dataset or os.path.basename(os.path.normpath(f.data_dir))
+    dataset = {"source": source, "name": name, "test_split": f.split}
+    if f.data_dir:
+        dataset["data_dir"] = f.data_dir
     if f.classes:
         dataset["classes"] = classify.parse_classes(f.classes)
     label_map = classify.read_label_map(f.labels) if f.labels else None
-    model, params, size = cli.load_model(head=True)
+    loaded = cli.load_model(head=True)
+    model, params, size = loaded.model, loaded.params, loaded.image_size
     if not model.num_classes:
         raise ValueError(f"{f.checkpoint} has no classification head: nothing to evaluate")
     result = classify.evaluate(
-        model, params, dataset, f.split, size, f.batch_size, label_map, f.progress
+        model, params, dataset, f.split, size, f.batch_size, label_map, f.progress, loaded.labels
     )
     title = cli.model_title(f.model, f.checkpoint, size)
-    subset = f" classes {','.join(f.classes)}" if f.classes else ""
-    print(
-        f"{title} on {f.dataset} {f.split}{subset} ({result['examples']} images): "
-        f"top-1 {100 * result['top1']:.2f}%, top-5 {100 * result['top5']:.2f}%"
-    )
+    classes = result["classes"]
+    subset = f" classes {','.join(map(str, classes))}" if classes else ""
+    if result["matched_by_name"]:
+        subset += " (matched to the head's classes by name)"
+    scores = ", ".join(f"top-{k} {100 * result[f'top{k}']:.2f}%" for k in classify.TOP_K
+                       if f"top{k}" in result)  # fmt: skip
+    print(f"{title} on {name} {f.split}{subset} ({result['examples']} images): {scores}")
     print(json.dumps({"checkpoint": f.checkpoint, "image_size": list(size), **result}))
 
 

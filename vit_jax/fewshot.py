@@ -64,7 +64,8 @@ def main() -> None:
     except ValueError:
         raise ValueError(f"--shots={','.join(f.shots)}: expected integers like 1,5,10,25") from None
     datasets = fewshot.dataset_configs(f.dataset, f.source, f.data_dir, f.train_split, f.test_split)
-    model, params, size = cli.load_model(head=False)
+    loaded = cli.load_model(head=False)
+    model, params, size = loaded.model, loaded.params, loaded.image_size
     evaluator = fewshot.FewShotEvaluator(datasets, shots, f.l2, f.seed, size, f.batch_size)
     results = fewshot.by_dataset(evaluator.run(model, params))
     title = cli.model_title(f.model, f.checkpoint, size)

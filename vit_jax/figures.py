@@ -47,7 +47,8 @@ def main() -> None:
     plots.pyplot()  # fail early, before any work, when matplotlib is missing
     if f.image:
         images.check_images_exist(f.image)
-    model, params, size = cli.load_model(head=False)
+    loaded = cli.load_model(head=False)
+    model, params, size = loaded.model, loaded.params, loaded.image_size
     if f.image:
         x = images.load_images(f.image, size)
         names = [os.path.basename(p) for p in f.image]

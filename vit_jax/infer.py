@@ -5,9 +5,10 @@
 
 Without --model the architecture is read from the checkpoint (so the models this
 package trains, e.g. workdirs/recipe/finetune/final.npz, need no name). The number of
-classes is the checkpoint's head. With 1000 classes the names are the ImageNet-1k ones
-shipped in vit_jax/data/imagenet_classes.txt; any other head needs --labels (one name a line)
-or is printed as `class i`. Without --image_size the images are resized to the
+classes is the checkpoint's head. Class names: --labels (one name a line), else the
+checkpoint's own (every file this package writes keeps the names of the classes it was
+trained on), else the ImageNet-1k ones for 1000 classes (vit_jax/data/imagenet_classes.txt),
+else `class i`. Without --image_size the images are resized to the
 resolution the checkpoint's position embeddings were made for.
 """
 
@@ -23,7 +24,9 @@ from vit_jax.models import predict
 def define_flags() -> None:
     cli.define_model_flags()
     flags.DEFINE_multi_string("image", None, "Image file; repeat for more.", required=True)
-    flags.DEFINE_string("labels", None, "Class names, one a line (default: ImageNet for 1000).")
+    flags.DEFINE_string(
+        "labels", None, "Class names, one a line (default: the checkpoint's, else ImageNet's)."
+    )
     flags.DEFINE_integer("top_k", 5, "Classes printed per image.", lower_bound=1)
     flags.DEFINE_integer("batch_size", 32, "Images per forward pass.", lower_bound=1)
 
@@ -31,10 +34,11 @@ def define_flags() -> None:
 def main() -> None:
     f = flags.FLAGS
     images.check_images_exist(f.image)  # before the checkpoint is read
-    model, params, size = cli.load_model(head=True)
+    loaded = cli.load_model(head=True)
+    model, params, size = loaded.model, loaded.params, loaded.image_size
     if not model.num_classes:
         raise ValueError(f"{f.checkpoint} has no classification head: nothing to classify with")
-    names = images.class_names(model.num_classes, f.labels)
+    names = images.class_names(model.num_classes, f.labels, loaded.labels)
     probs = predict.predict(model, params, images.load_images(f.image, size), f.batch_size)
     indices, values = predict.top_k(probs, f.top_k)
     print(predict.format_predictions(f.image, indices, values, names))

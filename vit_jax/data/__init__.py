@@ -30,7 +30,7 @@ from typing import Any
 
 from vit_jax.data.config import DEFAULT_IDX_DIR, default_config
 
-_PIPELINE = ("eval_iterator", "num_classes", "num_examples", "train_iterator")
+_PIPELINE = ("class_names", "eval_iterator", "num_classes", "num_examples", "train_iterator")
 
 __all__ = ["DEFAULT_IDX_DIR", "CorruptImageError", "default_config", *_PIPELINE]
 

@@ -63,7 +63,7 @@ def parse_image_size(value: int | str | Sequence[int] | None) -> tuple[int, int]
 def load_image(path: str, image_size: tuple[int, int]) -> np.ndarray:
     """Reads one image file as the model's input, as the input pipeline's evaluation does.
 
-    `pixels.decode` (EXIF orientation, any mode to RGB, transparency over white), then
+    `pixels.decode` (EXIF orientation, any mode to RGB, alpha dropped), then
     `pixels.resize` to ``image_size`` (PIL bilinear, no crop, so the aspect ratio is not
     kept), then ``(x - 127.5) / 127.5``.
 
@@ -128,17 +128,20 @@ def imagenet_class_names() -> list[str]:
     return text.splitlines()
 
 
-def class_names(num_classes: int, labels_file: str | None = None) -> list[str]:
+def class_names(
+    num_classes: int, labels_file: str | None = None, stored: Sequence[str] | None = None
+) -> list[str]:
     """Names for the classes of a head with ``num_classes`` outputs.
 
     Args:
       num_classes: Width of the classification head.
       labels_file: Optional text file with one class name a line (trailing
         blank lines are ignored).
+      stored: The names the checkpoint itself holds, if any.
 
     Returns:
-      The labels file's lines if given; else the ImageNet-1k names for 1000
-      classes; else ``["class 0", "class 1", ...]``.
+      The labels file's lines if given; else `stored`; else the ImageNet-1k names
+      for 1000 classes; else ``["class 0", "class 1", ...]``.
 
     Raises:
       ValueError: If the labels file's line count differs from ``num_classes``.
@@ -156,6 +159,8 @@ def class_names(num_classes: int, labels_file: str | None = None) -> list[str]:
                 f"{num_classes} classes"
             )
         return names
+    if stored is not None:
+        return list(stored)
     if num_classes == 1000:
         return imagenet_class_names()
     return [f"class {i}" for i in range(num_classes)]

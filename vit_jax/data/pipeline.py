@@ -39,6 +39,14 @@ def num_classes(cfg: ml_collections.ConfigDict) -> int:
     return tables.open_table(cfg, cfg.train_split).num_classes
 
 
+def class_names(cfg: ml_collections.ConfigDict) -> list[str] | None:
+    """The names of the classes the model predicts, in label order (after dataset.classes),
+    where the source names them (folders, TFDS, Fashion-MNIST); None elsewhere."""
+    config_lib.validate(cfg)
+    names = tables.open_table(cfg, cfg.train_split).class_names
+    return None if names is None else list(names)
+
+
 def num_examples(cfg: ml_collections.ConfigDict, split: str) -> int:
     """Examples of a split spec over all processes, after slicing and subsetting.
 

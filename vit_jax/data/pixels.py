@@ -4,7 +4,7 @@ Training, evaluation, few-shot, `infer`, `evaluate` and the figures all read pix
 through these functions, so one image file gives the same model input everywhere:
 
   decode     file or bytes -> uint8 [h, w, 3]: EXIF orientation applied, any PIL mode
-             to RGB (transparency over white, 16-bit scaled to 8).
+             to RGB (alpha dropped, 16-bit scaled to 8).
   resize     uint8 [h, w, c] -> uint8 [H, W, c]: PIL's bilinear filter, antialiased
              when shrinking (the filter widens with the scale), rounded to uint8 -- what
              PIL-based pipelines (HF's ViTImageProcessor, timm) compute.
@@ -34,15 +34,13 @@ DECODE_ERRORS = (
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Any PIL mode -> RGB; transparency is composited on white, 16-bit scaled to 8."""
-    if image.mode == "RGB" and "transparency" not in image.info:
+    """Any PIL mode -> RGB, as PIL's `convert('RGB')`: the alpha channel (and a palette's
+    transparency) is dropped, the colour under it kept. That is what the pipelines the
+    checkpoints meet elsewhere do to a file: TensorFlow's decode_png(channels=3), timm's
+    loader, and transformers' `pipeline(...)(path)` (its load_image). 16-bit and float
+    images are scaled to 8 bits (convert('RGB') would clip them to white)."""
+    if image.mode == "RGB":
         return image
-    if image.mode in ("RGBA", "LA", "PA") or (
-        image.mode in ("P", "L", "RGB") and "transparency" in image.info
-    ):
-        rgba = image.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
     if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
         array = np.asarray(image, dtype=np.float64) / 257.0  # 0..65535 onto 0..255
         return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8)).convert("RGB")

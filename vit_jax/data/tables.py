@@ -33,6 +33,9 @@ class Table:
             batched preprocessing (pixels.resize_batch).  # uint8 [N, h, w, c]
         labels: Every example's label, where known without decoding (idx and folder
             sources; TFDS when a class subset or budget made it read them).  # int64 [N]
+        class_names: The name of each class, in label order (after subsetting), where
+            the source names them: the folder names, TFDS's ClassLabel names, the
+            Fashion-MNIST and MNIST classes of the idx source.
     """
 
     size: int
@@ -42,12 +45,29 @@ class Table:
     num_skipped: int = 0
     images: np.ndarray | None = None
     labels: np.ndarray | None = None
+    class_names: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return self.size
 
 
 _TABLES: dict[tuple, Table] = {}
+# The classes of the idx datasets by name: Fashion-MNIST's (as its project and TFDS name
+# them) and MNIST's digits.
+IDX_CLASS_NAMES = {
+    "fashion_mnist": (
+        "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+        "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    ),
+    "mnist": tuple(str(d) for d in range(10)),
+}  # fmt: skip
+
+
+def _kept(names, classes) -> tuple[str, ...] | None:
+    """The names of the classes kept (`classes`, in their order), or all of them."""
+    if names is None:
+        return None
+    return tuple(names[c] for c in classes) if classes is not None else tuple(names)
 
 
 def open_table(cfg: ml_collections.ConfigDict, spec: str) -> Table:
@@ -79,7 +99,11 @@ def _open_idx(cfg, spec: str, classes, epc) -> Table:
     kept_images = images[split.start + kept]  # uint8 [N, H, W, C]
     num_classes = len(classes) if classes else total
     example = lambda i: (kept_images[i], int(new_labels[i]))
-    return Table(len(kept), num_classes, example, images=kept_images, labels=new_labels)
+    names = IDX_CLASS_NAMES.get(cfg.name)
+    names = _kept(names, classes) if names is not None and len(names) == total else None
+    return Table(
+        len(kept), num_classes, example, images=kept_images, labels=new_labels, class_names=names
+    )
 
 
 def _open_folder(cfg, spec: str, classes, epc) -> Table:
@@ -95,7 +119,8 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     num_classes = len(classes) if classes else len(class_names)
     if not (cfg.skip_corrupt or cfg.cache):
         example = lambda i: (folder_source.load(paths[i]), int(new_labels[i]))
-        return Table(len(paths), num_classes, example, paths, labels=new_labels)
+        names = _kept(class_names, classes)
+        return Table(len(paths), num_classes, example, paths, labels=new_labels, class_names=names)
 
     ok, images, failures = folder_source.decode_all(paths, keep_images=cfg.cache)
     if failures and not cfg.skip_corrupt:
@@ -113,7 +138,13 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     load = images.__getitem__ if cfg.cache else (lambda i: folder_source.load(paths[i]))
     example = lambda i: (load(i), int(new_labels[i]))
     return Table(
-        len(paths), num_classes, example, paths, num_skipped=len(failures), labels=new_labels
+        len(paths),
+        num_classes,
+        example,
+        paths,
+        num_skipped=len(failures),
+        labels=new_labels,
+        class_names=_kept(class_names, classes),
     )
 
 
@@ -148,4 +179,6 @@ def _open_tfds(cfg, spec: str, classes, epc) -> Table:
     if cfg.cache:
         examples = [example(i) for i in range(len(kept))]
         example = examples.__getitem__
-    return Table(len(kept), len(classes) if classes else total, example, labels=kept_labels)
+    names = _kept(tfds_source.class_names(builder), classes)
+    num_classes = len(classes) if classes else total
+    return Table(len(kept), num_classes, example, labels=kept_labels, class_names=names)

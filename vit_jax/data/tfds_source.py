@@ -101,6 +101,12 @@ def num_classes(builder) -> int:
     return int(builder.info.features["label"].num_classes)
 
 
+def class_names(builder) -> list[str] | None:
+    """The label feature's class names (None where it has none)."""
+    names = list(getattr(builder.info.features["label"], "names", None) or [])
+    return names if len(names) == num_classes(builder) else None
+
+
 @functools.lru_cache(maxsize=16)
 def records(builder, name: str):
     """Random-access records of split `name`: [i] -> {'image': encoded bytes, 'label': int}."""

@@ -64,16 +64,21 @@ def evaluate(
     batch_size: int = 64,
     label_map: Sequence[int] | None = None,
     progress: bool = True,
+    head_labels: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Top-1/top-5 accuracy of `model` on `split` of `dataset` (fields of
     `vit_jax.data.default_config()`, e.g. {'source': 'tfds', 'name': 'cifar10'}).
 
     Only `split` is read (an image folder needs no train/ directory). `dataset['classes']`
-    keeps those classes, relabelled 0..K-1 in their order (as training does).
+    keeps those classes, relabelled 0..K-1 in their order (as training does). With
+    `head_labels` (the class names the checkpoint holds) and a dataset that names its
+    classes, the classes are matched by name where no label map is given: the dataset's
+    classes the head knows are kept, each scored against the head class of its name.
 
     Returns:
-      {'dataset', 'split', 'classes', 'examples', 'top1', 'top5'} with accuracies in
-      [0, 1]; 'classes' is the subset's list or None.
+      {'dataset', 'split', 'classes', 'examples', 'top1', 'top5', 'matched_by_name'}
+      with accuracies in [0, 1]; 'classes' is the subset's list or None; top-k only for
+      k below the head's classes (top-5 of 5 classes is always 100%).
 
     Raises:
       ValueError: a head narrower than the dataset's classes without a label map (the
@@ -85,8 +90,14 @@ def evaluate(
     cfg = data.default_config()
     cfg.update(dict(dataset))
     cfg.train_split = split  # nothing else is read: an image folder needs only this split
-    k_data = data.num_classes(cfg)
     k_head = model.num_classes or 0
+    matched = False
+    if label_map is None and head_labels is not None:
+        found = match_by_name(data.class_names(cfg), cfg.classes, list(head_labels))
+        if found is not None:
+            cfg.classes, label_map = found
+            matched = True
+    k_data = data.num_classes(cfg)
     if label_map is not None and (min(label_map) < 0 or max(label_map) >= k_head):
         raise ValueError(f"the label map names head classes outside 0..{k_head - 1}")
     if label_map is None and k_data > k_head:
@@ -100,17 +111,41 @@ def evaluate(
         process_index=0,
         process_count=1,
     )
+    ks = [k for k in TOP_K if k == 1 or k < k_head]
     with batches:
         bar = console.bar(batches, -(-n // batch_size), f"evaluate {cfg.name} {split}", progress)
-        got = counts(model, params, bar, label_map)
+        got = counts(model, params, bar, label_map, ks)
     m = max(got["examples"], 1)
     return {
         "dataset": cfg.name,
         "split": split,
         "classes": None if cfg.classes is None else list(cfg.classes),
+        "matched_by_name": matched,
         "examples": got["examples"],
-        **{f"top{k}": got[f"top{k}"] / m for k in TOP_K},
+        **{f"top{k}": got[f"top{k}"] / m for k in ks},
     }
+
+
+def match_by_name(
+    names: Sequence[str] | None, classes: Sequence[int] | None, head: Sequence[str]
+) -> tuple[tuple[int, ...] | None, list[int] | None] | None:
+    """(dataset classes to keep, label map or None for the identity) that score each
+    dataset class the head knows against the head class of the same name; None when
+    names do not say (the dataset names none, or none of them is the head's).
+
+    `names`: the dataset's class names after `classes` (its subset, or None for all).
+    """
+    if names is None:
+        return None
+    ids = list(classes) if classes is not None else list(range(len(names)))
+    known = [(i, n) for i, n in zip(ids, names, strict=True) if n in head]
+    if not known or (classes is not None and len(known) < len(ids)):
+        return None
+    kept = tuple(i for i, _ in known)
+    label_map = [list(head).index(n) for _, n in known]
+    if classes is None and kept == tuple(range(len(names))):
+        kept = None  # every class of the dataset: no subset
+    return kept, None if label_map == list(range(len(head))) else label_map
 
 
 def _narrow_head_message(cfg: Any, k_data: int, k_head: int) -> str:

@@ -138,10 +138,12 @@ def restore_or_create(
     return state, shardings
 
 
-def export_npz(path: str, params: Any, computes: dict | None = None) -> None:
+def export_npz(
+    path: str, params: Any, computes: dict | None = None, labels: list[str] | None = None
+) -> None:
     """`params` (sharded, possibly over several processes) -> a published-layout .npz,
-    written by process 0, with the model's numerics `computes` (`numerics.of_model`).
-    Every process must call it (the arrays are gathered)."""
+    written by process 0, with the model's numerics `computes` (`numerics.of_model`) and
+    its head's class names `labels`. Every process must call it (the arrays are gathered)."""
     host = distributed.to_host(params)
     if distributed.is_lead():
-        save_npz(path, host, computes)
+        save_npz(path, host, computes, labels)

@@ -234,7 +234,9 @@ def _run(
             evals.update(evaluate(loop, state.params))
         if config.export_npz:
             computes = numerics.of_model(model)  # a run fine-tuned from timm or HF keeps them
-            _export(os.path.join(workdir, "final.npz"), state.params, saver.directory, computes)
+            names = data.class_names(config.dataset)  # infer names the classes with them
+            final = os.path.join(workdir, "final.npz")
+            _export(final, state.params, saver.directory, computes, names)
         summary = {
             "model": config.model.name,
             "steps": int(jax.device_get(state.step)),
@@ -339,10 +341,16 @@ def _stop(loop: Loop, step: int, signal_name: str, saved: bool) -> None:
     raise preemption.stopped(step, signal_name, checkpoint)
 
 
-def _export(path: str, params: Any, checkpoints: str, computes: dict | None = None) -> None:
+def _export(
+    path: str,
+    params: Any,
+    checkpoints: str,
+    computes: dict | None = None,
+    labels: list[str] | None = None,
+) -> None:
     """export_npz, with the run's one message when the file cannot be written."""
     try:
-        export_npz(path, params, computes)
+        export_npz(path, params, computes, labels)
     except OSError as e:
         raise OSError(
             f"could not write {path}: {e.strerror or e}. Nothing half-written was left. "

@@ -3,13 +3,14 @@
   errors.py          CheckpointError: a file that cannot be read or does not fit
   architecture.py    what a checkpoint's parameters say about its model; native resolution
   numerics.py        what they cannot say: the GELU form and LayerNorm epsilon, per format
+  labels.py          the head's class names, per format
   npz.py             the published .npz: every layout read, the original one written
   safetensors_io.py  the safetensors file format
   timm.py, hf.py     timm's state dict; Hugging Face ViTForImageClassification directories
   remote.py          published files at gs:// and https:// paths, fetched into a cache
   read.py            any of those -> the original-layout tree (`read_checkpoint`)
   adapt.py           a tree fitted to a model: position embeddings, patch kernel, head
-  load.py            read, then adapt: `load_pretrained`, `load_model`
+  load.py            read, then adapt: `load_pretrained`, `load` / `load_model`
   export.py          ONNX (onnx_graph.py) and TensorFlow SavedModel exports
   convert.py         one converter (library side of `python -m vit_jax.convert`)
   published.py       the published checkpoints (name, data, resolution, path, accuracy)
@@ -20,16 +21,18 @@ The names below are the ones a user needs, one import away (`from vit_jax import
 
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.errors import CheckpointError
-from vit_jax.weights.load import load_model, load_pretrained
+from vit_jax.weights.load import Loaded, load, load_model, load_pretrained
 from vit_jax.weights.npz import canonical, load_npz, save_npz, stack_blocks, unstack_blocks
 from vit_jax.weights.read import FORMATS_READ, detect_format, read_checkpoint
 
 __all__ = [
     "FORMATS_READ",
     "CheckpointError",
+    "Loaded",
     "adapt",
     "canonical",
     "detect_format",
+    "load",
     "load_model",
     "load_npz",
     "load_pretrained",

@@ -9,16 +9,18 @@ Formats written:
   timm         a .safetensors state dict for timm's VisionTransformer; `how_to_load` is
                Python lines that build timm's VisionTransformer and load it strictly
   hf           a directory for transformers' ViTForImageClassification.from_pretrained
-               and pipeline('image-classification'): config.json (class names: `labels`,
-               or the ImageNet names for a 1000-class head), model.safetensors and
-               preprocessor_config.json (this package's resize and [-1, 1] scaling)
+               and pipeline('image-classification'): config.json (class names in
+               id2label; the ImageNet names for a 1000-class head without any),
+               model.safetensors and preprocessor_config.json (this package's resize and
+               [-1, 1] scaling)
   onnx         an ONNX model with a dynamic batch dimension (see export.py)
   saved_model  a TensorFlow SavedModel, signature serving_default: images -> logits
-Every output computes the model's function, its numerics (GELU form, LayerNorm epsilon)
-included: npz and timm files record them (numerics.py), hf's config.json says them as
-transformers reads them, the timm recipe builds timm's model with them, and the ONNX and
-SavedModel graphs compute them. Every output is written under a temporary name and
-renamed when complete.
+Every output but saved_model keeps the head's class names (labels.py), the input's own
+unless `labels` says others. Every output computes the model's function, its numerics
+(GELU form, LayerNorm epsilon) included: npz and timm files record them (numerics.py),
+hf's config.json says them as transformers reads them, the timm recipe builds timm's
+model with them, and the ONNX and SavedModel graphs compute them. Every output is
+written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from flax import traverse_util
 from vit_jax.data import images
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import hf, npz, numerics, safetensors_io, timm
+from vit_jax.weights import labels as labels_lib
 from vit_jax.weights.adapt import adapt
-from vit_jax.weights.load import load_model
+from vit_jax.weights.load import Loaded
+from vit_jax.weights.load import load as load_checkpoint
 
 FORMATS = ("npz", "timm", "hf", "onnx", "saved_model")
 
@@ -58,14 +62,16 @@ def load(
     num_classes: int | None = None,
     patch_size: int | None = None,
     **overrides: Any,
-) -> tuple[VisionTransformer, dict, tuple[int, int]]:
-    """The checkpoint as (model, params, size), with a new zero head of `num_classes`
-    classes when it differs from the stored one (0: no head)."""
-    m, params, size = load_model(path, model, image_size, True, patch_size=patch_size, **overrides)
+) -> Loaded:
+    """The checkpoint, with a new zero head of `num_classes` classes when it differs from
+    the stored one (0: no head; the stored class names no longer apply)."""
+    loaded = load_checkpoint(path, model, image_size, True, patch_size=patch_size, **overrides)
+    m, params, size = loaded.model, loaded.params, loaded.image_size
     if num_classes is not None and num_classes != (m.num_classes or 0):
         m = m.clone(num_classes=num_classes or None)
         params = adapt(params, m, size, reset_head=True, source=str(path))
-    return m, params, size
+        return Loaded(m, params, size, None)
+    return loaded
 
 
 def convert(
@@ -81,27 +87,27 @@ def convert(
 ) -> Converted:
     """Read `path` (any format read), write it as `fmt` at `out`.
 
-    `labels`, the class names of an hf export's config.json: one per output of the head,
-    or the path of a text file with one a line (as `python -m vit_jax.infer --labels`).
+    `labels`: the head's class names, one per output, or the path of a text file with
+    one a line (as `python -m vit_jax.infer --labels`); None keeps the input's own (the
+    files this package writes name them), where the head is kept. Every format but
+    saved_model carries them (labels.py; an ONNX model as metadata).
 
     Raises:
-      ValueError: an unknown format, one that cannot hold the model, or labels for a
-        format without class names or that do not fit the head (named).
+      ValueError: an unknown format, one that cannot hold the model, or labels that do
+        not fit the head (named).
       FileNotFoundError, CheckpointError: an unreadable input.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
-    if labels is not None and fmt != "hf":
-        raise ValueError(
-            f"class names (--labels) are carried by --format=hf only; {fmt} has no place "
-            "for them: leave --labels out, and pass it to python -m vit_jax.infer instead"
-        )
     if isinstance(labels, (str, os.PathLike)) and not os.path.isfile(labels):
         raise FileNotFoundError(f"labels file not found: {labels}")  # before the slow load
-    m, params, size = load(path, model, image_size, num_classes, patch_size, **overrides)
+    loaded = load(path, model, image_size, num_classes, patch_size, **overrides)
+    m = loaded.model
     if isinstance(labels, (str, os.PathLike)):
         labels = images.class_names(m.num_classes or 0, str(labels))
-    return write(params, m, size, fmt, out, labels)
+    elif labels is None:
+        labels = loaded.labels
+    return write(loaded.params, m, loaded.image_size, fmt, out, labels)
 
 
 def write(
@@ -112,9 +118,10 @@ def write(
     out: str | os.PathLike,
     labels: Sequence[str] | None = None,
 ) -> Converted:
-    """Write a model's parameters (original layout) as `fmt` at `out`; `labels`: the class
-    names of an hf export (None: ImageNet's for a 1000-class head, else LABEL_i). The
-    directory that holds `out` is created if it does not exist."""
+    """Write a model's parameters (original layout) as `fmt` at `out` with `labels`, the
+    head's class names (None: none; an hf export then names a 1000-class head with
+    ImageNet's, any other LABEL_i). The directory that holds `out` is created if it does
+    not exist."""
     out = str(out)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     if model.scan:
@@ -123,8 +130,10 @@ def write(
         )
         model = model.clone(scan=False)
     computes = numerics.of_model(model)
+    if labels is not None:
+        labels = labels_lib.checked(labels, model.num_classes or 0, "the class names")
     if fmt == "npz":
-        npz.save_npz(out, params, computes)
+        npz.save_npz(out, params, computes, labels)
         how = f"vit_jax.weights.load_model({out!r})"
         if numerics.is_original(computes):
             how += "  # or the original code's np.load"
@@ -132,7 +141,8 @@ def write(
         tensors = {k: np.asarray(v, np.float32) for k, v in timm.to_timm(params).items()}
         how = timm.recipe(model, size, os.path.abspath(out))
         meta = {"format": "pt", "num_heads": str(model.num_heads)}
-        safetensors_io.write(out, tensors, {**meta, **numerics.to_timm_metadata(computes)})
+        meta.update(numerics.to_timm_metadata(computes), **labels_lib.to_timm_metadata(labels))
+        safetensors_io.write(out, tensors, meta)
     elif fmt == "hf":
         tensors = {k: np.asarray(v, np.float32) for k, v in hf.to_hf(params).items()}
         if labels is None and model.num_classes == 1000:
@@ -143,11 +153,16 @@ def write(
         how = (
             "import transformers\n"
             f"model = transformers.ViTForImageClassification.from_pretrained({d!r})\n"
-            f"classify = transformers.pipeline('image-classification', model={d!r})\n"
+            "# PIL's resize, as vit_jax computes (transformers prefers torchvision's where\n"
+            "# torchvision is installed, which rounds differently)\n"
+            f"processor = transformers.AutoImageProcessor.from_pretrained({d!r}, backend='pil')\n"
+            "classify = transformers.pipeline(\n"
+            f"    'image-classification', model=model, image_processor=processor\n"
+            ")\n"
             "# classify('cat.jpg') -> the top 5 classes with their probabilities"
         )
     else:
         from vit_jax.weights import export
 
-        how = export.export(params, model, size, fmt, out)
+        how = export.export(params, model, size, fmt, out, labels)
     return Converted(out, fmt, model, size, how)

@@ -21,6 +21,7 @@ temporary name and renamed when complete.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,17 @@ from vit_jax.models.vit import VisionTransformer
 
 
 def export(
-    params: dict, model: VisionTransformer, size: tuple[int, int], fmt: str, out: str
+    params: dict,
+    model: VisionTransformer,
+    size: tuple[int, int],
+    fmt: str,
+    out: str,
+    labels: list[str] | None = None,
 ) -> str:
-    """Write `fmt` ('onnx' or 'saved_model') at `out`; returns how to load it."""
+    """Write `fmt` ('onnx' or 'saved_model') at `out`; returns how to load it. An ONNX
+    model keeps `labels` (the class names) as metadata property `labels` (a JSON list)."""
     if fmt == "onnx":
-        export_onnx(params, model, size, out)
+        export_onnx(params, model, size, out, labels=labels)
         return f"onnxruntime.InferenceSession({out!r}).run(['logits'], {{'images': x}})"
     if fmt == "saved_model":
         export_saved_model(params, model, size, out)
@@ -48,8 +55,10 @@ def export_onnx(
     size: tuple[int, int],
     out: str,
     external_above: int | None = None,
+    labels: list[str] | None = None,
 ) -> None:
-    """An ONNX model with a dynamic batch dimension at `out`. Weights over
+    """An ONNX model with a dynamic batch dimension at `out`, `labels` as its metadata
+    property 'labels' (a JSON list of the class names). Weights over
     `external_above` bytes (default onnx_graph.EXTERNAL_ABOVE, under protobuf's 2 GiB)
     go to `out`.data beside it, which onnxruntime reads from the same directory.
 
@@ -68,6 +77,8 @@ def export_onnx(
     files.check_new(path)  # before the graph is built
     limit = onnx_graph.EXTERNAL_ABOVE if external_above is None else external_above
     proto = onnx_graph.build(params, model, size)
+    if labels is not None:
+        onnx.helper.set_model_props(proto, {"labels": json.dumps(list(labels))})
     with files.scratch_dir(path) as tmp:  # the graph and its data file, renamed when whole
         if onnx_graph.weight_bytes(proto) > limit:
             data = path.name + ".data"  # the graph names it: written under its final name

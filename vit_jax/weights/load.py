@@ -4,12 +4,13 @@ fitted (`adapt.adapt`). The one way down from a path to parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from vit_jax.models import get_model
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import architecture
+from vit_jax.weights import architecture, labels
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.read import read_checkpoint, read_source
@@ -47,6 +48,17 @@ def load_pretrained(
     return adapt(params, model, image_size, reset_head, source=str(path), patch_size=patch_size)
 
 
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A checkpoint ready for a model: the model, its parameters, the resolution, and the
+    head's class names where the file names them (None otherwise, and without a head)."""
+
+    model: VisionTransformer
+    params: dict
+    image_size: tuple[int, int]
+    labels: list[str] | None = None
+
+
 def load_model(
     path: str | os.PathLike,
     name: str | None = None,
@@ -55,7 +67,21 @@ def load_model(
     patch_size: int | None = None,
     **overrides: Any,
 ) -> tuple[VisionTransformer, dict, tuple[int, int]]:
-    """A checkpoint ready for inference or features: (model, params, (H, W)).
+    """A checkpoint ready for inference or features: (model, params, (H, W)); `load`
+    with the same arguments also gives the class names."""
+    loaded = load(path, name, image_size, head, patch_size, **overrides)
+    return loaded.model, loaded.params, loaded.image_size
+
+
+def load(
+    path: str | os.PathLike,
+    name: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    head: bool = True,
+    patch_size: int | None = None,
+    **overrides: Any,
+) -> Loaded:
+    """A checkpoint ready for inference or features, read once.
 
     Args:
       path: a checkpoint in any format `read.read_checkpoint` reads.
@@ -77,7 +103,8 @@ def load_model(
         `name`, or an architecture the file cannot tell (the message says which option).
     """
     heads = overrides.get("num_heads") or (get_model(name, None).num_heads if name else None)
-    params, computes = read_source(path, heads)
+    source = read_source(path, heads)
+    params, computes = source.params, source.numerics
     arch = {**architecture.architecture(params), **computes}
     if arch["posemb"] is None and "posemb" not in overrides:
         raise CheckpointError(
@@ -102,4 +129,5 @@ def load_model(
     else:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     params = adapt(params, model, size, False, str(path), patch_size)
-    return model, params, size
+    names = labels.checked(source.labels, classes, str(path)) if classes else None
+    return Loaded(model, params, size, names)

@@ -14,8 +14,9 @@ All are turned into the original layout, which is also the parameter tree of thi
 package's models (with scan=False) and what `save_npz` writes. A big_vision file's
 class token had no position embedding, so its class row is zero here: same function.
 A model of other numerics than the original's (exact GELU, another LayerNorm epsilon)
-is saved with one more entry, `vit_jax_numerics`, which `read_npz` returns apart from the
-parameters (numerics.py).
+is saved with one more entry, `vit_jax_numerics` (numerics.py), and a head whose class
+names are known with `vit_jax_labels` (labels.py); `read_npz` returns both apart from
+the parameters.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax.base import files
+from vit_jax.weights import labels as labels_lib
 from vit_jax.weights import numerics
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
@@ -144,12 +146,14 @@ def load_npz(path: str | os.PathLike) -> dict:
     return read_npz(path)[0]
 
 
-def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, Any]]:
-    """`load_npz`'s tree and the numerics the file's model computes (GELU form, LayerNorm
-    epsilon: the original's unless the file says otherwise, see numerics.py)."""
+def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, Any], list[str] | None]:
+    """`load_npz`'s tree, the numerics the file's model computes (GELU form, LayerNorm
+    epsilon: the original's unless the file says otherwise, see numerics.py) and its
+    head's class names (None where the file names none, see labels.py)."""
     arrays = _read(path)
     computes = numerics.from_npz(arrays, str(path))
-    return traverse_util.unflatten_dict(canonical(arrays), sep="/"), computes
+    names = labels_lib.from_npz(arrays, str(path))
+    return traverse_util.unflatten_dict(canonical(arrays), sep="/"), computes, names
 
 
 def read_numerics(path: str | os.PathLike) -> dict[str, Any]:
@@ -162,12 +166,18 @@ def read_numerics(path: str | os.PathLike) -> dict[str, Any]:
     return numerics.from_npz(entry, str(path))
 
 
-def save_npz(path: str | os.PathLike, params: dict, computes: dict | None = None) -> None:
+def save_npz(
+    path: str | os.PathLike,
+    params: dict,
+    computes: dict | None = None,
+    labels: list[str] | None = None,
+) -> None:
     """Write `params` in the original published layout (per-block names, float32).
 
     `computes`: the model's numerics (`numerics.of_model`); other than the original's
     (tanh GELU, LayerNorm eps 1e-6) they are stored with the arrays, so that loading the
-    file computes the same function (see numerics.py).
+    file computes the same function (see numerics.py). `labels`: the head's class names,
+    stored with them (labels.py).
 
     The file is written whole to a temporary name and then renamed, so a crash
     never leaves a half-written checkpoint at `path`; a failed write (a full disk)
@@ -181,5 +191,6 @@ def save_npz(path: str | os.PathLike, params: dict, computes: dict | None = None
         a = np.asarray(v)
         arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
     arrays.update(numerics.to_npz(computes))
+    arrays.update(labels_lib.to_npz(labels))
     with files.atomic_write(path) as f:
         np.savez(f, **arrays)

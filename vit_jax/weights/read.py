@@ -3,20 +3,29 @@ Hugging Face directory, local or remote.
 
 `read_checkpoint(path)` recognises the input format from the file and returns the
 original-layout parameter tree that `adapt.adapt` fits to a model, so every command that
-takes --checkpoint (and `init_from`) reads every format; `read_source` also returns the
-numerics the file's model computes (GELU form, LayerNorm epsilon; see numerics.py).
+takes --checkpoint (and `init_from`) reads every format; `read_source` also returns what
+the file says beyond its parameters: the numerics its model computes (GELU form,
+LayerNorm epsilon; numerics.py) and its head's class names (labels.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from vit_jax.models import get_model
-from vit_jax.weights import architecture, hf, npz, numerics, remote, safetensors_io, timm
+from vit_jax.weights import architecture, hf, labels, npz, numerics, remote, safetensors_io, timm
 from vit_jax.weights.errors import CheckpointError
 
-__all__ = ["FORMATS_READ", "detect_format", "read_checkpoint", "read_numerics", "read_source"]
+__all__ = [
+    "FORMATS_READ",
+    "Source",
+    "detect_format",
+    "read_checkpoint",
+    "read_numerics",
+    "read_source",
+]
 
 FORMATS_READ = "a published .npz, a timm .safetensors file, or a Hugging Face model directory"
 
@@ -50,16 +59,26 @@ def detect_format(path: str | os.PathLike) -> str:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What a checkpoint file holds: the parameters in the original layout, the numerics
+    its model computes ({'gelu': 'tanh' or 'exact', 'layer_norm_eps': float}, as the file
+    says or its format implies) and its head's class names (None: the file names none)."""
+
+    params: dict
+    numerics: dict
+    labels: list[str] | None = None
+
+
 def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> dict:
     """Any checkpoint (npz, timm safetensors, HF directory; local or remote) -> the
-    original-layout parameter tree (`read_source`'s first half)."""
-    return read_source(path, num_heads)[0]
+    original-layout parameter tree (`read_source(...).params`)."""
+    return read_source(path, num_heads).params
 
 
-def read_source(path: str | os.PathLike, num_heads: int | None = None) -> tuple[dict, dict]:
-    """Any checkpoint (npz, timm safetensors, HF directory; local or remote) -> (the
-    original-layout parameter tree, the numerics its model computes: {'gelu': 'tanh' or
-    'exact', 'layer_norm_eps': float}, as the file says or its format implies).
+def read_source(path: str | os.PathLike, num_heads: int | None = None) -> Source:
+    """Any checkpoint (npz, timm safetensors, HF directory; local or remote) -> its
+    `Source`: parameters, numerics and class names.
 
     Args:
       path: a local path, or a gs:// / https:// path of a published file (fetched once
@@ -73,10 +92,11 @@ def read_source(path: str | os.PathLike, num_heads: int | None = None) -> tuple[
     path = remote.fetch(path) if remote.is_remote(path) else Path(path)
     fmt = detect_format(path)
     if fmt == "npz":
-        return npz.read_npz(path)
+        return Source(*npz.read_npz(path))
     if fmt == "hf":
         params, cfg = hf.read_dir(path)
-        return params, numerics.from_hf_config(cfg, str(path / hf.CONFIG))
+        computes = numerics.from_hf_config(cfg, str(path / hf.CONFIG))
+        return Source(params, computes, labels.from_hf_config(cfg))
     tensors, meta = safetensors_io.read(path)
     if any(k.startswith(("vit.", "embeddings.")) for k in tensors):
         raise CheckpointError(
@@ -88,7 +108,8 @@ def read_source(path: str | os.PathLike, num_heads: int | None = None) -> tuple[
     model = get_model(None, architecture.num_classes(params), **arch)
     size = architecture.native_image_size(params, model.token_stride)
     timm.check(tensors, model, size, str(path))
-    return params, numerics.from_timm_metadata(meta, str(path))
+    computes = numerics.from_timm_metadata(meta, str(path))
+    return Source(params, computes, labels.from_timm_metadata(meta, str(path)))
 
 
 def read_numerics(path: str | os.PathLike) -> dict:
