@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from vit_jax.base.text import size
 from vit_jax.workdir import integrity
 
 GIB = 2**30
@@ -134,8 +135,8 @@ def check_free_space(workdir: str, plan: Plan, state_bytes: int, params_bytes: i
     free = shutil.disk_usage(workdir).free
     if free < need:
         raise OSError(
-            f"workdir {workdir} has {free / GIB:.2f} GiB free; this run needs about "
-            f"{need / GIB:.2f} GiB (checkpoints of {state_bytes / GIB:.2f} GiB each, "
+            f"workdir {workdir} has {size(free)} free; this run needs about "
+            f"{size(need)} (checkpoints of {size(state_bytes)} each, "
             f"keep_checkpoints={plan.keep_checkpoints}, one more while a save replaces "
             f"the oldest, and final.npz): free space there, choose another --workdir, "
             "or lower --config.keep_checkpoints"
