@@ -12,8 +12,14 @@ The jit contract (built by `compile_steps`):
     metrics  replicated scalars: loss, grad_norm, lr, finite (1 when the loss and the
              gradient norm are finite), skipped (steps skipped so far for non-finite
              gradients, with config.skip_nonfinite: counted in the optimizer state).
-  eval_step(params, batch) -> replicated sums {'correct', 'loss', 'count'}; batch
-    also carries 'mask' f32[B] (0 for padding).
+  eval_step(params, batch, sums) -> sums + the batch's: replicated f32 scalars
+    {'correct', 'loss', 'count'} (start from `zero_sums`; DONATED); batch also carries
+    'mask' f32[B] (0 for padding). Each evaluation step takes the sums of the step
+    before, as each train step takes the state of the one before: the steps then run in
+    dispatch order on every device. Independent steps with an all-reduce each, several
+    in flight at once, can deadlock XLA's CPU collectives (some devices enter one
+    step's all-reduce, the others another's; XLA aborts the process after 40 s: seen
+    with 8 emulated CPU devices on a loaded 2-core machine).
 
 A resumed run is bit-identical to an uninterrupted one: the state (step, dropout key,
 optimizer state with its skipped count) is all in the checkpoint, the input pipeline is
@@ -108,16 +114,25 @@ def train_step(
     return new_state, metrics
 
 
-def eval_step(params: Any, batch: dict, *, model: VisionTransformer) -> dict[str, jax.Array]:
-    """Sums of correct predictions, loss and real examples (padding masked out)."""
+def eval_step(
+    params: Any, batch: dict, sums: dict[str, jax.Array], *, model: VisionTransformer
+) -> dict[str, jax.Array]:
+    """`sums` plus the batch's correct predictions, loss and real examples (padding
+    masked out)."""
     logits = predict.logits(model, params, batch["image"])
     mask = batch["mask"]
     correct = jnp.argmax(logits, -1) == jnp.argmax(batch["label"], -1)
     return {
-        "correct": jnp.sum(correct * mask),
-        "loss": jnp.sum(cross_entropy(logits, batch["label"]) * mask),
-        "count": jnp.sum(mask),
+        "correct": sums["correct"] + jnp.sum(correct * mask),
+        "loss": sums["loss"] + jnp.sum(cross_entropy(logits, batch["label"]) * mask),
+        "count": sums["count"] + jnp.sum(mask),
     }
+
+
+def zero_sums(mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
+    """The sums an evaluation starts from, replicated over `mesh`."""
+    zeros = {k: jnp.zeros((), jnp.float32) for k in ("correct", "loss", "count")}
+    return jax.device_put(zeros, sharding.replicated(mesh))
 
 
 def compile_steps(
@@ -146,7 +161,8 @@ def compile_steps(
     )
     evaluate = jax.jit(
         functools.partial(eval_step, model=model),
-        in_shardings=(state_shardings.params, batch),
+        in_shardings=(state_shardings.params, batch, rep),
         out_shardings=rep,
+        donate_argnums=2,
     )
     return step, evaluate

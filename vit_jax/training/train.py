@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data
@@ -30,7 +29,7 @@ from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.models import count_params
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
-from vit_jax.training import optim, preemption, progress
+from vit_jax.training import optim, preemption, progress, steps
 from vit_jax.training.events import EventWriter
 from vit_jax.training.guard import FiniteGuard
 from vit_jax.training.state import (
@@ -55,7 +54,7 @@ class Loop:
     mesh: jax.sharding.Mesh
     model: VisionTransformer
     train_step: Any  # jitted (state, batch) -> (state, metrics); see steps.py
-    eval_step: Any  # jitted (params, batch) -> sums
+    eval_step: Any  # jitted (params, batch, sums) -> sums
     saver: Saver  # checkpoints with their integrity records; .manager is Orbax's
     writer: EventWriter | None = None  # TensorBoard scalars, on the lead process
     fewshot: fewshot_lib.FewShotEvaluator | None = None
@@ -373,12 +372,11 @@ def evaluate(loop: Loop, params: Any) -> dict[str, float]:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    total = None
+    total = steps.zero_sums(loop.mesh)  # each step adds to the sums of the one before
     show = distributed.is_lead() and config.progress_bars
     with batches:
         for local in console.bar(batches, -(-n // config.eval_batch_size), f"eval {split}", show):
-            sums = loop.eval_step(params, sharding.global_batch(local, loop.mesh))
-            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+            total = loop.eval_step(params, sharding.global_batch(local, loop.mesh), total)
     total = jax.device_get(total)
     count = max(float(total["count"]), 1.0)
     return {"accuracy": float(total["correct"]) / count, "loss": float(total["loss"]) / count}
