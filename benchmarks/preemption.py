@@ -10,9 +10,10 @@ signal to exit  a child process builds the model's TrainState (Adam: parameters 
                 143. Timed from os.kill to the child's exit (interpreter shutdown
                 included), the median of --repeats; add one train step of your model
                 (the step in flight) for the whole grace period needed
-agreement       `preemption.Agreement` forced on (the all-reduce of a multi-process run)
-                over 8 emulated CPU devices, a tiny model: ms per step with and without,
-                the median over --steps steps
+agreement       `preemption.Agreement` forced on (as in a multi-process run: each step's
+                batch carries the signal flags, the step reduces them, the loop reads
+                the step before's) over 8 emulated CPU devices, a tiny model: ms per
+                step with and without, the median over --steps steps
 The checkpoints go to a temporary directory under --dir (default: the system's).
 """
 
@@ -102,12 +103,13 @@ def agreement(steps: int) -> tuple[float, float]:
     batch = sharding.global_batch(local, mesh)
     agree = preemption.Agreement(mesh, force=True)
     times: dict[bool, list[float]] = {False: [], True: []}
+    flagged = sharding.global_batch(agree.into(local, None), mesh)
     for i in range(2 * steps + 6):  # alternating, so that both see the same machine
         agreeing = bool(i % 2)
         start = time.perf_counter()
-        state, m = step_fn(state, batch)
+        state, m = step_fn(state, flagged if agreeing else batch)
         if agreeing:
-            agree.lagged(None)
+            agree.lagged(None, m)
         jax.block_until_ready(m)
         if i >= 6:  # compiled and warm
             times[agreeing].append(time.perf_counter() - start)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import jax
+import numpy as np
 import pytest
 from helpers import assert_npz_equal, snapshot, tiny_config
 from subprocesses import Run, tiny_flags
@@ -118,15 +120,28 @@ def test_stop_request_first_signal_asks_a_second_sigterm_ends_the_process():
     assert done.stderr.strip() == progress.StopRequest.TERM_NOTICE.decode().strip()
 
 
-def test_agreement_is_the_flag_with_one_process_and_one_step_late_all_reduced():
+def test_agreement_is_the_flag_with_one_process_and_one_step_late_in_the_steps_batch():
+    import jax.numpy as jnp
+
     from vit_jax.parallel import sharding
 
     mesh = sharding.make_mesh(4, 2)
-    assert preemption.Agreement(mesh).lagged("SIGTERM") == "SIGTERM"
-    agree = preemption.Agreement(mesh, force=True)  # the all-reduce of several processes
-    assert [agree.lagged(r) for r in (None, "SIGINT", None, None)] == [None, None, "SIGINT", None]
-    assert agree.lagged("SIGTERM") is None and agree.now(None) == "SIGTERM"
-    assert agree.now("SIGINT") == "SIGINT" and agree.now(None) is None
+    one = preemption.Agreement(mesh)
+    assert one.lagged("SIGTERM", {}) == "SIGTERM" and one.into({"x": np.zeros(8)}, None).keys() == {
+        "x"
+    }
+    agree = preemption.Agreement(mesh, force=True)  # as with several processes
+    # Each step's batch carries the flags (one per example) and the step takes their max
+    # (train_step's 'stop' metric); the loop reads the step before.
+    step = jax.jit(lambda b: {"stop": jnp.max(b["stop"])})
+    seen = []
+    for requested in (None, "SIGINT", None, None, "SIGTERM"):
+        local = agree.into({"x": np.zeros(8, np.float32)}, requested)
+        assert local["stop"].dtype == np.int32 and local["stop"].shape == (8,)
+        seen.append(agree.lagged(requested, step(sharding.global_batch(local, mesh))))
+    assert seen == [None, None, "SIGINT", None, None]
+    assert agree.now(None) == "SIGTERM"  # the last step's, not yet read
+    assert agree.now("SIGINT") == "SIGINT" and agree.now(None) is None  # its own all-reduce
 
 
 # 1 device; saves at 5, 10, 15, 20; evaluates at 10 and 20; a log line every step.

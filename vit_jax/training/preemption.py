@@ -5,11 +5,11 @@ SIGTERM (what schedulers send before they kill) and Ctrl-C set a flag
 (`progress.StopRequest`). At each step boundary the loop asks `Agreement` whether to
 stop; the answer is the same on every process, so all of them save the same step
 (Orbax saves are collective) even when only one received the signal. With one process
-it is the flag itself. With several, each step starts an all-reduce (max) of every
-process's signal number over the mesh and reads the one started a step earlier: nothing
-waits for the step in flight, and all processes stop one step after the first of them
-saw its signal. The run then saves that step with its integrity record and raises
-`Stopped`: the command prints its one line and exits with EXIT_STATUS.
+it is the flag itself. With several, every process's signal number rides in each
+step's batch and the step takes their maximum; the loop reads that of the step before:
+nothing waits for the step in flight, and all processes stop one step after the first
+of them saw its signal. The run then saves that step with its integrity record and
+raises `Stopped`: the command prints its one line and exits with EXIT_STATUS.
 """
 
 from __future__ import annotations
@@ -51,41 +51,57 @@ def _status(name: str) -> int:
 
 
 class Agreement:
-    """`lagged(requested)` at every step boundary, `now(requested)` elsewhere: the name of
-    the signal to stop on, the same on every process, or None. `force` runs the
-    all-reduce with one process too (to measure it)."""
+    """Which signal, if any, every process stops on: the same answer on all of them.
+
+    With one process it is the flag itself (`active` False). With several, each step
+    carries every process's signal number in its batch (`into`: one per example of the
+    process's share) and the step reduces them with the rest of its work (metric
+    'stop'); `lagged` reads the one of the step before, which is done by then, so nothing
+    waits for the step in flight and all processes stop one step after the first of them
+    saw its signal. (A separate all-reduce per step, in flight beside the train step,
+    could be taken up in a different order on different devices: XLA's CPU collectives
+    then deadlock.) `now` runs its own all-reduce where no step is in flight.
+    `force` makes one process behave as several (to measure it)."""
 
     def __init__(self, mesh: jax.sharding.Mesh, force: bool = False):
         self.active = force or jax.process_count() > 1
         self._mesh = mesh
-        self._pending: Any = None
-        spread = NamedSharding(mesh, P(mesh.axis_names))  # one flag per device
-        self._sharding = spread
+        self._previous: Any = None
         self._max = jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
 
-    def _start(self, requested: str | None) -> jax.Array:
-        number = int(signal.Signals[requested]) if requested else 0
-        local = np.full((len(self._mesh.local_devices),), number, np.int32)
-        flags = jax.make_array_from_process_local_data(self._sharding, local, (self._mesh.size,))
-        return self._max(flags)
+    def into(self, local: dict[str, np.ndarray], requested: str | None) -> dict[str, np.ndarray]:
+        """This process's batch share with its signal number as 'stop' [b] (if active)."""
+        if not self.active:
+            return local
+        b = len(next(iter(local.values())))
+        return {**local, "stop": np.full((b,), _number(requested), np.int32)}
 
-    @staticmethod
-    def _name(result: Any) -> str | None:
-        number = int(np.asarray(result)) if result is not None else 0
-        return signal.Signals(number).name if number else None
-
-    def lagged(self, requested: str | None) -> str | None:
-        """At a step boundary: this process's request joins the next answer; the answer
-        is from the boundary before."""
+    def lagged(self, requested: str | None, metrics: dict[str, Any]) -> str | None:
+        """At a step boundary, `metrics` those of the step just started: the agreed
+        signal of the step before it (this process's own flag with one process)."""
         if not self.active:
             return requested
-        previous, self._pending = self._pending, self._start(requested)
-        return self._name(previous)
+        previous, self._previous = self._previous, metrics
+        return None if previous is None else _name(previous["stop"])
 
     def now(self, requested: str | None) -> str | None:
-        """Outside the loop (before the first step, after the last): waits for all."""
+        """Where no step is in flight (before the first, after the last): waits for all."""
         if not self.active:
             return requested
-        earlier = self._name(self._pending)
-        self._pending = None
-        return earlier or self._name(self._start(requested))
+        earlier = None if self._previous is None else _name(self._previous["stop"])
+        self._previous = None
+        if earlier:
+            return earlier
+        spread = NamedSharding(self._mesh, P(self._mesh.axis_names))  # one flag per device
+        local = np.full((len(self._mesh.local_devices),), _number(requested), np.int32)
+        flags = jax.make_array_from_process_local_data(spread, local, (self._mesh.size,))
+        return _name(self._max(flags))
+
+
+def _number(requested: str | None) -> int:
+    return int(signal.Signals[requested]) if requested else 0
+
+
+def _name(result: Any) -> str | None:
+    number = int(np.asarray(result))
+    return signal.Signals(number).name if number else None

@@ -8,10 +8,13 @@ The jit contract (built by `compile_steps`):
              out_shardings), so no device ever holds a whole unsharded copy. DONATED:
              the old state's buffers are reused.
     batch    {'image': f32[B, H, W, 3], 'label': f32[B, K]}, B split over all devices
-             of the ('data', 'fsdp') mesh, each process feeding its own block.
+             of the ('data', 'fsdp') mesh, each process feeding its own block; with
+             several processes also 'stop' i32[B], each process's signal number
+             (`preemption.Agreement`).
     metrics  replicated scalars: loss, grad_norm, lr, finite (1 when the loss and the
              gradient norm are finite), skipped (steps skipped so far for non-finite
-             gradients, with config.skip_nonfinite: counted in the optimizer state).
+             gradients, with config.skip_nonfinite: counted in the optimizer state);
+             'stop', the largest signal number of the batch, where it has one.
   eval_step(params, batch, sums) -> sums + the batch's: replicated f32 scalars
     {'correct', 'loss', 'count'} (start from `zero_sums`; DONATED); batch also carries
     'mask' f32[B] (0 for padding). Each evaluation step takes the sums of the step
@@ -110,6 +113,8 @@ def train_step(
         "finite": finite.astype(jnp.float32),
         "skipped": optim.skipped_steps(opt_state),
     }
+    if "stop" in batch:  # the processes' signals, reduced with the step's own work
+        metrics["stop"] = jnp.max(batch["stop"])
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 

@@ -282,7 +282,8 @@ def train_loop(
             flush=True,
         )
     for step in range(start + 1, config.total_steps + 1):
-        state, m = loop.train_step(state, sharding.global_batch(next(batches), mesh))
+        local = agree.into(next(batches), loop.stop.requested)
+        state, m = loop.train_step(state, sharding.global_batch(local, mesh))
         if where is not None:
             where.step = step
         if step == start + 1:  # compiled: neither the speed nor the ETA counts that step
@@ -290,12 +291,12 @@ def train_loop(
             took = speed.compiled(step)
             if lead and not cadence.due("log", step):
                 print(f"step {step}: compiled and ran in {console.duration(took)}", flush=True)
-        stopping = agree.lagged(loop.stop.requested)  # the same on every process
+        stopping = agree.lagged(loop.stop.requested, m)  # the same on every process
         log, ev, save = (cadence.due(what, step) for what in ("log", "eval", "save"))
         few = loop.fewshot is not None and cadence.due("fewshot", step) and not stopping
         ev, save = ev and not stopping, save or bool(stopping)  # save it, evaluate later
         if log or save:  # before any save: nothing non-finite is ever written
-            metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+            metrics = {k: float(v) for k, v in jax.device_get(m).items() if k != "stop"}
             if log:  # timed here: the step is done, the checks below are not training
                 metrics.update(speed.update(step))
             if save and not config.skip_nonfinite:  # skipped steps keep a finite state
