@@ -32,6 +32,14 @@ $PIP -e ".[all]"
 # timm for the format tests and the printed timm lines; with torch and torchvision in
 # place its other dependencies are light (pyyaml, huggingface_hub, safetensors).
 $PIP timm || missing "timm not installed; the timm format tests will skip"
+# The registry's CUDA torch brings Triton (a GPU kernel compiler, unused on the CPU). Triton
+# and TensorFlow each carry LLVM: a process that loads both aborts ("LLVM ERROR:
+# inconsistency in registered CommandLine options"), and the export tests load both.
+# torch runs without it (removed last: the installs above may bring it back); a machine
+# with an NVIDIA driver keeps it.
+if ! command -v nvidia-smi >/dev/null 2>&1 && python3 -c "import triton" 2>/dev/null; then
+  python3 -m pip uninstall -y -q triton
+fi
 
 FMNIST=/usr/share/datasets/fashion-mnist
 if [ -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then
