@@ -1,19 +1,24 @@
-"""What the checkpoint integrity record costs: hashing the TrainState against saving it.
+"""What a checkpoint costs: hashing, saving and restoring the TrainState, on a local disk
+or an object store, and whether a save in flight slows training down.
 
-    python benchmarks/integrity.py [--model=ViT-B_16] [--image_size=224] [--repeats=3]
+    python benchmarks/integrity.py [--model=ViT-B_16] [--image_size=224] [--repeats=3] \\
+        [--dir=DIR or gs://BUCKET/PATH] [--steps=3 --batch=8]
 
 Builds the model's TrainState with Adam (parameters and two float32 moments) on one
 device and times, each the median of --repeats:
-  hash          CRC-32 of every shard on the host (`integrity.start_checksums` +
-                `collect`, on a thread pool of os.cpu_count() threads), alone
-  save, plain   an Orbax save as before this record existed: the blocking part (until
-                training may go on) and the whole (until the checkpoint is complete)
-  save, record  `saver.Saver.save`: the hashing runs beside Orbax's blocking copy and
-                the record (with each file's CRC-32, read back) is written before
-                Orbax's rename
-  restore       plain (Orbax alone) and verified (`recovery.check`: files' CRCs,
-                restore, arrays' CRCs, finiteness), once each
-The checkpoints go to a temporary directory under --dir (default: the system's).
+  hash          CRC-32 of every shard on the host (`record.checksums`, on a thread pool
+                of os.cpu_count() threads), alone
+  save, plain   an Orbax save alone (commit-file mode): the blocking part (until training
+                may go on) and the whole (until the checkpoint is complete)
+  save, record  `Checkpoints.save`: hashing, Orbax's save, the record written before
+                the commit
+  restore       plain (Orbax alone) and verified (`Checkpoints.check`: file sizes,
+                restore, every array's CRC, finiteness), once each
+  step          with --steps: the train step's time alone, and right after a save was
+                started (the save in flight), batch --batch
+The checkpoints go to a temporary directory under --dir (default: the system's); a
+gs:// --dir is used as it is (point STORAGE_EMULATOR_HOST and TENSORSTORE_GCS_HTTP_URL
+at an emulator to measure one) and emptied afterwards.
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ import argparse
 import datetime
 import functools
 import os
-import shutil
 import statistics
 import sys
 import tempfile
 import time
+import uuid
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,15 +40,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import concurrent.futures  # noqa: E402
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from bound import machine, timeit  # noqa: E402
 
+from vit_jax.base import store  # noqa: E402
 from vit_jax.configs.common import base  # noqa: E402
 from vit_jax.parallel import sharding  # noqa: E402
-from vit_jax.training import optim, train  # noqa: E402
+from vit_jax.training import optim, steps, train  # noqa: E402
 from vit_jax.training.state import build_model, create_state  # noqa: E402
-from vit_jax.workdir import checks, integrity, manager, recovery  # noqa: E402
-from vit_jax.workdir.saver import Saver  # noqa: E402
+from vit_jax.workdir import record  # noqa: E402
+from vit_jax.workdir.checkpoints import COMMIT, Checkpoints  # noqa: E402
+from vit_jax.workdir.workdir import tree_bytes  # noqa: E402
 
 
 def make_state(model_name: str, image_size: int):
@@ -51,10 +59,35 @@ def make_state(model_name: str, image_size: int):
     c.image_size = image_size
     c.optimizer.update(name="adam", lr=1e-3)
     model = build_model(c.model, 1000)
-    tx, _ = optim.make_optimizer(c.optimizer, c.total_steps)
+    tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    state, _ = create_state(train.start_of(c), model, tx, mesh)
-    return c, jax.block_until_ready(state)
+    state, shardings = create_state(train.start_of(c), model, tx, mesh)
+    step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
+    return c, jax.block_until_ready(state), step, mesh
+
+
+def step_times(state, step, mesh, batch: int, size: int, n: int, saver=None, at: int = 0):
+    """`n` timed train steps (after one to compile); with `saver`, a save of the state
+    is started before them (it runs in flight while they do)."""
+    rng = np.random.default_rng(0)
+    local = {
+        "image": rng.uniform(-1, 1, (batch, size, size, 3)).astype(np.float32),
+        "label": np.eye(1000, dtype=np.float32)[rng.integers(0, 1000, batch)],
+    }
+    data = sharding.global_batch(local, mesh)
+    state, m = step(state, data)
+    jax.block_until_ready(m)
+    if saver is not None:
+        saver.save(at, state)
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        state, m = step(state, data)
+        jax.block_until_ready(m)
+        times.append(time.perf_counter() - start)
+    if saver is not None:
+        saver.wait()
+    return state, statistics.median(times)
 
 
 def main() -> None:
@@ -63,26 +96,32 @@ def main() -> None:
     p.add_argument("--image_size", type=int, default=224)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", default=None)
+    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--batch", type=int, default=8)
     args = p.parse_args()
-    config, state = make_state(args.model, args.image_size)
-    gib = checks.tree_bytes(state) / 2**30
+    config, state, step, mesh = make_state(args.model, args.image_size)
+    gib = tree_bytes(state) / 2**30
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        hash_s = timeit(lambda: integrity.collect(integrity.start_checksums(state, pool)),
+        hash_s = timeit(lambda: record.checksums(state, pool),
                         warmup=0, repeats=args.repeats, min_time=0)  # fmt: skip
-    root = tempfile.mkdtemp(dir=args.dir, prefix="integrity_bench_")
+    if args.dir and store.is_remote(args.dir):
+        root = store.path(args.dir) / f"integrity_bench_{uuid.uuid4().hex[:8]}"
+    else:
+        root = store.path(tempfile.mkdtemp(dir=args.dir, prefix="integrity_bench_"))
     try:
-        plain = manager.open_manager(os.path.join(root, "plain"), 0)
-        saver = Saver(os.path.join(root, "record"), 0, train.plan_of(config).state)
+        options = ocp.CheckpointManagerOptions(create=True, atomicity_options=COMMIT)
+        plain = ocp.CheckpointManager(root / "plain", options=options)
+        saver = Checkpoints(root / "record", 0, train.plan_of(config).state)
         rows = {"plain": ([], []), "record": ([], [])}
-        for step in range(1, args.repeats + 1):
+        for n in range(1, args.repeats + 1):
             for name in rows:
                 start = time.perf_counter()
                 if name == "plain":
-                    plain.save(step, args=ocp.args.StandardSave(state))
+                    plain.save(n, args=ocp.args.StandardSave(state))
                     rows[name][0].append(time.perf_counter() - start)
                     plain.wait_until_finished()
                 else:
-                    saver.save(step, state)
+                    saver.save(n, state)
                     rows[name][0].append(time.perf_counter() - start)
                     saver.wait()
                 rows[name][1].append(time.perf_counter() - start)
@@ -92,12 +131,21 @@ def main() -> None:
         once = functools.partial(timeit, warmup=0, repeats=1, min_time=0)
         restore_s = {
             "plain": once(lambda: plain.restore(1, args=ocp.args.StandardRestore(target))),
-            "verified": once(lambda: recovery.check(saver.manager, 1, target)),
+            "verified": once(lambda: saver.check(1, target)),
         }
+        if args.steps:
+            size = args.image_size
+            state, alone = step_times(state, step, mesh, args.batch, size, args.steps)
+            state, beside = step_times(
+                state, step, mesh, args.batch, size, args.steps, saver, args.repeats + 1
+            )
+        plain.close()
+        saver.close()
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        store.remove_tree(root)
     med = statistics.median
-    print(f"# {machine()}, {datetime.date.today()}")
+    where = "a gs:// bucket" if store.is_remote(root) else "local disk"
+    print(f"# {machine()}, {datetime.date.today()}; checkpoints on {where}")
     print(f"# {args.model} at {args.image_size} px, Adam: TrainState {gib:.2f} GiB")
     print(f"hash          {hash_s:7.2f} s  ({gib / hash_s:.2f} GiB/s)")
     for name, (blocking, whole) in rows.items():
@@ -110,6 +158,9 @@ def main() -> None:
         f"record adds   {blocking:+7.2f} s blocking; hash alone is "
         f"{hash_s / plain_whole:.1%} of a plain save's whole time"
     )
+    if args.steps:
+        print(f"step          {alone:7.2f} s alone, {beside:.2f} s with a save in flight "
+              f"(batch {args.batch}, median of {args.steps})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from vit_jax.models import count_params  # noqa: E402
 from vit_jax.parallel import sharding  # noqa: E402
 from vit_jax.training import optim, steps, train  # noqa: E402
 from vit_jax.training import state as state_lib  # noqa: E402
-from vit_jax.workdir.checks import tree_bytes  # noqa: E402
+from vit_jax.workdir.workdir import tree_bytes  # noqa: E402
 
 GIB = 2**30
 LAYOUTS = {"replicated": (DEVICES, 1), "fsdp": (1, DEVICES)}

@@ -6,7 +6,7 @@ signal to exit  a child process builds the model's TrainState (Adam: parameters 
                 float32 moments) on one device, takes steps (a cheap update of the state,
                 so that the figure is the stop's own) under `progress.StopRequest`, and on
                 SIGTERM does what the training loop does: saves the step with its
-                integrity record (`saver.Saver`), waits for it, prints the line, exits
+                integrity record (`Checkpoints.save`), waits for it, prints the line, exits
                 143. Timed from os.kill to the child's exit (interpreter shutdown
                 included), the median of --repeats; add one train step of your model
                 (the step in flight) for the whole grace period needed
@@ -38,10 +38,10 @@ def child(model_name: str, image_size: int, workdir: str) -> None:
     from integrity import make_state  # benchmarks/integrity.py
 
     from vit_jax.training import preemption, progress
-    from vit_jax.workdir.saver import Saver
+    from vit_jax.workdir.checkpoints import Checkpoints
 
-    c, state = make_state(model_name, image_size)
-    saver = Saver(workdir, 2, {"model": c.model.to_dict()})
+    c, state, _, _ = make_state(model_name, image_size)
+    saver = Checkpoints(f"{workdir}/checkpoints", 2, {"model": c.model.to_dict()})
     bump = jax.jit(lambda s: s.replace(step=s.step + 1), donate_argnums=0)
     with progress.StopRequest() as stop:
         print("ready", flush=True)

@@ -24,9 +24,8 @@ from vit_jax.parallel import sharding
 from vit_jax.training import guard as guard_lib
 from vit_jax.training import optim, train
 from vit_jax.training import state as state_lib
-from vit_jax.workdir import checks, integrity
-from vit_jax.workdir import manager as workdir_lib
-from vit_jax.workdir.saver import Saver
+from vit_jax.workdir import record, workdir
+from vit_jax.workdir.checkpoints import Checkpoints
 
 NAN = float("nan")
 
@@ -43,7 +42,7 @@ def restore_all(config, workdir):
         ),
         abstract,
     )
-    manager = workdir_lib.open_manager(workdir, 0)
+    manager = Checkpoints(f"{workdir}/checkpoints", read_only=True).manager
     restore = lambda s: manager.restore(s, args=ocp.args.StandardRestore(target))
     return {s: jax.device_get(restore(s)) for s in manager.all_steps()}
 
@@ -142,24 +141,24 @@ def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
         new.step + 3, new.params, new.opt_state, new.rng, jax.numpy.ones((), jax.numpy.int32)
     )
     workdir = str(tmp_path / "run")
-    saver = Saver(workdir, 3, train.plan_of(c).state)
-    saver.save(3, old)
-    saver.wait()
+    with Checkpoints(f"{workdir}/checkpoints", 3, train.plan_of(c).state) as saver:
+        saver.save(3, old)
+        saver.wait()
     step_dir = os.path.join(workdir, "checkpoints", "3")
     for recorded in (True, False):  # the record's names, then Orbax's metadata
         if not recorded:
-            os.remove(os.path.join(step_dir, integrity.RECORD))
+            os.remove(os.path.join(step_dir, record.NAME))
         with pytest.raises(ValueError) as error:
             train.run(c, workdir)
         message = str(error.value)
         assert "\n" not in message
         assert message.startswith(f"checkpoint {step_dir} was written by an older vit_jax")
-        assert "optax.apply_if_finite" in message and "another --workdir" in message
-    assert integrity.step_dirs(os.path.join(workdir, "checkpoints")) == [3]  # not set aside
+        assert "optax.apply_if_finite" in message and "another workdir" in message
+    assert Checkpoints(f"{workdir}/checkpoints", read_only=True).steps() == [3]  # not set aside
 
 
 def test_skipping_stops_after_too_many_in_a_row(tmp_path):
-    guard = guard_lib.FiniteGuard(workdir_lib.open_manager(str(tmp_path), 1), skip=True)
+    guard = guard_lib.FiniteGuard(Checkpoints(tmp_path / "checkpoints", 1), skip=True)
 
     def check(step, skipped):
         metrics = {"loss": NAN, "grad_norm": NAN, "finite": 0.0, "skipped": skipped}
@@ -195,9 +194,9 @@ def test_small_disk_fails_before_training(tmp_path, monkeypatch):
 def test_disk_needed():
     c = tiny_config(total_steps=100, checkpoint_every=10, keep_checkpoints=3, export_npz=True)
     # 10 saves: 3 kept, a 4th while a new one replaces the oldest; final.npz.
-    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 4 * 1000 + 10
-    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=3000) == 1000 + 10  # resuming
+    assert workdir.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 4 * 1000 + 10
+    assert workdir.disk_needed(train.plan_of(c), 1000, 10, existing=3000) == 1000 + 10  # resuming
     c.update(keep_checkpoints=0, export_npz=False)  # keep all ten
-    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 10_000
+    assert workdir.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 10_000
     c.update(total_steps=20, keep_checkpoints=3)  # only two saves
-    assert checks.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 2000
+    assert workdir.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 2000

@@ -19,7 +19,8 @@ from vit_jax import weights
 from vit_jax.configs import common
 from vit_jax.parallel import distributed
 from vit_jax.training import train
-from vit_jax.workdir import integrity, recovery
+from vit_jax.workdir import record as record_lib
+from vit_jax.workdir.checkpoints import Checkpoints
 
 # FSDP over all 8 devices: the large arrays are split across the two processes. SGD,
 # whose updates follow the gradients' float noise linearly (Adam's do not near 0).
@@ -117,14 +118,15 @@ def test_two_processes_train_like_one(tmp_path):
     assert "process 0 of 2: 4 of 8 devices" in logs[0]
     assert "process 1 of 2: 4 of 8 devices" in logs[1]
     assert "step 8/8" in logs[0] and "step 8/8" not in logs[1]  # process 0 logs
-    assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["8"]  # .pending merged, removed
-    # The integrity record merges both processes' checksums: an array FSDP splits over the
-    # 8 devices has 8 slices, 4 hashed by each process; read back here, the step verifies.
-    record = integrity.read_record(f"{workdir}/checkpoints/8")
+    assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["8"]
+    # The integrity record merges both processes' checksums (all-gathered at the save): an
+    # array FSDP splits over the 8 devices has 8 slices, 4 hashed by each process; read
+    # back here, the step verifies.
+    record = record_lib.read(Checkpoints(f"{workdir}/checkpoints", read_only=True).directory / "8")
     assert record["process_count"] == 2
     split = [name for name, a in record["arrays"].items() if len(a["shards"]) == 8]
     assert any("MlpBlock" in name and name.endswith("kernel") for name in split), record
-    assert recovery.verify_workdir(workdir) == [("8", "verifies")]
+    assert Checkpoints(f"{workdir}/checkpoints", read_only=True).verify() == [("8", "verifies")]
     want = flat(weights.load_npz(tmp_path / "one" / "final.npz"))
     got = flat(weights.load_npz(f"{workdir}/final.npz"))
     assert_trees_equal(got, want, atol=1e-6)
@@ -170,8 +172,9 @@ def test_sigterm_to_one_process_both_save_the_same_step_and_resume(tmp_path):
     ]
     assert all(found) and found[0][1] == found[1][1], lines  # the same step on both
     step = found[0][1]
-    assert 3 <= int(step) < 8 and integrity.step_dirs(f"{workdir}/checkpoints")[-1] == int(step)
-    assert integrity.read_record(f"{workdir}/checkpoints/{step}")["process_count"] == 2
+    kept = Checkpoints(f"{workdir}/checkpoints", read_only=True)
+    assert 3 <= int(step) < 8 and kept.steps()[-1] == int(step)
+    assert record_lib.read(kept.directory / step)["process_count"] == 2
     logs = finish_pair(launch_pair(workdir, cache))
     assert f"resuming from step {step} " in logs[0] and "step 8/8" in logs[0]
     train.run(tiny_config(**RUN), str(tmp_path / "one"))  # the reference, all 8 devices here

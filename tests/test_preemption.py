@@ -5,7 +5,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,57 +16,31 @@ import numpy as np
 import pytest
 from helpers import assert_npz_equal, snapshot, tiny_config
 from subprocesses import Run, tiny_flags
-from test_storage import flip_bytes
 
+from vit_jax.base import store
 from vit_jax.training import preemption, progress, train
-from vit_jax.workdir import integrity, lock, recovery
-from vit_jax.workdir import manager as manager_lib
+from vit_jax.workdir import lock, record
+from vit_jax.workdir.checkpoints import Checkpoints
 
 # 8 steps, a checkpoint every 2 (2 kept), dropout on: what is restored matters.
 RUN = {"total_steps": 8, "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 0}
 RUN.update({"log_every": 4, "model.dropout": 0.1})
 
 
-def test_commit_file_mode_on_local_disk_records_falls_back_and_keeps_like_rename(
-    tmp_path, monkeypatch, capsys
-):
-    renamed, committed = str(tmp_path / "rename"), str(tmp_path / "file")
-    train.run(tiny_config(**RUN), renamed)
-    monkeypatch.setenv(manager_lib.MODE_ENV, "file")
-    train.run(tiny_config(**RUN), committed)
-    assert_npz_equal(f"{committed}/final.npz", f"{renamed}/final.npz")
-    for workdir in (renamed, committed):  # retention: 2 kept; Orbax marks both complete
-        checkpoints = f"{workdir}/checkpoints"
-        assert sorted(os.listdir(checkpoints)) == ["6", "8"], workdir
-        for step in ("6", "8"):
-            names = os.listdir(f"{checkpoints}/{step}")
-            assert {manager_lib.COMMIT_FILE, integrity.RECORD} <= set(names), names
-            record = integrity.read_record(f"{checkpoints}/{step}")
-            assert record["files"] and all(f.startswith("default/") for f in record["files"])
-    checkpoints = f"{committed}/checkpoints"
-    # An interrupted in-place save (no marker), a set-aside checkpoint (no marker either,
-    # which Orbax's own clean-up would delete) and a damaged newest complete one.
-    shutil.copytree(f"{checkpoints}/8", f"{checkpoints}/10")
-    os.remove(f"{checkpoints}/10/{manager_lib.COMMIT_FILE}")
-    shutil.copytree(f"{checkpoints}/6", f"{checkpoints}/3.damaged")
-    os.remove(f"{checkpoints}/3.damaged/{manager_lib.COMMIT_FILE}")
-    flip_bytes(f"{checkpoints}/8")
-    assert integrity.step_dirs(checkpoints) == [6, 8]
-    rows = dict(recovery.verify_workdir(committed))
-    assert rows["10"] == "incomplete (an interrupted save; the next run deletes it)"
-    assert rows["6"] == "verifies" and rows["8"].startswith("DAMAGED: file default/"), rows
-    monkeypatch.setenv(manager_lib.MODE_ENV, "rename")  # the same directory, read as rename:
-    assert integrity.step_dirs(checkpoints) == [6, 8, 10]  # a final name is complete there
-    monkeypatch.setenv(manager_lib.MODE_ENV, "file")
-    capsys.readouterr()
-    os.remove(f"{committed}/summary.json")
-    train.run(tiny_config(**RUN), committed)  # 8 is damaged: resumes from 6
-    out = capsys.readouterr().out
-    assert "ignoring incomplete checkpoint(s) 10 (a save was interrupted)" in out, out
-    assert f"checkpoint {checkpoints}/8 is damaged" in out and "resuming from step 6 " in out
-    assert sorted(os.listdir(checkpoints)) == ["3.damaged", "6", "8", "8.damaged"]
-    assert integrity.step_dirs(checkpoints) == [6, 8]
-    assert_npz_equal(f"{committed}/final.npz", f"{renamed}/final.npz")
+def test_every_checkpoint_is_committed_with_its_record_and_retention_keeps_two(tmp_path):
+    """One commit mode everywhere (Orbax's commit file, which object stores need): each
+    kept step has the marker and the integrity record, which lists Orbax's files."""
+    workdir = str(tmp_path / "run")
+    train.run(tiny_config(**RUN), workdir)
+    checkpoints = f"{workdir}/checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["6", "8"]  # keep_checkpoints=2
+    for step in ("6", "8"):
+        assert {"commit_success.txt", record.NAME} <= set(os.listdir(f"{checkpoints}/{step}"))
+        found = record.read(store.path(f"{checkpoints}/{step}"))
+        assert found["files"] and all(f.startswith("default/") for f in found["files"])
+        assert (
+            found["step"] == int(step) and found["state"] == train.plan_of(tiny_config(**RUN)).state
+        )
 
 
 def test_a_second_run_is_refused_a_stale_lock_taken_over(tmp_path, capsys):
@@ -88,19 +61,17 @@ def test_a_second_run_is_refused_a_stale_lock_taken_over(tmp_path, capsys):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
     dead = dict(holder, pid=int(gone), started="then")
-    far = dict(holder, host="elsewhere", pid=1, started="earlier")
+    far = dict(holder, host="elsewhere", pid=1, started="earlier", beat_at=time.time() - 400)
     for left, why in ((dead, "its process no longer exists"), (far, "its heartbeat stopped")):
         with open(f"{workdir}/{lock.NAME}", "w") as f:
             json.dump(left, f)
-        if left is far:
-            os.utime(f"{workdir}/{lock.NAME}", (time.time() - 400, time.time() - 400))
         with lock.held(workdir):
             assert json.load(open(f"{workdir}/{lock.NAME}"))["pid"] == os.getpid()
         out = capsys.readouterr().out
         assert f"taking over the lock of {workdir} from {lock.describe(left)}: {why}" in out
     # A live holder elsewhere whose heartbeat is recent is not taken over.
     with open(f"{workdir}/{lock.NAME}", "w") as f:
-        json.dump(far, f)
+        json.dump(dict(far, beat_at=time.time()), f)
     with pytest.raises(lock.WorkdirLocked, match="host elsewhere pid 1"):
         lock.acquire(workdir)
 
@@ -127,9 +98,8 @@ def test_agreement_is_the_flag_with_one_process_and_one_step_late_in_the_steps_b
 
     mesh = sharding.make_mesh(4, 2)
     one = preemption.Agreement(mesh)
-    assert one.lagged("SIGTERM", {}) == "SIGTERM" and one.into({"x": np.zeros(8)}, None).keys() == {
-        "x"
-    }
+    assert one.lagged("SIGTERM", {}) == "SIGTERM"
+    assert one.into({"x": np.zeros(8)}, None).keys() == {"x"}  # one process: nothing added
     agree = preemption.Agreement(mesh, force=True)  # as with several processes
     # Each step's batch carries the flags (one per example) and the step takes their max
     # (train_step's 'stop' metric); the loop reads the step before.
@@ -198,7 +168,9 @@ def test_signals_at_random_moments_save_and_every_rerun_ends_bit_identical(tmp_p
             reached = max(int(m[1]) for m in map(STEP.match, run.log) if m)
             assert int(found[1]) == reached and found[2] == sig.name  # no step lost
             assert found[3] == f"{workdir}/checkpoints/{found[1]}"
-            assert not integrity.quick_check(found[3])
+            assert Checkpoints(f"{workdir}/checkpoints", read_only=True).newest_intact() == int(
+                found[1]
+            )
         with Run(tiny_flags(workdir, **SIGNALLED), devices=1, env=cache) as rerun:
             assert rerun.finish(timeout=180) == 0, rerun.tail()
         if found:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from etils import epath
 from format_helpers import TINY, make
 from helpers import ROOT
 
@@ -91,85 +90,89 @@ def test_remote_path_reads_its_cached_copy(monkeypatch, tmp_path):
     local = tmp_path / "vit_models" / "x" / "m.npz"
     local.parent.mkdir(parents=True)
     weights.save_npz(local, params)
-    assert remote.fetch("gs://vit_models/x/m.npz") == local
+    assert str(remote.resolve("gs://vit_models/x/m.npz")) == str(local)
     got = weights.read_checkpoint("gs://vit_models/x/m.npz")
     np.testing.assert_array_equal(got["cls"], params["cls"])
 
 
-def test_copy_goes_through_epath_whole_or_not_at_all(tmp_path):
-    source = tmp_path / "bucket" / "m.npz"
-    source.parent.mkdir()
-    source.write_bytes(bytes(range(256)) * 1000)
-    local = tmp_path / "cache" / "vit_models" / "m.npz"
-    remote.copy(epath.Path(source), local)
-    assert local.read_bytes() == source.read_bytes()
-    with pytest.raises(FileNotFoundError, match="nothing.npz: no such remote file"):
-        remote.copy(tmp_path / "bucket" / "nothing.npz", tmp_path / "cache" / "nothing.npz")
-    assert sorted(p.name for p in (tmp_path / "cache" / "vit_models").iterdir()) == ["m.npz"]
-    assert not (tmp_path / "cache" / "nothing.npz").exists()
+def test_a_published_gs_path_is_its_public_https_address():
+    """The bucket is public: no credentials, no gcsfs, no TensorFlow for the published
+    files. Any other gs:// path is read in place (not cached: it may change)."""
+    assert remote.url("gs://vit_models/imagenet21k/ViT-B_16.npz") == (
+        "https://storage.googleapis.com/vit_models/imagenet21k/ViT-B_16.npz"
+    )
+    assert remote.url("https://example.com/m.npz") == "https://example.com/m.npz"
+    assert remote.url("gs://my_bucket/run/final.npz") is None
+    assert str(remote.resolve("gs://my_bucket/run/final.npz")) == "gs://my_bucket/run/final.npz"
 
 
-class Bucket:
-    """A local stand-in for gs://vit_models: epath.Path of a gs:// path, served from a
-    directory. Each copy writes the first half, checks that the destination is not yet
-    in place, then writes the rest, or breaks off there when `broken`."""
+class Served:
+    """A local stand-in for storage.googleapis.com: a directory over HTTP. With `broken`,
+    a response sends half the file and closes the connection."""
 
     def __init__(self, root: Path):
         self.root, self.broken, self.seen = root, False, []
+        served = self
 
-    def __call__(self, path: str) -> "Bucket.Blob":
-        assert path.startswith("gs://vit_models/"), path
-        return Bucket.Blob(self, self.root / path.removeprefix("gs://vit_models/"))
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=str(served.root), **kwargs)
 
-    class Blob:
-        def __init__(self, bucket, path):
-            self.bucket, self.path = bucket, path
+            def log_message(self, *args):
+                pass
 
-        def exists(self) -> bool:
-            return self.path.is_file()
+            def do_GET(self):
+                served.seen.append(self.path)
+                path = served.root / self.path.lstrip("/")
+                if not served.broken or not path.is_file():
+                    return super().do_GET()
+                data = path.read_bytes()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])  # then the connection drops
 
-        def copy(self, dst, overwrite=False):
-            data, dst = self.path.read_bytes(), Path(dst)
-            with open(dst, "wb") as f:
-                f.write(data[: len(data) // 2])
-                f.flush()
-                final = dst.parent / dst.name.removesuffix(".tmp")
-                self.bucket.seen.append((dst.name, final.exists(), dst.stat().st_size))
-                if self.bucket.broken:
-                    raise ConnectionResetError("connection reset by peer")
-                f.write(data[len(data) // 2 :])
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
-def test_gs_path_is_copied_whole_from_a_stand_in_bucket(monkeypatch, tmp_path):
-    bucket = Bucket(tmp_path / "bucket")
-    (bucket.root / "x").mkdir(parents=True)
-    source = bucket.root / "x" / "m.npz"
+def test_gs_path_is_copied_whole_over_https(monkeypatch, tmp_path):
+    bucket = tmp_path / "served" / "vit_models" / "x"
+    bucket.mkdir(parents=True)
+    source = bucket / "m.npz"
     source.write_bytes(bytes(range(256)) * 1000)
-    monkeypatch.setattr(remote.epath, "Path", bucket)
-    monkeypatch.setattr(remote.quiet_tf, "tensorflow", lambda: None)  # epath's gs:// layer
+    served = Served(tmp_path / "served")
+    monkeypatch.setattr(remote, "PUBLIC_URL", served.url)  # storage.googleapis.com, here
     checked = []
     monkeypatch.setattr(remote, "check_network", checked.append)
     monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
     local = tmp_path / "cache" / "vit_models" / "x" / "m.npz"
-    # A copy broken off midway: no file at the cache path, no partial file beside it.
-    bucket.broken = True
-    with pytest.raises(ConnectionResetError):
-        remote.fetch("gs://vit_models/x/m.npz")
-    assert bucket.seen == [("m.npz.tmp", False, 128_000)]  # written under .tmp, half of it
-    assert list(local.parent.iterdir()) == []
-    # Whole: renamed into place only when complete; then read from the cache, no network.
-    bucket.broken = False
-    assert remote.fetch("gs://vit_models/x/m.npz") == local
-    assert bucket.seen[1] == ("m.npz.tmp", False, 128_000)
-    assert local.read_bytes() == source.read_bytes() and os.listdir(local.parent) == ["m.npz"]
-    assert remote.fetch("gs://vit_models/x/m.npz") == local and len(bucket.seen) == 2
-    with pytest.raises(FileNotFoundError) as error:
-        remote.fetch("gs://vit_models/x/other.npz")
+    try:
+        # A copy broken off midway: nothing at the cache path, nothing half-written beside.
+        served.broken = True
+        with pytest.raises(ConnectionError, match="broke off after 128000 of 256000 bytes"):
+            remote.resolve("gs://vit_models/x/m.npz")
+        assert not local.parent.exists() or list(local.parent.iterdir()) == []
+        # Whole: put in place only when complete; then read from the cache, no network.
+        served.broken = False
+        assert str(remote.resolve("gs://vit_models/x/m.npz")) == str(local)
+        assert local.read_bytes() == source.read_bytes() and os.listdir(local.parent) == ["m.npz"]
+        assert str(remote.resolve("gs://vit_models/x/m.npz")) == str(local)
+        assert served.seen == ["/vit_models/x/m.npz"] * 2
+        with pytest.raises(FileNotFoundError) as error:
+            remote.resolve("gs://vit_models/x/other.npz")
+    finally:
+        served.close()
     assert str(error.value) == (
-        "gs://vit_models/x/other.npz: no such remote file (see the published checkpoints)"
+        f"{served.url}vit_models/x/other.npz: no such remote file (see the published checkpoints)"
     )
     assert sorted(os.listdir(local.parent)) == ["m.npz"]
-    assert checked == ["gs://vit_models/x/m.npz"] * 2 + ["gs://vit_models/x/other.npz"]
+    assert checked == [f"{served.url}vit_models/x/{n}" for n in ("m.npz", "m.npz", "other.npz")]
 
 
 def test_http_path_is_fetched_once_into_the_cache(monkeypatch, tmp_path):
@@ -187,14 +190,14 @@ def test_http_path_is_fetched_once_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(remote, "check_network", checked.append)
     url = f"http://127.0.0.1:{server.server_port}/x/m.npz"
     try:
-        local = remote.fetch(url)
+        local = Path(remote.resolve(url))
         with pytest.raises(FileNotFoundError, match="other.npz: no such remote file"):
-            remote.fetch(url.replace("m.npz", "other.npz"))
+            remote.resolve(url.replace("m.npz", "other.npz"))
     finally:
         server.shutdown()
         server.server_close()
     assert local == tmp_path / "cache" / f"127.0.0.1:{server.server_port}" / "x" / "m.npz"
     assert local.read_bytes() == (served / "x" / "m.npz").read_bytes()
-    assert remote.fetch(url) == local  # the server is gone: the cached copy
+    assert Path(remote.resolve(url)) == local  # the server is gone: the cached copy
     assert checked == [url, url.replace("m.npz", "other.npz")]
     np.testing.assert_array_equal(weights.read_checkpoint(url)["cls"], params["cls"])

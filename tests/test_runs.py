@@ -19,6 +19,7 @@ from vit_jax.base import console
 from vit_jax.training import preemption, progress, train
 from vit_jax.training import state as state_lib
 from vit_jax.weights import CheckpointError
+from vit_jax.workdir.workdir import Workdir
 
 # 1 device; saves at 5, 10, 15, 20; a log line every step, so Ctrl-C lands mid-run.
 RUN = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=20)
@@ -89,7 +90,7 @@ def test_interrupted_command_prints_one_line_and_exits_130(capsys):
 
         @staticmethod
         def main():
-            where = train.Where("w/checkpoints", step=37)
+            where = train.Where(Workdir.at("w"), step=37)
             raise train.Interrupted(where.message())
 
     assert run_command(Command) == 130
@@ -100,42 +101,27 @@ def test_interrupted_command_prints_one_line_and_exits_130(capsys):
 
 
 def test_finished_means_this_config_ran_to_its_end(tmp_path):
-    from vit_jax.workdir import checks, integrity
+    from vit_jax.workdir import record
 
     # What a finished run leaves: summary.json, final.npz, the last checkpoint's record.
     c = tiny_config(total_steps=4)
     step_dir = tmp_path / "checkpoints" / "4"
     step_dir.mkdir(parents=True)
-    record = {"format": integrity.FORMAT, "step": 4, "arrays": {}, "files": {}}
-    integrity.write_json(
-        str(step_dir / integrity.RECORD), dict(record, state=train.plan_of(c).state)
-    )
+    saved = {"format": record.FORMAT, "step": 4, "arrays": {}, "files": {}}
+    (step_dir / record.NAME).write_text(json.dumps(dict(saved, state=train.plan_of(c).state)))
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 4, "accuracy": 0.5}))
     (tmp_path / "final.npz").write_bytes(b"")
-    workdir = str(tmp_path)
-    assert checks.finished_summary(workdir, train.plan_of(c)) == {"steps": 4, "accuracy": 0.5}
-    assert checks.finished_summary(workdir, train.plan_of(tiny_config(total_steps=3))) is not None
-    assert (
-        checks.finished_summary(workdir, train.plan_of(tiny_config(total_steps=8))) is None
-    )  # resumes
-    other = tiny_config(total_steps=4, **{"model.width": 64})
-    assert (
-        checks.finished_summary(workdir, train.plan_of(other)) is None
-    )  # "does not fit" as before
-    lr = tiny_config(total_steps=4, **{"optimizer.lr": 0.1})
-    assert checks.finished_summary(workdir, train.plan_of(lr)) is None
+    finished = lambda config: Workdir.at(tmp_path).finished(train.plan_of(config))
+    assert finished(c) == {"steps": 4, "accuracy": 0.5}
+    assert finished(tiny_config(total_steps=3)) is not None
+    assert finished(tiny_config(total_steps=8)) is None  # resumes
+    assert finished(tiny_config(total_steps=4, **{"model.width": 64})) is None  # does not fit
+    assert finished(tiny_config(total_steps=4, **{"optimizer.lr": 0.1})) is None
     os.remove(tmp_path / "final.npz")  # killed before the export: the run writes it
-    assert checks.finished_summary(workdir, train.plan_of(c)) is None
-    assert checks.finished_summary(
-        workdir, train.plan_of(tiny_config(total_steps=4, export_npz=False))
-    )
+    assert finished(c) is None
+    assert finished(tiny_config(total_steps=4, export_npz=False))
     (tmp_path / "summary.json").write_text("{")  # half-written by some other tool
-    assert (
-        checks.finished_summary(
-            workdir, train.plan_of(tiny_config(total_steps=4, export_npz=False))
-        )
-        is None
-    )
+    assert finished(tiny_config(total_steps=4, export_npz=False)) is None
 
 
 def test_eta_leaves_out_the_compile_step():

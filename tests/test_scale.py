@@ -5,7 +5,6 @@ import collections
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from helpers import assert_trees_equal, batch, model_and_optimizer, training
 
@@ -14,8 +13,8 @@ from vit_jax.configs import fashion_mnist
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
 from vit_jax.training import train
-from vit_jax.workdir import checks
-from vit_jax.workdir import manager as workdir_lib
+from vit_jax.workdir.checkpoints import Checkpoints
+from vit_jax.workdir.workdir import tree_bytes
 
 STEPS = 3
 
@@ -74,7 +73,7 @@ def test_batch_is_split_over_data_and_fsdp():
 
 
 def test_each_device_holds_an_eighth_of_the_state(runs):
-    full = checks.tree_bytes(runs["one"]["state"])
+    full = tree_bytes(runs["one"]["state"])
     assert full > 18e6  # ~1.6M parameters + Adam's two moments, float32
     fsdp = runs["fsdp8"]
     for what in ("created", "after steps"):
@@ -93,10 +92,10 @@ def test_each_device_holds_an_eighth_of_the_state(runs):
 def save_and_restore(state, mesh, directory):
     c = config()
     model, tx, _ = model_and_optimizer(c)
-    manager = workdir_lib.open_manager(directory, 2)
-    manager.save(STEPS, args=ocp.args.StandardSave(state))
-    manager.wait_until_finished()
-    return state_lib.restore_or_create(train.start_of(c), model, tx, mesh, manager)
+    with Checkpoints(f"{directory}/checkpoints", 2) as checkpoints:
+        checkpoints.save(STEPS, state)
+        checkpoints.wait()  # with its integrity record, written from the sharded layout
+        return state_lib.restore_or_create(train.start_of(c), model, tx, mesh, checkpoints)
 
 
 def test_checkpoint_moves_between_meshes(runs, tmp_path):

@@ -33,7 +33,7 @@ from vit_jax.parallel import sharding
 from vit_jax.training import optim, preemption, train
 from vit_jax.training import state as state_lib
 from vit_jax.training.progress import Cadence, console_line, duration
-from vit_jax.workdir.saver import Saver
+from vit_jax.workdir.checkpoints import Checkpoints
 
 
 def steps_on(mesh, config, batches, accum_steps=1):
@@ -113,14 +113,14 @@ def test_short_run_learns_and_a_ctrl_c_run_resumes_bit_identically(tmp_path, cap
     config.optimizer.lr = 3e-3
     whole = train.run(config, str(tmp_path / "whole"))
     workdir = str(tmp_path / "run")
-    save = Saver.save
+    save = Checkpoints.save
 
     def save_then_ctrl_c(self, step, state):
         save(self, step, state)
         if step == 20:  # the loop's StopRequest takes it: it stops after this step
             os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr(Saver, "save", save_then_ctrl_c)
+    monkeypatch.setattr(Checkpoints, "save", save_then_ctrl_c)
     with pytest.raises(preemption.Stopped, match="stopped at step 21 by SIGINT; checkpoint 21 "):
         train.run(config, workdir)
     monkeypatch.undo()

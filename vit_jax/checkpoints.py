@@ -4,8 +4,9 @@
 
 Each checkpoint is restored on one device and checked against its integrity record:
 every file there at its size, readable, every array hashing as saved, every value
-finite (vit_jax/workdir/recovery.py). Nothing is changed; a training run sets aside what fails.
-WORKDIR is a run's workdir (it holds checkpoints/) or a directory of them, such as the
+finite (vit_jax/workdir/checkpoints.py). Nothing is changed; a training run sets aside
+what fails (into WORKDIR/damaged/, listed too). WORKDIR (local or gs://) is a run's
+workdir (it holds checkpoints/) or a directory of them, such as the
 recipe's (pretrain/, finetune/, scratch/): then every run workdir found up to two
 levels below it is checked, its checkpoints named `pretrain/400`. Exits 1 when a
 checkpoint under its final name fails.
@@ -13,7 +14,6 @@ checkpoint under its final name fails.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import flags
@@ -29,16 +29,18 @@ def main(args: list[str]) -> None:
     """`args`: the words after the command ('verify', WORKDIR)."""
     import json
 
-    from vit_jax.workdir import recovery
+    from vit_jax.base import store
+    from vit_jax.workdir.checkpoints import DAMAGED, Checkpoints
+    from vit_jax.workdir.workdir import run_workdirs
 
     if len(args) != 2 or args[0] != "verify":
         raise ValueError(f"expected: python -m vit_jax.checkpoints verify WORKDIR, got {args}")
-    workdir = args[1].rstrip("/") or "/"
-    runs = recovery.run_workdirs(workdir)
+    workdir = store.path(args[1].rstrip("/") or "/")
+    runs = run_workdirs(workdir)
     if not runs:
         where = (
             "has no checkpoints/ directory, and no directory up to two levels below it has one"
-            if os.path.isdir(workdir)
+            if workdir.is_dir()
             else "does not exist"
         )
         raise FileNotFoundError(
@@ -47,8 +49,8 @@ def main(args: list[str]) -> None:
         )
     rows = []
     for run in runs:
-        prefix = "" if run == workdir else os.path.relpath(run, workdir) + "/"
-        found = recovery.verify_workdir(run)
+        prefix = "" if run == workdir else f"{run.relative_to(workdir)}/"
+        found = Checkpoints(run / "checkpoints", read_only=True).verify()
         rows += [(prefix + name, what) for name, what in found]
         if prefix and not found:
             rows.append((prefix, "no checkpoints"))
@@ -61,13 +63,14 @@ def main(args: list[str]) -> None:
         print(f"{'checkpoint':<{width}}  state")
         for name, what in rows:
             print(f"{name:<{width}}  {what}", flush=True)
-    if any(_final(name) and what.startswith(recovery.DAMAGED) for name, what in rows):
+    if any(_final(name) and what.startswith(DAMAGED) for name, what in rows):
         sys.exit(1)
 
 
 def _final(name: str) -> bool:
-    """Whether a row names a checkpoint under its final name ('200', 'pretrain/200')."""
-    return os.path.basename(name).isdigit()
+    """Whether a row names a checkpoint under its final name ('200', 'pretrain/200'), not
+    an interrupted save or one set aside ('damaged/200')."""
+    return name.rsplit("/", 1)[-1].isdigit() and "damaged/" not in name
 
 
 if __name__ == "__main__":

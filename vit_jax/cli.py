@@ -70,16 +70,19 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
             raise app.UsageError(f"unexpected arguments: {' '.join(rest[1:])}")
         if not flags.FLAGS["verbosity"].present:
             logging.set_verbosity(logging.WARNING)  # libraries' INFO logs drown the output
-        try:
-            main()
-        except USER_ERRORS as e:
-            if debug():
-                raise
-            fail(str(e))
-        except KeyboardInterrupt as e:
-            if debug():
-                raise
-            interrupted(str(e), getattr(e, "exit_status", 130))
+        held = HeldErrors()
+        with held:
+            try:
+                main()
+            except USER_ERRORS as e:
+                if debug():
+                    raise
+                fail(str(e))
+            except KeyboardInterrupt as e:
+                if debug():
+                    raise
+                interrupted(str(e), getattr(e, "exit_status", 130))
+        held.release()  # the command succeeded: what libraries reported is shown after all
 
     try:
         app.run(entry, argv=argv, flags_parser=parse_flags)
@@ -91,6 +94,63 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
         what = " ".join(str(e).replace("\\n", " ").replace("\\", "").replace("'", "").split())
         where = "every config field is in vit_jax/configs/common.py"
         fail(f"in the flags: no such config field, or a bad value: {what} ({where})")
+
+
+class HeldErrors:
+    """Libraries' error reports, held back while a command runs (inside `with`): error
+    logs of other loggers than the package's, and unraisable exceptions.
+
+    A failing background write reports itself before the command's own `error:` line
+    says what failed and the way out: Orbax's checkpoint thread logs the traceback,
+    TensorStore's callbacks into Orbax's closed event loop raise 'Event loop is closed'
+    where nobody catches it, asyncio reports an 'exception never retrieved'. Held back,
+    they are shown only if the command goes on to succeed (`release`), and dropped when
+    it fails with its one line. Warnings pass at once; VIT_JAX_DEBUG=1 holds nothing."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+        self.unraisable: list = []
+        self._handlers: list = []
+        self._hook = None
+
+    def filter(self, record) -> bool:  # a logging filter on the root logger's handlers
+        if record.levelno >= 40 and not record.name.startswith("vit_jax") and not debug():
+            self.records.append(record)
+            return False
+        return True
+
+    def _hold(self, unraisable) -> None:
+        if debug():
+            self._hook(unraisable)
+        else:
+            self.unraisable.append((unraisable.exc_type, unraisable.exc_value, unraisable.err_msg))
+
+    def __enter__(self) -> HeldErrors:
+        import logging
+
+        self._handlers = list(logging.getLogger().handlers)
+        for handler in self._handlers:
+            handler.addFilter(self)
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._hold
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handler in self._handlers:
+            handler.removeFilter(self)
+        if sys.unraisablehook == self._hold:
+            sys.unraisablehook = self._hook
+
+    def release(self) -> None:
+        """Shows what was held, as it would have been shown."""
+        import logging
+        import traceback
+
+        for record in self.records:
+            logging.getLogger(record.name).handle(record)
+        for kind, value, message in self.unraisable:
+            sys.stderr.write(f"{message or 'Exception ignored'}:\n")
+            traceback.print_exception(kind, value, value.__traceback__ if value else None)
+        self.records, self.unraisable = [], []
 
 
 def interrupted(message: str, status: int = 130) -> None:

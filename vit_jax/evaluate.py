@@ -38,7 +38,6 @@ the evaluated split. Top-k is reported for k below the head's classes.
 from __future__ import annotations
 
 import json
-import os
 
 from absl import flags
 
@@ -67,6 +66,7 @@ def define_flags() -> None:
 
 
 def main() -> None:
+    from vit_jax.base import store
     from vit_jax.evaluation import classify
 
     f = flags.FLAGS
@@ -81,7 +81,7 @@ def main() -> None:
             "--source=folder needs --data_dir=DIR, the image folder with "
             f"DIR/{f.split.split('[')[0]}/<class>/*.jpg (one directory per class)"
         )
-    name = f.dataset or os.path.basename(os.path.normpath(f.data_dir))
+    name = f.dataset or store.path(f.data_dir.rstrip("/")).name
     dataset = {"source": source, "name": name, "test_split": f.split}
     if f.data_dir:
         dataset["data_dir"] = f.data_dir

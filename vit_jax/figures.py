@@ -24,11 +24,10 @@ resolution. Needs matplotlib: pip install "vit_jax[plot]".
 
 from __future__ import annotations
 
-import os
-
 from absl import flags
 
 from vit_jax import cli, inspection
+from vit_jax.base import store
 from vit_jax.data import images
 from vit_jax.inspection import plots
 
@@ -51,14 +50,14 @@ def main() -> None:
     model, params, size = loaded.model, loaded.params, loaded.image_size
     if f.image:
         x = images.load_images(f.image, size)
-        names = [os.path.basename(p) for p in f.image]
+        names = [store.path(p).name for p in f.image]
         if len(set(names)) < len(names):  # a/cat.jpg and b/cat.jpg: the paths tell them apart
             names = list(f.image)
     else:
         x = inspection.sample_images(f.num_images, size, f.data_dir)
         names = [f"test image {i}" for i in range(len(x))]
     result = inspection.compute(model, params, x, batch_size=f.batch_size)
-    title = f"{f.model or os.path.basename(f.checkpoint.rstrip('/'))} at {size[0]}x{size[1]}"
+    title = f"{f.model or store.path(f.checkpoint.rstrip('/')).name} at {size[0]}x{size[1]}"
     for message in result.skipped.values():
         print(message)
     for path in inspection.write(result, x, f.out, title, names):

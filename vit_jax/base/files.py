@@ -1,5 +1,10 @@
-"""Files and directories written whole or not at all: built under a temporary name beside
-the output, renamed when complete."""
+"""Files and directories written whole or not at all, on a disk or in an object store.
+
+On a disk, an output is built under a temporary name beside it and renamed when
+complete. A store has no rename, and an object appears only once its upload is
+complete: an output is built in a local temporary file or directory and uploaded when
+complete (a directory's files one by one, then, on failure, removed again).
+"""
 
 from __future__ import annotations
 
@@ -11,17 +16,26 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from vit_jax.base import store
+
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", sync: bool = False) -> Iterator[IO]:
-    """Opens `path`.tmp for the block, then renames it to `path`: a crash never leaves
-    a half-written `path`, and a block that raises (a full disk) removes the temporary
-    file. `sync` flushes it to the disk before the rename.
+    """Opens a temporary file for the block, then puts it at `path`: a crash never leaves
+    a half-written `path`, and a block that raises (a full disk) leaves nothing. `sync`
+    flushes it to the disk before the rename.
 
     Raises:
-        FileNotFoundError: `path`'s directory does not exist (named, not the `.tmp` file).
+        FileNotFoundError: `path`'s directory does not exist (named, not the temporary).
     """
-    path = Path(path)
+    path = store.path(path)
+    if store.is_remote(path):
+        with tempfile.TemporaryDirectory(prefix="vit_jax_upload_") as tmp:
+            local = os.path.join(tmp, path.name)
+            with open(local, mode) as f:
+                yield f
+            store.filesystem(path).put_file(local, os.fspath(path))
+        return
     _check_parent(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -43,18 +57,23 @@ def check_new(path: str | os.PathLike) -> None:
     Raises:
         FileExistsError: naming `path` and the way out.
     """
-    path = Path(path)
+    path = store.path(path)
     if path.exists() and not (path.is_dir() and not any(path.iterdir())):
         raise FileExistsError(f"{path} exists and is not an empty directory: choose another --out")
 
 
 @contextlib.contextmanager
 def scratch_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """A new directory beside `path` (same file system, so a rename moves what is built
-    in it to `path` at once), removed with whatever is left in it when the block ends."""
-    path = Path(path)
-    _check_parent(path)
-    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp", dir=path.parent))
+    """A new local directory to build `path` in (beside it on a disk, so that a rename
+    moves it into place at once; in the temporary directory for a store), removed with
+    whatever is left in it when the block ends."""
+    path = store.path(path)
+    if store.is_remote(path):
+        parent = None
+    else:
+        _check_parent(path)
+        parent = path.parent
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp", dir=parent))
     try:
         yield tmp
     finally:
@@ -63,22 +82,47 @@ def scratch_dir(path: str | os.PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yields a temporary directory for the block to fill, then renames it to `path`: a
-    crash never leaves a half-built `path`, and a block that raises leaves nothing.
+    """Yields a local temporary directory for the block to fill, then puts it at `path`:
+    a crash never leaves a half-built `path` on a disk, and a block that raises leaves
+    nothing (on a store, a failed upload removes what it uploaded).
 
     Raises:
         FileExistsError: `path` exists and is not an empty directory (`check_new`).
     """
-    path = Path(path)
+    path = store.path(path)
     check_new(path)
     with scratch_dir(path) as tmp:
         yield tmp
-        if path.exists():
+        publish(tmp, path)
+
+
+def publish(local: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Puts the finished local file or directory `local` at `path` (a rename on a disk;
+    an upload to a store, undone if it fails midway)."""
+    path = store.path(path)
+    if not store.is_remote(path):
+        if path.is_dir():
             path.rmdir()  # empty (check_new)
-        os.replace(tmp, path)
+        os.replace(local, path)
+        return
+    fs = store.filesystem(path)
+    files = {os.fspath(local): os.fspath(path)}
+    if os.path.isdir(local):
+        files = {
+            os.path.join(here, name): f"{path}/{os.path.relpath(os.path.join(here, name), local)}"
+            for here, _, names in os.walk(local)
+            for name in names
+        }
+    try:
+        for source, dest in files.items():
+            fs.put_file(source, dest)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            store.remove_tree(path)
+        raise
 
 
-def _check_parent(path: Path) -> None:
+def _check_parent(path: store.Path) -> None:
     """The error of an output whose directory does not exist, naming that directory (the
     temporary file or directory beside `path` would otherwise be what the OS names)."""
     if not path.parent.is_dir():

@@ -12,12 +12,11 @@ first of them trains.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import ml_collections
 
-from vit_jax.base import console
+from vit_jax.base import console, store
 from vit_jax.base.problems import (
     ConfigError,
     Problem,
@@ -163,6 +162,10 @@ def _fewshot_problems(f: Any) -> list[Problem]:
         return out
     if f.source:
         one_of(out, "fewshot.source", f.source, data_config.SOURCES)
+    names = [n.strip() for n in f.datasets.split(",") if n.strip()]
+    tfds = f.source == "tfds" or (not f.source and any(n != "fashion_mnist" for n in names))
+    if tfds and data_config.remote_tfds(f.data_dir):
+        out.append(Problem("fewshot.data_dir", f.data_dir, data_config.REMOTE_TFDS))
     for field in ("train_split", "test_split"):
         try:
             splits.check_spec(f[field])
@@ -228,9 +231,8 @@ def data_problems(
 
     c, out = config, []
     init_from = c.init_from
-    local = os.path.expanduser(init_from) if init_from else ""
-    if local and not init_from_later and not remote.is_remote(init_from):
-        if not os.path.exists(local):
+    if init_from and not init_from_later and remote.url(init_from) is None:  # not published
+        if not _exists(out, init_from):
             out.append(
                 Problem(
                     "init_from",
@@ -258,6 +260,16 @@ def data_problems(
     for p in out:
         first.setdefault(p.field, p)
     return list(first.values())
+
+
+def _exists(out: list[Problem], path: str) -> bool:
+    """Whether `path` (local, gs://, s3://) exists; a store that cannot be asked is a
+    problem of its own (no credentials, no such bucket), named here."""
+    try:
+        return store.path(path).exists()
+    except Exception as e:  # noqa: BLE001 (each store raises its own)
+        out.append(Problem("init_from", path, f"cannot be read: {store.explain(e, path)}"))
+        return True  # said above
 
 
 def _open(out: list[Problem], cfg: Any, prefix: str, spec: str, field: str) -> Any:

@@ -78,6 +78,8 @@ def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[P
     from the config alone: nothing is read."""
     out: list[Problem] = []
     one_of(out, f"{prefix}source", cfg.source, SOURCES)
+    if cfg.source == "tfds" and remote_tfds(cfg.data_dir):
+        out.append(Problem(f"{prefix}data_dir", cfg.data_dir, REMOTE_TFDS))
     if cfg.source == "folder" and not cfg.data_dir:
         out.append(
             Problem(
@@ -124,6 +126,22 @@ def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[P
     for field in ("threads", "workers"):
         integer(out, f"{prefix}{field}", cfg[field], 0)
     return out
+
+
+# Measured with array_record 0.8 and gcsfs: a TFDS dataset prepared as ArrayRecord in a
+# gs:// data_dir lists, but reading a record never returns (ArrayRecord's reader has no
+# object-store backend of its own). The idx and image-folder sources read gs:// directly.
+REMOTE_TFDS = (
+    "TFDS datasets are read by ArrayRecord, which cannot read from an object store: mount "
+    "the bucket (e.g. gcsfuse) and pass the mount's path, or copy the prepared dataset to a "
+    "local disk (gcloud storage cp -r gs://BUCKET/DATA_DIR/NAME DIR/) and pass DIR; image "
+    "folders and idx files may stay on the bucket"
+)
+
+
+def remote_tfds(data_dir: str | None) -> bool:
+    """Whether a TFDS data_dir is on an object store, where ArrayRecord cannot read."""
+    return bool(data_dir) and str(data_dir).startswith(("gs://", "s3://"))
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:

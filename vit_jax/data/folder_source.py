@@ -1,7 +1,9 @@
 """Image folders: ``DIR/<split>/<class>/*.jpg|jpeg|png``, class ids by sorted class name.
 
-Files are decoded by `pixels.decode` (PIL: EXIF orientation, any mode to RGB) where the
-pipeline reads them. Corrupt files:
+DIR is a local directory or a gs:// / s3:// prefix: a split is listed once (one listing
+of the whole split on a store), then each file is read by its path where the pipeline
+reads it, nothing cached on local disk. Files are decoded by `pixels.decode` (PIL: EXIF
+orientation, any mode to RGB). Corrupt files:
 
 * skip_corrupt=False, cache=False (default): a file that does not decode stops the run
   with a ``CorruptImageError`` naming it.
@@ -18,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from vit_jax.base import store
 from vit_jax.data import pixels
 
 EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -35,16 +38,32 @@ def corrupt_error(path: str, detail: str) -> CorruptImageError:
     )
 
 
-def list_classes(split_dir: str) -> list[str]:
-    """Sorted class directory names of one split directory."""
-    if not os.path.isdir(split_dir):
+def _listing(split_dir: str) -> dict[str, list[str]]:
+    """{class directory name: [file names]} of one split directory, listed once."""
+    root = store.path(split_dir)
+    if not root.is_dir():
         raise FileNotFoundError(
             f"image folder split {split_dir} does not exist; expected {split_dir}/<class>/*.jpg "
             "(one directory per class)."
         )
-    classes = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+    out: dict[str, list[str]] = {}
+    if store.is_remote(root):
+        for rel in store.walk_files(root):
+            parts = rel.split("/")
+            if len(parts) == 2:
+                out.setdefault(parts[0], []).append(parts[1])
+        return out
+    for entry in os.scandir(root):
+        if entry.is_dir():
+            out[entry.name] = [e.name for e in os.scandir(entry.path) if e.is_file()]
+    return out
+
+
+def list_classes(split_dir: str) -> list[str]:
+    """Sorted class directory names of one split directory."""
+    classes = sorted(_listing(split_dir))
     if not classes:
-        found = sorted(os.listdir(split_dir))[:10]
+        found = sorted(p.name for p in store.path(split_dir).iterdir())[:10]
         raise ValueError(
             f"image folder split {split_dir} has no class directories (found {found}); "
             f"expected {split_dir}/<class>/*.jpg, one directory per class."
@@ -54,7 +73,7 @@ def list_classes(split_dir: str) -> list[str]:
 
 def check_same_classes(root: str, split_names: list[str]) -> list[str]:
     """Class names shared by all the splits; a ValueError if they differ."""
-    found = {name: list_classes(os.path.join(root, name)) for name in split_names}
+    found = {name: list_classes(f"{root}/{name}") for name in split_names}
     first, classes = split_names[0], found[split_names[0]]
     for name in split_names[1:]:
         if found[name] != classes:
@@ -74,17 +93,19 @@ def scan_split(root: str, name: str, classes: list[str]) -> tuple[np.ndarray, np
     Returns:
         (paths str [N], labels int64 [N]).
     """
+    listing = _listing(f"{root}/{name}")
     paths, labels = [], []
     for label, class_name in enumerate(classes):
-        class_dir = os.path.join(root, name, class_name)
-        files = sorted(f for f in os.listdir(class_dir) if f.lower().endswith(EXTENSIONS))
+        class_dir = f"{root}/{name}/{class_name}"
+        names = listing.get(class_name, [])
+        files = sorted(f for f in names if f.lower().endswith(EXTENSIONS))
         if not files:
             raise ValueError(
                 f"class directory {class_dir} has no images (expected *.jpg, *.jpeg or *.png; "
-                f"found {sorted(os.listdir(class_dir))[:10]}). Add images or remove the "
-                "directory from every split."
+                f"found {sorted(names)[:10]}). Add images or remove the directory from every "
+                "split."
             )
-        paths += [os.path.join(class_dir, f) for f in files]
+        paths += [f"{class_dir}/{f}" for f in files]
         labels += [label] * len(files)
     return np.asarray(paths, dtype=object), np.asarray(labels, np.int64)
 
@@ -96,9 +117,14 @@ def load(path: str) -> np.ndarray:
         CorruptImageError: The file does not decode (or is missing), naming it.
     """
     try:
-        return pixels.decode(path)
+        return _decode(path)
     except (ValueError, OSError) as e:
         raise corrupt_error(path, str(e)) from None
+
+
+def _decode(path: str) -> np.ndarray:
+    """pixels.decode of a local file, or of a store object's bytes."""
+    return pixels.decode(store.path(path).read_bytes() if store.is_remote(path) else path)
 
 
 def decode_all(paths: np.ndarray, keep_images: bool) -> tuple[np.ndarray, list, list]:
@@ -116,7 +142,7 @@ def decode_all(paths: np.ndarray, keep_images: bool) -> tuple[np.ndarray, list, 
 
     def one(path):
         try:
-            return pixels.decode(path), None
+            return _decode(path), None
         except (ValueError, OSError) as e:
             return None, str(e)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 import gzip
-import os
 
 import numpy as np
+
+from vit_jax.base import store
 
 INSTALL_HINT = (
     "apt-get install dataset-fashion-mnist (Debian/Ubuntu), or download the four idx "
@@ -24,10 +25,11 @@ _DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E
 
 
 def read_idx(path: str) -> np.ndarray:
-    """Reads one idx file, gzip-compressed or not, into an array of its stored shape."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    """Reads one idx file (local or on a store), gzip-compressed or not, into an array of
+    its stored shape."""
+    raw = store.path(path).read_bytes()
+    if path.endswith(".gz"):
+        raw = gzip.decompress(raw)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _DTYPES:
         raise ValueError(
             f"{path}: not an idx file (magic bytes {raw[:4].hex()}, expected 0000 + a type "
@@ -49,14 +51,15 @@ def _find(data_dir: str, prefix: str, kind: str) -> str:
     """Path of '<prefix>-<kind>-ubyte' with or without .gz, or a FileNotFoundError."""
     names = [f"{prefix}-{kind}-ubyte", f"{prefix}-{kind}-ubyte.gz"]
     names += [n.replace(f"-{kind}", f".{kind}") for n in names]  # train-images.idx3-ubyte
+    root = store.path(data_dir)
     for name in names:
-        if os.path.exists(os.path.join(data_dir, name)):
-            return os.path.join(data_dir, name)
-    if not os.path.isdir(data_dir):
+        if (root / name).exists():
+            return str(root / name)
+    if not root.is_dir():
         raise FileNotFoundError(f"idx directory {data_dir} does not exist. {INSTALL_HINT}.")
+    found = sorted(p.name for p in root.iterdir())
     raise FileNotFoundError(
-        f"idx directory {data_dir} has no {names[1]} (found: {sorted(os.listdir(data_dir))}). "
-        f"{INSTALL_HINT}."
+        f"idx directory {data_dir} has no {names[1]} (found: {found}). {INSTALL_HINT}."
     )
 
 

@@ -19,11 +19,11 @@ suit`` (the second lemma of that synset; 638 stays ``maillot``).
 from __future__ import annotations
 
 import importlib.resources
-import os
 from collections.abc import Sequence
 
 import numpy as np
 
+from vit_jax.base import store
 from vit_jax.data import pixels
 
 IMAGENET_CLASSES_FILE = "imagenet_classes.txt"
@@ -79,7 +79,7 @@ def load_image(path: str, image_size: tuple[int, int]) -> np.ndarray:
       ValueError: If ``path`` is not a readable image.
     """
     try:
-        image = pixels.decode(path)
+        image = pixels.decode(store.path(path).read_bytes() if store.is_remote(path) else path)
     except ValueError as e:
         raise ValueError(f"cannot read image {path}: {e}") from None
     return pixels.normalize(pixels.resize(image, image_size))
@@ -115,7 +115,7 @@ def check_images_exist(paths: Sequence[str]) -> None:
     """
     if not paths:
         raise ValueError("no images given: pass --image=PATH (repeat for more)")
-    missing = [p for p in paths if not os.path.isfile(p)]
+    missing = [p for p in paths if not store.path(p).is_file()]
     if missing:
         raise FileNotFoundError("image not found: " + ", ".join(missing))
 
@@ -149,8 +149,8 @@ def class_names(
     """
     if labels_file:
         try:
-            with open(labels_file, encoding="utf-8") as f:
-                names = [line.strip() for line in f.read().rstrip().splitlines()]
+            text = store.path(labels_file).read_text(encoding="utf-8")
+            names = [line.strip() for line in text.rstrip().splitlines()]
         except FileNotFoundError:
             raise FileNotFoundError(f"labels file not found: {labels_file}") from None
         if len(names) != num_classes:

@@ -95,8 +95,8 @@ def evaluate(
     if label_map is None and head_labels is not None:
         found = match_by_name(data.class_names(cfg), cfg.classes, list(head_labels))
         if found is not None:
+            matched = found != (cfg.classes, None)  # not the dataset as it is
             cfg.classes, label_map = found
-            matched = True
     k_data = data.num_classes(cfg)
     if label_map is not None and (min(label_map) < 0 or max(label_map) >= k_head):
         raise ValueError(f"the label map names head classes outside 0..{k_head - 1}")
@@ -186,9 +186,10 @@ def parse_classes(items: Sequence[str]) -> tuple[int, ...]:
 
 def read_label_map(spec: str) -> list[int]:
     """'3,1,2' or a file with one head class index a line -> [3, 1, 2]."""
-    from pathlib import Path
+    from vit_jax.base import store
 
-    text = Path(spec).read_text() if Path(spec).is_file() else spec.replace(",", "\n")
+    path = store.path(spec)
+    text = path.read_text() if path.is_file() else spec.replace(",", "\n")
     try:
         return [int(t) for t in text.split()]
     except ValueError:

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from vit_jax.base import files
+
 MAX_ROLLOUT_IMAGES = 8
 
 
@@ -29,8 +31,10 @@ def pyplot() -> Any:
 
 
 def _save(fig: Any, path: str) -> None:
+    """The figure as a PNG at `path` (local or on a store), written whole."""
     plt = pyplot()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    with files.atomic_write(path) as f:
+        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

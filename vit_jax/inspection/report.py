@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 from typing import Any
 
 import jax
 import numpy as np
 
+from vit_jax.base import files, store
 from vit_jax.inspection import attention, filters, plots, posemb
 from vit_jax.models import apply_with_intermediates, predict
 from vit_jax.models.vit import VisionTransformer
@@ -174,8 +174,9 @@ def write(
 
     `names` label the images (their file names) in the rollout figure and inspect.json.
     """
-    os.makedirs(out_dir, exist_ok=True)
-    path = lambda name: os.path.join(out_dir, name)
+    out = store.path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)  # nothing to make on a store
+    path = lambda name: str(out / name)
     a, written = result.arrays, []
     if "filters_pca_components" in a:
         tiles = filters.to_tiles(a["filters_pca_components"])
@@ -188,8 +189,9 @@ def write(
     upsampled = attention.upsample(a["rollout"], tuple(images.shape[1:3]))
     plots.plot_rollout(images, upsampled, path(PNG["rollout"]), title, names)
     written += [path(PNG["distance"]), path(PNG["rollout"])]
-    np.savez(path(NUMBERS), **a)
+    with files.atomic_write(path(NUMBERS)) as f:
+        np.savez(f, **a)
     summary = dict(result.info, title=title, images=names, skipped=result.skipped, files=written)
-    with open(path(SUMMARY), "w", encoding="utf-8") as f:
+    with files.atomic_write(path(SUMMARY), "w") as f:
         json.dump(summary, f, indent=1)
     return written + [path(NUMBERS), path(SUMMARY)]

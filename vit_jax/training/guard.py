@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import orbax.checkpoint as ocp
-
-from vit_jax.workdir import integrity
+from vit_jax.workdir.checkpoints import Checkpoints
 
 SKIPPED_IN_A_ROW = 10  # with skip_nonfinite: more non-finite steps in a row stop the run
 
@@ -23,10 +21,10 @@ class FiniteGuard:
     SKIPPED_IN_A_ROW steps in a row were skipped (as far as the checks can tell: a
     window between two checks with one good step in it breaks the row). The checkpoint
     it names is the newest with a complete integrity record whose files are all there at
-    their sizes (`integrity.newest_intact_sentence`), never a damaged one.
+    their sizes (`Checkpoints.newest_intact_sentence`), never a damaged one.
     """
 
-    manager: ocp.CheckpointManager
+    checkpoints: Checkpoints
     skip: bool
     last_step: int = 0  # the step of the last check, and the skipped count then
     last_skipped: int = 0
@@ -54,10 +52,10 @@ class FiniteGuard:
 
     def _stop(self, what: str) -> None:
         try:
-            self.manager.wait_until_finished()  # a save in flight holds a checked state
+            self.checkpoints.wait()  # a save in flight holds a checked state
         except Exception:  # noqa: BLE001 (a failed save is not the checkpoint named)
             pass
-        where = integrity.newest_intact_sentence(str(self.manager.directory))  # whole, recorded
+        where = self.checkpoints.newest_intact_sentence()  # whole, with its record
         raise FloatingPointError(
             f"{what}. {where}: lower the learning rate, clip gradients "
             "(--config.optimizer.grad_clip) or set --config.skip_nonfinite=True, and run it again"

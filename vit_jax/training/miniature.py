@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-from vit_jax.base import files
+from vit_jax.base import files, store
 from vit_jax.base.problems import is_int
 from vit_jax.configs import check, fashion_mnist
 from vit_jax.evaluation import fewshot
@@ -28,17 +28,19 @@ from vit_jax.training import train
 PARTS = ("pretrain", "finetune", "scratch")
 
 
-def part_config(part: str, workdir: str, examples_per_class: int = 50) -> Any:
+def part_config(part: str, workdir: str | os.PathLike, examples_per_class: int = 50) -> Any:
     """The config of one part; the fine-tuning part starts from the pretrained final.npz."""
     config = fashion_mnist.get_config(part)
     if part != "pretrain":
         config.dataset.examples_per_class = examples_per_class
     if part == "finetune":
-        config.init_from = os.path.join(workdir, "pretrain", "final.npz")
+        config.init_from = str(store.path(workdir) / "pretrain" / "final.npz")
     return config
 
 
-def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = None) -> dict:
+def run(
+    workdir: str | os.PathLike, examples_per_class: int = 50, overrides: dict | None = None
+) -> dict:
     """Runs the three parts; returns and writes (workdir/recipe.json) the accuracies.
     Finished parts are not run again (train.run returns their stored summaries).
 
@@ -73,7 +75,7 @@ def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = Non
     results = {}
     for part, config in parts.items():
         print(f"\n=== {part} ===", flush=True)
-        results[part] = train.run(config, os.path.join(workdir, part))
+        results[part] = train.run(config, store.path(workdir) / part)
     summary = {
         "pretrain_accuracy_classes_0_4": results["pretrain"]["accuracy"],
         "finetuned_accuracy_classes_5_9": results["finetune"]["accuracy"],
@@ -81,10 +83,9 @@ def run(workdir: str, examples_per_class: int = 50, overrides: dict | None = Non
         "examples_per_class": examples_per_class,
         **{k: v for k, v in results["pretrain"].items() if k.startswith(fewshot.PREFIX)},
     }
-    path = os.path.join(workdir, "recipe.json")
+    path = store.path(workdir) / "recipe.json"
     try:
-        with open(path) as f:
-            unchanged = json.load(f) == summary  # a rerun of a finished recipe
+        unchanged = json.loads(path.read_text()) == summary  # a rerun of a finished recipe
     except (OSError, ValueError):
         unchanged = False
     if not unchanged:

@@ -157,13 +157,12 @@ def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
     return " | ".join(parts)
 
 
-def write_summary(workdir: str, summary: dict[str, Any]) -> str:
-    """Write `summary.json` (atomically) and return its path."""
-    path = os.path.join(workdir, "summary.json")
+def write_summary(path: Any, summary: dict[str, Any]) -> None:
+    """Write a run's summary.json at `path`, whole or not at all (non-finite numbers as
+    null)."""
     clean = {
         k: (None if isinstance(v, float) and not math.isfinite(v) else v)
         for k, v in summary.items()
     }
     with files.atomic_write(path, "w") as f:
         json.dump(clean, f, indent=2, sort_keys=True)
-    return path

@@ -14,7 +14,6 @@ import flax
 import jax
 import jax.numpy as jnp
 import optax
-import orbax.checkpoint as ocp
 
 from vit_jax.models import get_model
 from vit_jax.models.vit import VisionTransformer
@@ -22,7 +21,7 @@ from vit_jax.parallel import distributed, sharding
 from vit_jax.weights.load import load_pretrained
 from vit_jax.weights.npz import save_npz
 from vit_jax.weights.read import read_numerics
-from vit_jax.workdir import integrity, recovery
+from vit_jax.workdir.checkpoints import Checkpoints
 
 
 @flax.struct.dataclass
@@ -117,22 +116,25 @@ def restore_or_create(
     model: VisionTransformer,
     tx: Any,
     mesh: Any,
-    manager: ocp.CheckpointManager,
+    checkpoints: Checkpoints,
     from_scratch_if_damaged: bool = False,
 ) -> tuple[TrainState, Any]:
     """The newest checkpoint in the workdir that verifies, laid out for `mesh` (whatever
     mesh wrote it), else a new state; damaged ones are named and set aside
-    (`recovery.restore`).
+    (`Checkpoints.restore_newest`).
 
     Raises:
         ValueError: a checkpoint of another model, optimizer or image size.
         OSError: checkpoints, none of which verifies (and not `from_scratch_if_damaged`).
     """
-    if not integrity.step_dirs(str(manager.directory)):
+    if not checkpoints.steps():
         return create_state(start, model, tx, mesh)
     abstract = abstract_state(start, model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
-    state = recovery.restore(manager, abstract, shardings, from_scratch_if_damaged)
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    state, _ = checkpoints.restore_newest(target, from_scratch_if_damaged)
     if state is None:
         return create_state(start, model, tx, mesh)
     return state, shardings

@@ -5,7 +5,7 @@ scratch with the model's own initialisation, or a published .npz loaded with
 `weights.load_pretrained`: new zero head, position embeddings resized), the
 resolution and the head. The jitted steps and their contract are in `steps.py`;
 creating and restoring the state in `state.py`; the non-finite guard in `guard.py`;
-the workdir (checks, checkpoints, integrity, recovery) in `vit_jax/workdir/`. This
+the workdir (its files, checkpoints, records, lock; local or gs://) in `vit_jax/workdir/`. This
 module reads the config, tells each of those what it needs (`plan_of`, `start_of`), and runs
 the loop: data in, steps, evaluations, saves, console lines and TensorBoard scalars out.
 """
@@ -23,7 +23,7 @@ import jax
 import ml_collections
 
 from vit_jax import data
-from vit_jax.base import console
+from vit_jax.base import console, store
 from vit_jax.configs import check
 from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.models import count_params
@@ -42,8 +42,9 @@ from vit_jax.training.state import (
 )
 from vit_jax.training.steps import compile_steps
 from vit_jax.weights import numerics
-from vit_jax.workdir import checks, integrity, lock
-from vit_jax.workdir.saver import Saver
+from vit_jax.workdir import lock, record
+from vit_jax.workdir.checkpoints import Checkpoints
+from vit_jax.workdir.workdir import Plan, Workdir, tree_bytes
 
 
 @dataclasses.dataclass
@@ -55,15 +56,16 @@ class Loop:
     model: VisionTransformer
     train_step: Any  # jitted (state, batch) -> (state, metrics); see steps.py
     eval_step: Any  # jitted (params, batch, sums) -> sums
-    saver: Saver  # checkpoints with their integrity records; .manager is Orbax's
+    saver: Checkpoints  # saves with their integrity records; .manager is Orbax's
     writer: EventWriter | None = None  # TensorBoard scalars, on the lead process
     fewshot: fewshot_lib.FewShotEvaluator | None = None
     stop: progress.StopRequest = dataclasses.field(default_factory=progress.StopRequest)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Train (pretrain or fine-tune) as `config` says, in `workdir`; resumes from its
-    latest checkpoint. Returns the final metrics, also written to workdir/summary.json.
+def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
+    """Train (pretrain or fine-tune) as `config` says, in `workdir` (a local path or a
+    gs:// / s3:// URL); resumes from its newest intact checkpoint. Returns the final
+    metrics, also written to workdir/summary.json.
 
     A workdir that this config already finished (summary.json at total_steps, final.npz,
     the last checkpoint of the same model and optimizer) is left as it is: the run says
@@ -77,7 +79,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         ConfigError: fields of `config` that cannot make sense, every one named
             (`configs.check`), before anything is written (a ValueError).
         OSError: the workdir is not writable or its disk too small (before training);
-            no checkpoint verifies (recovery.py); a save or the export failed.
+            no checkpoint verifies (checkpoints.py); a save or the export failed.
         ValueError: the workdir's checkpoints are of another model or image size.
         FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
         WorkdirLocked: another run holds the workdir (an OSError; nothing touched).
@@ -85,27 +87,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         Interrupted: a second Ctrl-C (a KeyboardInterrupt).
     """
     check.check(config)  # every field that cannot make sense, before the workdir is touched
-    done = checks.finished_summary(workdir, plan_of(config))
+    wd = Workdir.at(workdir)
+    done = wd.finished(plan_of(config))
     if done is not None:
         if distributed.is_lead():
-            print(_finished_lines(workdir, done), flush=True)
+            print(_finished_lines(wd, done), flush=True)
         return done
-    created = checks.missing_dirs(workdir)
-    where = Where(os.path.join(workdir, "checkpoints"))
+    created = wd.missing_dirs()
+    where = Where(wd)
     try:
-        checks.check_writable(workdir)  # before the lock, which writes into it
-        with lock.held(workdir, distributed.is_lead()), progress.StopRequest() as stop:
-            return _run(config, workdir, where, stop)
+        wd.check_writable()  # before the lock, which writes into it
+        with lock.held(wd.root, distributed.is_lead()), progress.StopRequest() as stop:
+            return _run(config, wd, where, stop)
     except lock.WorkdirLocked:
         raise  # another run's workdir: touch nothing
     except preemption.Stopped:
-        checks.remove_empty(created)
+        wd.remove_empty(created)
         raise
     except KeyboardInterrupt as e:
-        checks.remove_empty(created)
+        wd.remove_empty(created)
         raise Interrupted(where.message()) from e
     except BaseException:
-        checks.remove_empty(created)  # only what this run created, and only if empty
+        wd.remove_empty(created)  # only what this run created, and only if empty
         raise
 
 
@@ -117,23 +120,29 @@ class Interrupted(KeyboardInterrupt):
 class Where:
     """How far a run got: the last completed step (None before the first)."""
 
-    checkpoints: str
+    workdir: Workdir
     step: int | None = None
-    saver: Saver | None = None
+    saver: Checkpoints | None = None
 
     def message(self) -> str:
         """'interrupted at step 37. The newest intact checkpoint is step 30 (DIR/30); a
-        rerun resumes there' (integrity.newest_intact_sentence, as every stopped run)."""
+        rerun resumes there' (Checkpoints.newest_intact_sentence, as every stopped run)."""
         if self.saver is not None:
             try:
                 self.saver.wait()  # a save in flight: let it complete, it is the newest
             except BaseException:  # noqa: BLE001 (a second Ctrl-C, a failed save)
                 pass
+            sentence = self.saver.newest_intact_sentence()
+        elif self.workdir.checkpoints.exists():
+            reader = Checkpoints(self.workdir.checkpoints, read_only=True)
+            sentence = reader.newest_intact_sentence()
+        else:
+            sentence = "There is no intact checkpoint yet; a rerun starts from step 0"
         at = "before the first step" if self.step is None else f"at step {self.step}"
-        return f"interrupted {at}. {integrity.newest_intact_sentence(self.checkpoints)}"
+        return f"interrupted {at}. {sentence}"
 
 
-def plan_of(config: ml_collections.ConfigDict) -> checks.Plan:
+def plan_of(config: ml_collections.ConfigDict) -> Plan:
     """What the workdir's checks need of `config`: length, saves, export, and the state's
     description for the integrity record (model, optimizer, image size)."""
     # Numerics left unset (taken from init_from, else the original's) are left out, so
@@ -142,8 +151,8 @@ def plan_of(config: ml_collections.ConfigDict) -> checks.Plan:
     for field in ("gelu", "layer_norm_eps"):
         if model.get(field) is None:
             model.pop(field, None)
-    state = integrity.describe(model, config.optimizer.to_dict(), config.image_size)
-    return checks.Plan(
+    state = record.describe(model, config.optimizer.to_dict(), config.image_size)
+    return Plan(
         total_steps=config.total_steps,
         checkpoint_every=config.checkpoint_every,
         keep_checkpoints=config.keep_checkpoints,
@@ -163,7 +172,7 @@ def start_of(config: ml_collections.ConfigDict) -> Start:
     )
 
 
-def _finished_lines(workdir: str, summary: dict[str, Any]) -> str:
+def _finished_lines(workdir: Workdir, summary: dict[str, Any]) -> str:
     """'WORKDIR: finished at step 20 (summary.json); nothing to do' and its results."""
     step = summary.get("steps")
     lines = [f"{workdir}: finished at step {step} (summary.json); nothing to do"]
@@ -189,7 +198,7 @@ def _fewshot_lines(step: int, evals: dict) -> list[str]:
 
 
 def _run(
-    config: ml_collections.ConfigDict, workdir: str, where: Where, stop: progress.StopRequest
+    config: ml_collections.ConfigDict, workdir: Workdir, where: Where, stop: progress.StopRequest
 ) -> dict[str, Any]:
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
@@ -199,19 +208,21 @@ def _run(
     )
     plan, start = plan_of(config), start_of(config)
     abstract = abstract_state(start, model, tx)
-    state_bytes, npz_bytes = checks.tree_bytes(abstract), 4 * count_params(abstract.params)
-    checks.check_free_space(workdir, plan, state_bytes, npz_bytes)
+    state_bytes, npz_bytes = tree_bytes(abstract), 4 * count_params(abstract.params)
+    workdir.check_free_space(plan, state_bytes, npz_bytes)
     # Everything that runs beside the loop (the saver's threads and Orbax's, the event
     # writer's thread, the input pipeline's threads or processes) is closed when the run
     # ends, however it ends: nothing of one run outlives it into the next.
     with contextlib.ExitStack() as running:
-        saver = running.enter_context(Saver(workdir, config.keep_checkpoints, plan.state))
+        saver = running.enter_context(
+            Checkpoints(workdir.checkpoints, config.keep_checkpoints, plan.state)
+        )
         where.saver = saver
         scratch = config.get("from_scratch_if_damaged", False)
-        state, shardings = restore_or_create(start, model, tx, mesh, saver.manager, scratch)
+        state, shardings = restore_or_create(start, model, tx, mesh, saver, scratch)
         where.step = int(jax.device_get(state.step))
         train_step, eval_step = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
-        writer = running.enter_context(EventWriter(workdir)) if distributed.is_lead() else None
+        writer = running.enter_context(EventWriter(workdir.root)) if distributed.is_lead() else None
         loop = Loop(
             config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
         )
@@ -234,8 +245,7 @@ def _run(
         if config.export_npz:
             computes = numerics.of_model(model)  # a run fine-tuned from timm or HF keeps them
             names = data.class_names(config.dataset)  # infer names the classes with them
-            final = os.path.join(workdir, "final.npz")
-            _export(final, state.params, saver.directory, computes, names)
+            _export(workdir.final_npz, state.params, saver, computes, names)
         summary = {
             "model": config.model.name,
             "steps": int(jax.device_get(state.step)),
@@ -249,7 +259,7 @@ def _run(
             "wall_seconds": time.time() - start_time,
         }
         if writer is not None:
-            progress.write_summary(workdir, summary)
+            progress.write_summary(workdir.summary, summary)
     return summary
 
 
@@ -271,7 +281,7 @@ def train_loop(
     )
     speed = progress.Throughput(config.total_steps, config.batch_size, jax.device_count(), start)
     skipped = int(jax.device_get(optim.skipped_steps(state.opt_state)))
-    guard = FiniteGuard(loop.saver.manager, config.skip_nonfinite, start, skipped)
+    guard = FiniteGuard(loop.saver, config.skip_nonfinite, start, skipped)
     metrics, evals = {}, {}
     agree = preemption.Agreement(mesh)
     _stop_if_asked(loop, state, agree)  # a signal during start-up
@@ -300,7 +310,7 @@ def train_loop(
             if log:  # timed here: the step is done, the checks below are not training
                 metrics.update(speed.update(step))
             if save and not config.skip_nonfinite:  # skipped steps keep a finite state
-                metrics["finite"] = min(metrics["finite"], float(integrity.all_finite(state)))
+                metrics["finite"] = min(metrics["finite"], float(record.all_finite(state)))
             guard.check(metrics, step)
         if log:
             _write(loop.writer, step, config.total_steps, metrics)
@@ -335,26 +345,26 @@ def _stop(loop: Loop, step: int, signal_name: str, saved: bool) -> None:
     loop.saver.wait()
     if loop.writer is not None:
         loop.writer.flush()
-    checkpoint = os.path.join(loop.saver.directory, str(step))
-    if not saved and step not in integrity.step_dirs(loop.saver.directory):
+    checkpoint = f"{loop.saver.directory}/{step}"
+    if not saved and step not in loop.saver.steps():
         checkpoint = None
     raise preemption.stopped(step, signal_name, checkpoint)
 
 
 def _export(
-    path: str,
+    path: Any,
     params: Any,
-    checkpoints: str,
+    checkpoints: Checkpoints,
     computes: dict | None = None,
     labels: list[str] | None = None,
 ) -> None:
     """export_npz, with the run's one message when the file cannot be written."""
     try:
         export_npz(path, params, computes, labels)
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
         raise OSError(
-            f"could not write {path}: {e.strerror or e}. Nothing half-written was left. "
-            f"{integrity.newest_intact_sentence(checkpoints)}: free space there (or restore "
+            f"could not write {path}: {store.explain(e, path)}. Nothing half-written was "
+            f"left. {checkpoints.newest_intact_sentence()}: free space there (or restore "
             "access to it) and run the same command again, which writes it without training "
             "again"
         ) from e

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
+from vit_jax.base import store
 from vit_jax.data import images
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import hf, npz, numerics, safetensors_io, timm
@@ -99,7 +100,7 @@ def convert(
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
-    if isinstance(labels, (str, os.PathLike)) and not os.path.isfile(labels):
+    if isinstance(labels, (str, os.PathLike)) and not store.path(labels).is_file():
         raise FileNotFoundError(f"labels file not found: {labels}")  # before the slow load
     loaded = load(path, model, image_size, num_classes, patch_size, **overrides)
     m = loaded.model
@@ -123,7 +124,9 @@ def write(
     ImageNet's, any other LABEL_i). The directory that holds `out` is created if it does
     not exist."""
     out = str(out)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    where = out if store.is_remote(out) else os.path.abspath(out)  # in the printed lines
+    if not store.is_remote(out):
+        os.makedirs(os.path.dirname(where), exist_ok=True)
     if model.scan:
         params = traverse_util.unflatten_dict(
             npz.unstack_blocks(traverse_util.flatten_dict(params, sep="/")), sep="/"
@@ -139,7 +142,7 @@ def write(
             how += "  # or the original code's np.load"
     elif fmt == "timm":
         tensors = {k: np.asarray(v, np.float32) for k, v in timm.to_timm(params).items()}
-        how = timm.recipe(model, size, os.path.abspath(out))
+        how = timm.recipe(model, size, where)
         meta = {"format": "pt", "num_heads": str(model.num_heads)}
         meta.update(numerics.to_timm_metadata(computes), **labels_lib.to_timm_metadata(labels))
         safetensors_io.write(out, tensors, meta)
@@ -149,13 +152,22 @@ def write(
             labels = images.imagenet_class_names()
         cfg = hf.config(model, size, labels)  # before writing: it checks the labels
         hf.write_dir(out, tensors, cfg, hf.preprocessor_config(size))
-        d = os.path.abspath(out)
-        how = (
+        d, fetch = where, ""
+        if store.is_remote(out):  # from_pretrained reads a local directory: a copy of it
+            fetch = (
+                "import fsspec, tempfile\n"
+                "d = tempfile.mkdtemp()  # transformers reads a local copy of the directory\n"
+                f"fs, root = fsspec.core.url_to_fs({out!r})\n"
+                "fs.get(root + '/', d + '/', recursive=True)\n"
+            )
+            d = "d"
+        q = d if d == "d" else repr(d)
+        how = fetch + (
             "import transformers\n"
-            f"model = transformers.ViTForImageClassification.from_pretrained({d!r})\n"
+            f"model = transformers.ViTForImageClassification.from_pretrained({q})\n"
             "# PIL's resize, as vit_jax computes (transformers prefers torchvision's where\n"
             "# torchvision is installed, which rounds differently)\n"
-            f"processor = transformers.AutoImageProcessor.from_pretrained({d!r}, backend='pil')\n"
+            f"processor = transformers.AutoImageProcessor.from_pretrained({q}, backend='pil')\n"
             "classify = transformers.pipeline(\n"
             f"    'image-classification', model=model, image_processor=processor\n"
             ")\n"

@@ -22,11 +22,9 @@ temporary name and renamed when complete.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
-from vit_jax.base import files, quiet_tf
+from vit_jax.base import files, quiet_tf, store
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -73,7 +71,7 @@ def export_onnx(
         raise ImportError("the onnx export needs the onnx package: pip install onnx") from e
     from vit_jax.weights import onnx_graph
 
-    path = Path(out)
+    path = store.path(out)
     files.check_new(path)  # before the graph is built
     limit = onnx_graph.EXTERNAL_ABOVE if external_above is None else external_above
     proto = onnx_graph.build(params, model, size)
@@ -85,10 +83,10 @@ def export_onnx(
             onnx.save_model(proto, str(tmp / path.name), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=data)  # fmt: skip
             onnx.checker.check_model(str(tmp / path.name))  # by path: with its data
-            os.replace(tmp / data, path.with_name(data))
+            files.publish(tmp / data, path.with_name(data))
         else:
             onnx.save_model(proto, str(tmp / path.name))
-        os.replace(tmp / path.name, path)
+        files.publish(tmp / path.name, path)
 
 
 def export_saved_model(

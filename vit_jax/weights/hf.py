@@ -24,13 +24,12 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flax import traverse_util
 
-from vit_jax.base import files
+from vit_jax.base import files, store
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import numerics, safetensors_io
@@ -79,7 +78,7 @@ _BLOCK = {
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
     """Whether `path` is a directory with config.json."""
-    return Path(path).is_dir() and (Path(path) / CONFIG).is_file()
+    return store.path(path).is_dir() and (store.path(path) / CONFIG).is_file()
 
 
 def to_hf(params: dict) -> dict[str, Any]:
@@ -204,9 +203,9 @@ def read_config(path: str | os.PathLike) -> dict:
       CheckpointError: missing or not JSON.
     """
     try:
-        return json.loads((Path(path) / CONFIG).read_text())
+        return json.loads((store.path(path) / CONFIG).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{Path(path) / CONFIG} is not readable JSON: {e}") from None
+        raise CheckpointError(f"{store.path(path) / CONFIG} is not readable JSON: {e}") from None
 
 
 def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
@@ -216,7 +215,7 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
       CheckpointError: another architecture, missing weights, or tensors that do not
         fit the config (each named).
     """
-    path = Path(path)
+    path = store.path(path)
     cfg = read_config(path)
     if cfg.get("model_type") != "vit":
         raise CheckpointError(

@@ -24,13 +24,12 @@ from __future__ import annotations
 import os
 import re
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flax import traverse_util
 
-from vit_jax.base import files
+from vit_jax.base import files, store
 from vit_jax.weights import labels as labels_lib
 from vit_jax.weights import numerics
 from vit_jax.weights.architecture import POSEMB
@@ -80,20 +79,22 @@ def stack_blocks(flat: dict[str, Any]) -> dict[str, Any]:
 
 def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """All arrays of an .npz, never unpickling; errors name the file and the way out."""
-    path = Path(path)
+    path = store.path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"checkpoint {path}: no such file. Published checkpoints are "
             "the .npz files released with the paper; download one first"
         )
     try:
-        npz = np.load(path, allow_pickle=False)
-        if not isinstance(npz, np.lib.npyio.NpzFile):
-            raise CheckpointError(
-                f"checkpoint {path} is a single .npy array, not an .npz archive of named parameters"
-            )
-        with npz:
-            return {k: npz[k] for k in npz.files}
+        with path.open("rb") as f:  # a file object: local, or read by ranges from a store
+            npz = np.load(f, allow_pickle=False)
+            if not isinstance(npz, np.lib.npyio.NpzFile):
+                raise CheckpointError(
+                    f"checkpoint {path} is a single .npy array, not an .npz archive of named "
+                    "parameters"
+                )
+            with npz:
+                return {k: npz[k] for k in npz.files}
     except CheckpointError:
         raise
     except ValueError as e:
@@ -159,7 +160,7 @@ def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, Any], list[str] |
 def read_numerics(path: str | os.PathLike) -> dict[str, Any]:
     """The numerics of `read_npz` without reading the parameters."""
     try:
-        with np.load(path, allow_pickle=False) as f:
+        with store.path(path).open("rb") as raw, np.load(raw, allow_pickle=False) as f:
             entry = {numerics.NPZ_KEY: f[numerics.NPZ_KEY]} if numerics.NPZ_KEY in f.files else {}
     except (ValueError, zipfile.BadZipFile, EOFError, OSError, KeyError, AttributeError):
         return numerics.from_npz(_read(path), str(path))  # its error names what is wrong

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
+from vit_jax.base import store
 from vit_jax.models import get_model
 from vit_jax.weights import architecture, hf, labels, npz, numerics, remote, safetensors_io, timm
 from vit_jax.weights.errors import CheckpointError
@@ -31,13 +31,13 @@ FORMATS_READ = "a published .npz, a timm .safetensors file, or a Hugging Face mo
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """'npz', 'timm' or 'hf' for a local path, from its contents.
+    """'npz', 'timm' or 'hf' for a local or store path, from its contents.
 
     Raises:
       FileNotFoundError: no such file or directory.
       CheckpointError: none of the three (the message says what was expected).
     """
-    p = Path(path)
+    p = store.path(path)
     if p.is_dir():
         if hf.is_hf_dir(p):
             return "hf"
@@ -47,7 +47,7 @@ def detect_format(path: str | os.PathLike) -> str:
         )
     if not p.is_file():
         raise FileNotFoundError(f"checkpoint {p}: no such file or directory")
-    with open(p, "rb") as f:
+    with p.open("rb") as f:
         head = f.read(4)
     if head.startswith(b"PK") or p.suffix == ".npz":
         return "npz"
@@ -81,15 +81,15 @@ def read_source(path: str | os.PathLike, num_heads: int | None = None) -> Source
     `Source`: parameters, numerics and class names.
 
     Args:
-      path: a local path, or a gs:// / https:// path of a published file (fetched once
-        into the cache, see `remote.fetch`).
+      path: a local path, a gs:// or s3:// path (read in place), or a published file's
+        gs:// / https:// path (fetched once into the cache, see `remote.resolve`).
       num_heads: attention heads for a timm file of a width that is no published size.
 
     Raises:
       FileNotFoundError, CheckpointError: unreadable, unrecognised or incomplete input,
         each named with the way out.
     """
-    path = remote.fetch(path) if remote.is_remote(path) else Path(path)
+    path = remote.resolve(path)
     fmt = detect_format(path)
     if fmt == "npz":
         return Source(*npz.read_npz(path))
@@ -119,7 +119,7 @@ def read_numerics(path: str | os.PathLike) -> dict:
     Raises:
       FileNotFoundError, CheckpointError: as `read_source`.
     """
-    path = remote.fetch(path) if remote.is_remote(path) else Path(path)
+    path = remote.resolve(path)
     fmt = detect_format(path)
     if fmt == "npz":
         return npz.read_numerics(path)

@@ -1,9 +1,13 @@
-"""Published checkpoints at remote paths (gs://vit_models/..., https://...).
+"""Checkpoints at remote paths: the published files (gs://vit_models/...,
+https://storage.googleapis.com/vit_models/...) and a user's own on a store (gs://, s3://).
 
-A remote path is copied once into a local cache ($VIT_JAX_CACHE, default
-~/.cache/vit_jax) through etils.epath (gs:// and s3://, by TensorFlow's filesystem
-layer) or urllib (http(s)://), then read like a local file. Offline, a short connection
-test fails first with a message that says so, instead of the filesystem layer's retries.
+`resolve(path)` is where a reader reads `path`. The published files never change: each
+is copied once into a local cache ($VIT_JAX_CACHE, default ~/.cache/vit_jax), over
+HTTPS (the bucket is public: gs://vit_models/X is https://storage.googleapis.com/
+vit_models/X, no credentials, no TensorFlow). Any other gs:// or s3:// path is read in
+place, through the package's one path layer (`vit_jax.base.store`): a run's final.npz
+on a bucket is read as it is now, not as a cache remembers it. Offline, a short
+connection test fails first with a message that says so, instead of retries.
 """
 
 from __future__ import annotations
@@ -15,88 +19,84 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from etils import epath
-
-from vit_jax.base import quiet_tf
+from vit_jax.base import files, store
 
 SCHEMES = ("gs://", "http://", "https://", "s3://")
-_HOSTS = {"gs://": "storage.googleapis.com", "s3://": "s3.amazonaws.com"}
+PUBLISHED = "gs://vit_models/"
+PUBLIC_URL = "https://storage.googleapis.com/"
 
 
 def is_remote(path: str | os.PathLike) -> bool:
     """Whether `path` names a remote file."""
-    return str(path).startswith(SCHEMES)
+    return os.fspath(path).startswith(SCHEMES)
 
 
 def cache_dir() -> Path:
-    """Where remote checkpoints are kept."""
+    """Where published checkpoints are kept."""
     return Path(os.environ.get("VIT_JAX_CACHE", Path.home() / ".cache" / "vit_jax"))
 
 
-def _host(path: str) -> str:
-    for scheme, host in _HOSTS.items():
-        if path.startswith(scheme):
-            return host
-    return path.split("://", 1)[1].split("/", 1)[0]
+def url(path: str) -> str | None:
+    """The HTTPS address of a published file (or of an https:// path); None otherwise."""
+    if path.startswith(PUBLISHED):
+        return PUBLIC_URL + path[len("gs://") :]
+    return path if path.startswith(("http://", "https://")) else None
 
 
-def check_network(path: str, timeout: float = 5.0) -> None:
-    """Raise OSError when the host of `path` cannot be reached."""
-    host = _host(path)
+def resolve(path: str | os.PathLike) -> store.Path:
+    """Where to read `path`: the local cache's copy of a published file (downloaded on
+    first use), `path` itself otherwise.
+
+    Raises:
+      OSError: no network for a file not yet cached, or no such remote file.
+    """
+    text = os.fspath(path)
+    address = url(text)
+    if address is None:
+        return store.path(text)
+    local = cache_dir() / text.split("://", 1)[1]
+    if not local.is_file():
+        check_network(address)
+        copy(address, local)
+    return store.path(local)
+
+
+def check_network(address: str, timeout: float = 5.0) -> None:
+    """Raise OSError when the host of `address` cannot be reached."""
+    host = address.split("://", 1)[1].split("/", 1)[0]
     try:
         socket.create_connection((host, 443), timeout=timeout).close()
     except OSError as e:
         raise OSError(
-            f"cannot reach {host} for {path} ({e}): this machine has no network access. "
+            f"cannot reach {host} for {address} ({e}): this machine has no network access. "
             "Download the file elsewhere and pass its local path"
         ) from None
 
 
-def fetch(path: str) -> Path:
-    """The local copy of the remote `path`, downloaded on first use.
-
-    Raises:
-      OSError: no network, or no such remote file.
-      ImportError: no filesystem layer for gs:// (pip install 'vit_jax[data]').
-    """
-    local = cache_dir() / path.split("://", 1)[1]
-    if local.is_file():
-        return local
-    check_network(path)
-    try:
-        copy(path, local)
-    except ImportError as e:
-        raise ImportError(
-            f"reading {path} needs TensorFlow's filesystem layer: pip install 'vit_jax[data]'"
-        ) from e
-    return local
-
-
-def copy(source: str | os.PathLike, local: Path) -> None:
-    """Copies `source` (gs://, s3://, http(s):// or local) to `local`, whole or not at all.
+def copy(source: str, local: str | os.PathLike) -> None:
+    """Copies `source` (http(s)://, gs://, s3:// or local) to `local`, whole or not at all.
 
     Raises:
       FileNotFoundError: no such file at `source`.
     """
-    source = str(source)
     missing = FileNotFoundError(f"{source}: no such remote file (see the published checkpoints)")
-    local.parent.mkdir(parents=True, exist_ok=True)
-    tmp = local.with_name(local.name + ".tmp")
-    try:
+    Path(local).parent.mkdir(parents=True, exist_ok=True)
+    with files.atomic_write(local) as f:
         if source.startswith(("http://", "https://")):
-            # etils.epath has no http(s):// backend; the standard library reads URLs.
             try:
-                with urllib.request.urlopen(source, timeout=60) as r, open(tmp, "wb") as f:
+                with urllib.request.urlopen(source, timeout=60) as r:
                     shutil.copyfileobj(r, f)
+                    expected = r.headers.get("Content-Length")
             except urllib.error.HTTPError as e:
                 raise missing if e.code == 404 else e from None
+            if expected is not None and f.tell() != int(expected):  # http.client's read()
+                raise ConnectionError(  # returns short, without an error, when cut off
+                    f"{source}: the transfer broke off after {f.tell()} of {expected} bytes; "
+                    "nothing was kept: try again"
+                )
         else:
-            if is_remote(source):
-                quiet_tf.tensorflow()  # epath's gs:// backend, imported without its notes
-            remote = epath.Path(source)
+            remote = store.path(source)
             if not remote.exists():
                 raise missing
-            remote.copy(tmp, overwrite=True)
-        os.replace(tmp, local)
-    finally:
-        tmp.unlink(missing_ok=True)
+            with remote.open("rb") as r:
+                shutil.copyfileobj(r, f)

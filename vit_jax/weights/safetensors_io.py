@@ -11,16 +11,16 @@ short tensor.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import safetensors
 import safetensors.numpy
 
-from vit_jax.base import files
+from vit_jax.base import files, store
 from vit_jax.weights.errors import CheckpointError
 
 _DTYPES: dict[str, np.dtype] = {
@@ -42,7 +42,7 @@ _MAX_HEADER = 100 * 2**20  # the reference implementation's own limit
 def is_safetensors(path: str | os.PathLike) -> bool:
     """Whether `path` starts like a safetensors file (a sane header length, then '{')."""
     try:
-        with open(path, "rb") as f:
+        with store.path(path).open("rb") as f:
             head = f.read(9)
     except OSError:
         return False
@@ -66,7 +66,7 @@ def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]
       FileNotFoundError: no such file.
       CheckpointError: not a safetensors file, truncated, or with inconsistent offsets.
     """
-    path = Path(path)
+    path = store.path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path}: no such file")
     data = path.read_bytes()
@@ -76,10 +76,10 @@ def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]
     )
     try:
         entries = safetensors.deserialize(data)
-        with safetensors.safe_open(path, framework="numpy") as f:
-            metadata = f.metadata() or {}
     except safetensors.SafetensorError as e:
         raise bad(_plain(e, data)) from None
+    (n,) = struct.unpack("<Q", data[:8])
+    metadata = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
     tensors = {}
     for name, info in entries:
         if info["dtype"] not in _DTYPES:
@@ -95,13 +95,16 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     Raises:
       FileNotFoundError, CheckpointError: as `read`.
     """
-    path = Path(path)
+    path = store.path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path}: no such file")
     try:
-        with safetensors.safe_open(path, framework="numpy") as f:
-            return dict(f.metadata() or {})
-    except safetensors.SafetensorError:
+        with path.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if not 2 <= n <= _MAX_HEADER:
+                raise ValueError(n)
+            return dict(json.loads(f.read(n)).get("__metadata__") or {})
+    except (ValueError, struct.error):
         return read(path)[1]  # its error names what is wrong
 
 

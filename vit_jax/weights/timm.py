@@ -316,7 +316,12 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
         lines += _hybrid_stem(model)
         args.append("embed_layer=partial(HybridEmbed, backbone=backbone)")
     lines += _call("model = VisionTransformer", args)
-    lines.append(f"model.load_state_dict(safetensors.torch.load_file({path!r}))  # strict")
+    if "://" in path:  # on a store: its bytes through fsspec (gcsfs, s3fs)
+        lines.insert(1, "import fsspec")
+        load = f"safetensors.torch.load(fsspec.open({path!r}, 'rb').open().read())"
+    else:
+        load = f"safetensors.torch.load_file({path!r})"
+    lines.append(f"model.load_state_dict({load})  # strict")
     lines.append(f"model.eval()  # takes float32 [N, {model.channels}, {h}, {w}] in [-1, 1]")
     return "\n".join(lines)
 

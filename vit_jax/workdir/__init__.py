@@ -1,11 +1,9 @@
-"""A run's own checkpoints, in `workdir/checkpoints/<step>` (not the files people pass
-around: those are `vit_jax.weights`).
+"""A run's own files, local or on an object store (not the files people pass around:
+those are `vit_jax.weights`).
 
-  manager.py    the Orbax manager, in one place: saving and restore-only
-  integrity.py  the record beside each checkpoint: CRC-32 of every array and file;
-                the newest intact checkpoint and the sentence that names it
-  saver.py      saves that write the record before Orbax commits; failed saves named
-  recovery.py   verified restore: damaged checkpoints set aside, fall back, verify
-  checks.py     before training: a writable workdir, free space, a finished run
-  lock.py       one run per workdir: run.lock names the holder, a heartbeat, takeover
+  workdir.py      where a run's files are; before training: writable, free space, finished
+  checkpoints.py  the Orbax checkpoints: saves with their integrity record, verified
+                  restore (damaged ones set aside), the newest intact one, verify
+  record.py       the integrity record: CRC-32 of every array shard, the file sizes
+  lock.py         one run per workdir: run.lock names the holder, a heartbeat, takeover
 """

@@ -1,12 +1,13 @@
 """One run per workdir: the lead process holds `workdir/run.lock` while it trains.
 
-The lock is a JSON file created whole or not at all (O_EXCL) naming the holder: host,
-pid, the process's own start time (to tell a reused pid apart) and when the run started.
-A thread touches it every HEARTBEAT_SECONDS (its mtime is the heartbeat); it is removed
-when the run ends, whatever the end. A second run finds it and stops with one message
-naming the holder, having touched nothing. A lock is stale, and taken over with a note,
-when its process is gone (same host: no such pid, or one started at another time) or
-its heartbeat is older than STALE_SECONDS (any host: a killed machine, another pod).
+The lock is a JSON object created only where none is (`store.create_new`: O_EXCL on a
+disk, the store's own precondition on gs:// and s3://), naming the holder: host, pid,
+the process's own start time (to tell a reused pid apart), when the run started, and a
+heartbeat time that a thread rewrites every HEARTBEAT_SECONDS. It is removed when the
+run ends, whatever the end. A second run finds it and stops with one message naming
+the holder, having touched nothing. A lock is stale, and taken over with a note, when
+its process is gone (same host: no such pid, or one started at another time) or its
+heartbeat is older than STALE_SECONDS (any host: a killed machine, another pod).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from vit_jax.base import store
 from vit_jax.base.console import duration
 
 NAME = "run.lock"
@@ -54,6 +56,7 @@ def holder_now() -> dict[str, Any]:
         "process_start": _process_start(os.getpid()),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(now)),
         "started_at": now,
+        "beat_at": now,
     }
 
 
@@ -62,15 +65,15 @@ def describe(holder: dict[str, Any]) -> str:
     return f"host {holder.get('host')} pid {holder.get('pid')}, started {holder.get('started')}"
 
 
-def stale_reason(holder: dict[str, Any], age: float, stale_after: float) -> str | None:
-    """Why the lock of `holder`, last touched `age` seconds ago, is stale; None if not."""
-    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
-        start = _process_start(holder["pid"])
-        gone = not _exists(holder["pid"]) or (
-            start is not None and holder.get("process_start") not in (None, start)
-        )
+def stale_reason(holder: dict[str, Any], stale_after: float) -> str | None:
+    """Why the lock of `holder` is stale; None if it is not."""
+    pid = holder.get("pid")
+    if holder.get("host") == socket.gethostname() and isinstance(pid, int):
+        start = _process_start(pid)
+        gone = not _exists(pid) or holder.get("process_start") not in (None, start)
         if gone:
             return "its process no longer exists"
+    age = time.time() - float(holder.get("beat_at", 0) or 0)
     if age > stale_after:
         return f"its heartbeat stopped {duration(age)} ago"
     return None
@@ -86,91 +89,66 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def _read(path: str) -> tuple[dict[str, Any], float] | None:
-    """(holder, seconds since its heartbeat), or None when there is no lock. A lock being
-    written (empty, half a JSON) reads as a holder of unknown name, just touched."""
+def _read(path: store.Path) -> dict[str, Any] | None:
+    """The holder, or None when there is no lock (one half-written reads as a holder of
+    unknown name, just now)."""
     try:
-        age = time.time() - os.stat(path).st_mtime
-        with open(path) as f:
-            text = f.read()
+        text = path.read_text()
     except FileNotFoundError:
         return None
     try:
         holder = json.loads(text)
     except ValueError:
-        holder = {}
-    return (holder if isinstance(holder, dict) else {}), age
+        holder = None
+    return holder if isinstance(holder, dict) else {"beat_at": time.time()}
 
 
-def acquire(workdir: str, stale_after: float = STALE_SECONDS) -> dict[str, Any]:
-    """Takes the lock of `workdir` (created if missing) for this process; returns what
-    it wrote. A stale lock is taken over, with a note on stdout.
+def acquire(workdir: str | os.PathLike, stale_after: float = STALE_SECONDS) -> dict[str, Any]:
+    """Takes the lock of `workdir` for this process; returns what it wrote. A stale lock
+    is taken over, with a note on stdout.
 
     Raises:
         WorkdirLocked: a live run holds it (nothing was written).
     """
-    path = os.path.join(workdir, NAME)
+    path = store.path(workdir) / NAME
     mine = holder_now()
     for _ in range(3):  # lost a race for a stale lock: look again
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            found = _read(path)
-            if found is None:
-                continue  # released meanwhile
-            holder, age = found
-            why = stale_reason(holder, age, stale_after)
-            if why is None:
-                raise WorkdirLocked(
-                    f"workdir {workdir} is in use by another run ({describe(holder)}; "
-                    f"lock {path}, heartbeat {duration(age)} ago). Wait for it to end, "
-                    "stop it, or choose another --workdir; if that run is gone, delete "
-                    f"{path} (a lock whose heartbeat stopped {duration(stale_after)} ago "
-                    "is taken over)"
-                ) from None
-            if _take_over(path, holder):
-                print(
-                    f"taking over the lock of {workdir} from {describe(holder)}: {why}",
-                    flush=True,
-                )
-            continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(mine, f)
-            f.flush()
-            os.fsync(f.fileno())
-        return mine
+        if store.create_new(path, json.dumps(mine).encode()):
+            return mine
+        holder = _read(path)
+        if holder is None:
+            continue  # released meanwhile
+        why = stale_reason(holder, stale_after)
+        if why is None:
+            age = duration(time.time() - float(holder.get("beat_at", 0) or 0))
+            raise WorkdirLocked(
+                f"workdir {workdir} is in use by another run ({describe(holder)}; "
+                f"lock {path}, heartbeat {age} ago). Wait for it to end, stop it, or "
+                f"choose another workdir; if that run is gone, delete {path} (a lock "
+                f"whose heartbeat stopped {duration(stale_after)} ago is taken over)"
+            )
+        if _read(path) == holder:  # not replaced meanwhile by another run taking it over
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            print(f"taking over the lock of {workdir} from {describe(holder)}: {why}", flush=True)
     raise WorkdirLocked(f"workdir {workdir}: could not take its lock {path}; try again")
 
 
-def _take_over(path: str, holder: dict[str, Any]) -> bool:
-    """Removes the stale lock of `holder` unless another run replaced it meanwhile:
-    renamed aside first, so that only one of two runs taking it over removes it."""
-    aside = f"{path}.stale.{os.getpid()}"
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return False
-    moved = _read(aside)
-    if moved is not None and moved[0] != holder:  # a fresh lock: put it back
-        with contextlib.suppress(OSError):
-            os.link(aside, path)
-        os.remove(aside)
-        return False
-    os.remove(aside)
-    return True
-
-
-def release(workdir: str, mine: dict[str, Any]) -> None:
+def release(workdir: str | os.PathLike, mine: dict[str, Any]) -> None:
     """Removes the lock if it is still this process's (not one that took it over)."""
-    path = os.path.join(workdir, NAME)
+    path = store.path(workdir) / NAME
     found = _read(path)
-    if found is not None and found[0] == json.loads(json.dumps(mine)):
+    if found is not None and {k: found.get(k) for k in ("host", "pid", "started_at")} == {
+        k: mine[k] for k in ("host", "pid", "started_at")
+    }:
         with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
+            path.unlink()
 
 
 @contextlib.contextmanager
-def held(workdir: str, lead: bool = True, stale_after: float = STALE_SECONDS) -> Iterator[None]:
+def held(
+    workdir: str | os.PathLike, lead: bool = True, stale_after: float = STALE_SECONDS
+) -> Iterator[None]:
     """Holds the lock of `workdir` (on the lead process; others do nothing) and beats its
     heart until the block ends.
 
@@ -180,7 +158,7 @@ def held(workdir: str, lead: bool = True, stale_after: float = STALE_SECONDS) ->
     refused: WorkdirLocked | None = None
     mine = None
     if lead:
-        os.makedirs(workdir, exist_ok=True)
+        store.path(workdir).mkdir(parents=True, exist_ok=True)
         try:
             mine = acquire(workdir, stale_after)
         except WorkdirLocked as e:
@@ -195,14 +173,14 @@ def held(workdir: str, lead: bool = True, stale_after: float = STALE_SECONDS) ->
         yield
         return
     stop = threading.Event()
-    path = os.path.join(workdir, NAME)
+    path = store.path(workdir) / NAME
 
     def beat() -> None:
         while not stop.wait(HEARTBEAT_SECONDS):
             with contextlib.suppress(OSError):
-                os.utime(path)
+                path.write_text(json.dumps({**mine, "beat_at": time.time()}))
 
-    thread = threading.Thread(target=beat, name="workdir-lock-heartbeat", daemon=True)
+    thread = threading.Thread(target=beat, name="vit_jax-lock-heartbeat", daemon=True)
     thread.start()
     try:
         yield

@@ -1,0 +1,188 @@
+"""A run's workdir, local or on an object store (gs://bucket/path): where its files are,
+and the checks before training: writable, room for the checkpoints, already finished.
+
+    WORKDIR/checkpoints/<step>/   Orbax checkpoints with their records (checkpoints.py)
+    WORKDIR/damaged/<step>/       checkpoints found damaged, set aside
+    WORKDIR/run.lock              the lock of the run in progress (lock.py)
+    WORKDIR/events.out.tfevents.* TensorBoard scalars
+    WORKDIR/summary.json          the final metrics
+    WORKDIR/final.npz             the parameters in the published layout
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+from typing import Any
+
+import jax
+import numpy as np
+
+from vit_jax.base import store
+from vit_jax.base.text import size
+from vit_jax.workdir import record
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the checks need to know of a run: how long, how often it saves, how many
+    checkpoints it keeps, whether it exports final.npz, and what its state is (the
+    integrity record's description, `record.describe`)."""
+
+    total_steps: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    export_npz: bool
+    state: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+    """The files of one run, under `root` (a local path or a gs:// / s3:// URL)."""
+
+    root: store.Path
+
+    @classmethod
+    def at(cls, path: str | os.PathLike) -> Workdir:
+        return cls(store.path(path))
+
+    @property
+    def remote(self) -> bool:
+        return store.is_remote(self.root)
+
+    @property
+    def checkpoints(self) -> store.Path:
+        return self.root / "checkpoints"
+
+    @property
+    def summary(self) -> store.Path:
+        return self.root / "summary.json"
+
+    @property
+    def final_npz(self) -> store.Path:
+        return self.root / "final.npz"
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def finished(self, plan: Plan) -> dict[str, Any] | None:
+        """The stored summary.json when `plan` already ran to its end here, else None:
+        the summary is at total_steps (or beyond), final.npz is there (when the run
+        exports it) and the checkpoint of that step was written for the same model,
+        optimizer and image size (its integrity record). A rerun has nothing to do."""
+        try:
+            summary = json.loads(self.summary.read_text())
+        except (OSError, ValueError):
+            return None
+        step = summary.get("steps") if isinstance(summary, dict) else None
+        if not isinstance(step, int) or step < plan.total_steps:
+            return None
+        if plan.export_npz and not self.final_npz.exists():
+            return None
+        try:
+            found = record.read(self.checkpoints / str(step))
+        except ValueError:
+            return None
+        wrote = json.loads(json.dumps(plan.state))  # as the record stores it
+        if found is None or found.get("step") != step or found.get("state") != wrote:
+            return None
+        return summary
+
+    def check_writable(self) -> None:
+        """Fails before training, not after hours, when the workdir cannot be written."""
+        probe = self.root / f".write_probe.{socket.gethostname()}.{os.getpid()}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"\0" * 4096)  # one probe per process: they may share it
+            probe.unlink()
+        except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
+            way_out = "choose another workdir" + ("" if self.remote else " or make room there")
+            raise OSError(
+                f"workdir {self} is not writable ({store.explain(e, self.root)}): {way_out}"
+            ) from e
+
+    def missing_dirs(self) -> list[store.Path]:
+        """The workdir and its ancestors that do not exist yet, deepest first: what a run
+        creates (see `remove_empty`); none on a store, which has no directories."""
+        if self.remote:
+            return []
+        out, path = [], store.path(os.path.abspath(self.root))
+        while path != path.parent and not path.exists():
+            out.append(path)
+            path = path.parent
+        return out
+
+    @staticmethod
+    def remove_empty(dirs: list[store.Path]) -> None:
+        """Removes those of `dirs` (deepest first) that are empty directories (with an
+        empty checkpoints/ in them): what a run that failed before writing anything
+        created. Never a file, nor a directory that holds anything."""
+        if jax.process_index() != 0:
+            return
+        for d in dirs:
+            for name in ("checkpoints", ""):
+                try:
+                    os.rmdir(os.path.join(d, name))
+                except OSError:
+                    pass
+
+    def check_free_space(self, plan: Plan, state_bytes: int, params_bytes: int) -> None:
+        """Fails before training when the workdir's disk cannot hold the run's checkpoints
+        (an object store has no such limit).
+
+        Raises:
+            OSError: naming the workdir, the free and the needed space, and the way out.
+        """
+        if self.remote:
+            return
+        existing = sum(sum(store.walk_files(p).values()) for p in _step_dirs(self.checkpoints))
+        need = disk_needed(plan, state_bytes, params_bytes, existing)
+        free = shutil.disk_usage(self.root).free
+        if free < need:
+            raise OSError(
+                f"workdir {self} has {size(free)} free; this run needs about {size(need)} "
+                f"(checkpoints of {size(state_bytes)} each, keep_checkpoints="
+                f"{plan.keep_checkpoints}, one more while a save replaces the oldest, and "
+                "final.npz): free space there, choose another workdir, or lower "
+                "keep_checkpoints"
+            )
+
+
+def _step_dirs(directory: store.Path) -> list[store.Path]:
+    return [p for p in directory.iterdir() if p.name.isdigit()] if directory.exists() else []
+
+
+def disk_needed(plan: Plan, state_bytes: int, params_bytes: int, existing: int) -> int:
+    """Bytes the run will still write at its peak: the checkpoints kept at once (one
+    more while a new save replaces the oldest), less those already there, plus the
+    float32 `final.npz` export."""
+    every, total = plan.checkpoint_every, plan.total_steps
+    saves = (total // every + (total % every > 0)) if every > 0 else 1
+    kept = min(plan.keep_checkpoints + 1, saves) if plan.keep_checkpoints else saves
+    need = kept * state_bytes - existing
+    return max(need, 0) + (params_bytes if plan.export_npz else 0)
+
+
+def tree_bytes(tree: Any) -> int:
+    """Bytes of a tree of arrays or ShapeDtypeStructs, all shards together."""
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def run_workdirs(path: str | os.PathLike, depth: int = 2) -> list[store.Path]:
+    """The training workdirs (directories holding `checkpoints/`) at or under `path`:
+    [path] for a run's workdir, else those found up to `depth` levels below it, sorted
+    (the recipe's workdir holds pretrain/, finetune/ and scratch/). Hidden directories
+    and a workdir's own contents are not searched."""
+    path = store.path(path)
+    if (path / "checkpoints").is_dir():
+        return [path]
+    if depth == 0 or not path.is_dir():
+        return []
+    found = []
+    for entry in sorted(path.iterdir(), key=lambda p: p.name):
+        if entry.is_dir() and not entry.name.startswith("."):
+            found += run_workdirs(entry, depth - 1)
+    return found
