@@ -1,0 +1,379 @@
+"""A run's workdir and its data on an object store, against a real GCS server on loopback
+(gcp-storage-emulator, `gcs_emulator.py`) and moto's S3 server: no mocks. The clients
+reach them as they reach the real stores: gcsfs through STORAGE_EMULATOR_HOST, TensorStore
+(Orbax's arrays) through TENSORSTORE_GCS_HTTP_URL, s3fs through an endpoint URL.
+
+What a pod needs: nothing of the run is written to local disk, everything it keeps is on
+the store (checkpoints with their records, the lock, events, summary.json, final.npz),
+a rerun of a finished workdir is a no-op, a damaged checkpoint is set aside, the commands
+read checkpoints from the store and write their outputs there."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers import (
+    MISSING,
+    ROOT,
+    assert_npz_equal,
+    needs_embedded_data,
+    python_m,
+    run_command,
+    tiny_config,
+)
+
+from vit_jax.base import store
+from vit_jax.training import events, train
+from vit_jax.workdir import lock
+from vit_jax.workdir.checkpoints import Checkpoints
+
+# gcsfs decides at import whether to probe each bucket's type over gRPC, which the
+# emulator does not serve (60 s per filesystem object): off, before it is imported.
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+gcsfs = pytest.importorskip("gcsfs", reason=f"{MISSING} gcsfs (pip install -e '.[gcs]')")
+pytest.importorskip("gcp_storage_emulator", reason=f"{MISSING} gcp-storage-emulator")
+
+import gcs_emulator  # noqa: E402  (tests/, after the skip)
+
+BUCKET = "bkt"
+# 12 steps, a checkpoint every 4 (2 kept), dropout on: what is restored matters.
+RUN = {"total_steps": 12, "checkpoint_every": 4, "keep_checkpoints": 2, "eval_every": 6}
+RUN.update({"log_every": 4, "model.dropout": 0.1})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """The GCS emulator in a subprocess, and the environment that points clients at it."""
+
+    def __init__(self, data_dir: str | None = None):
+        self.port, self.data_dir = free_port(), data_dir
+        self.env = gcs_emulator.env(self.port)
+        self.proc = gcs_emulator.serve(self.port, BUCKET, data_dir)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def start_again(self) -> None:
+        self.proc = gcs_emulator.serve(self.port, BUCKET, self.data_dir)
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    """The emulator for this module's tests, and the clients of this process pointed at
+    it (a cached gcsfs instance of another server is dropped)."""
+    server = Server()
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        gcsfs.GCSFileSystem.clear_instance_cache()
+
+
+def fs():
+    return gcsfs.GCSFileSystem()
+
+
+def objects(prefix: str) -> dict[str, tuple[int, str]]:
+    """{path below prefix: (size, generation)} of every object under gs://prefix."""
+    found = fs().find(prefix.removeprefix("gs://"), detail=True)
+    root = prefix.removeprefix("gs://").rstrip("/") + "/"
+    return {k[len(root) :]: (int(v["size"]), str(v.get("generation"))) for k, v in found.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same run on local disk: what the store's runs must equal, bit for bit."""
+    workdir = str(tmp_path_factory.mktemp("local") / "run")
+    train.run(tiny_config(**RUN), workdir)
+    return workdir
+
+
+@needs_embedded_data
+def test_a_run_on_gs_keeps_everything_there_and_a_rerun_is_a_no_op(
+    gcs, reference, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)  # where a mangled path ('gs:/bkt/...') would land
+    workdir = f"gs://{BUCKET}/run"
+    summary = train.run(tiny_config(**RUN), workdir)
+    out = capsys.readouterr().out
+    assert f"step 4: saving checkpoint {workdir}/checkpoints/4" in out, out
+    assert os.listdir(tmp_path) == []  # nothing local: no 'gs:' directory, no temporary
+    kept = objects(workdir)
+    names = set(kept)
+    assert {"summary.json", "final.npz"} <= names
+    assert {n.split("/")[1] for n in names if n.startswith("checkpoints/")} == {"8", "12"}
+    for step in ("8", "12"):  # Orbax's commit file and the integrity record, on the store
+        assert {f"checkpoints/{step}/commit_success.txt",
+                f"checkpoints/{step}/integrity.json"} <= names  # fmt: skip
+    assert not any(n.startswith(lock.NAME) for n in names)  # released
+    assert json.loads(fs().cat(f"{BUCKET}/run/summary.json"))["steps"] == 12
+    assert summary["steps"] == 12
+    # TensorBoard's scalars, read back from the bucket (the file uploaded whole).
+    scalars = events.read_scalars(workdir)
+    assert [s for s, _ in scalars["loss"]] == [1, 4, 8, 12]
+    assert [s for s, _ in scalars["eval/accuracy"]] == [6, 12]
+    # Bit for bit the run on local disk: final.npz read from the bucket.
+    local = tmp_path.parent / "from_store.npz"
+    local.write_bytes(fs().cat(f"{BUCKET}/run/final.npz"))
+    assert_npz_equal(str(local), f"{reference}/final.npz")
+    local.unlink()
+    # A rerun: one line, the stored results, and no object written again.
+    train.run(tiny_config(**RUN), workdir)
+    out = capsys.readouterr().out
+    assert out.startswith(f"{workdir}: finished at step 12 (summary.json); nothing to do"), out
+    assert objects(workdir) == kept  # sizes and generations alike
+    assert os.listdir(tmp_path) == []
+
+
+@needs_embedded_data
+def test_a_damaged_checkpoint_on_gs_is_set_aside_and_the_one_before_restored(
+    gcs, reference, capsys
+):
+    workdir = f"gs://{BUCKET}/damaged"
+    train.run(tiny_config(**RUN), workdir)
+    data = sorted(n for n in objects(workdir) if n.startswith("checkpoints/12/") and "/d/" in n)
+    for name in data:  # 64 bytes flipped in every array file of the newest checkpoint
+        path = f"{BUCKET}/damaged/{name}"
+        blob = bytearray(fs().cat(path))
+        mid = len(blob) // 2
+        blob[mid - 32 : mid + 32] = bytes(b ^ 0xFF for b in blob[mid - 32 : mid + 32])
+        fs().pipe_file(path, bytes(blob))
+    rows = dict(Checkpoints(f"{workdir}/checkpoints", read_only=True).verify())
+    assert rows["8"] == "verifies" and rows["12"].startswith("DAMAGED: "), rows
+    fs().rm(f"{BUCKET}/damaged/summary.json")  # so that the run is not finished
+    capsys.readouterr()
+    train.run(tiny_config(**RUN), workdir)
+    out = capsys.readouterr().out
+    assert f"checkpoint {workdir}/checkpoints/12 is damaged: " in out, out
+    assert f"Set aside as {workdir}/damaged/12 (nothing deleted)" in out
+    assert "resuming from step 8 " in out
+    names = set(objects(workdir))
+    assert {"damaged/12/commit_success.txt", "damaged/12/integrity.json"} <= names
+    # The resumed run saved step 12 anew, and that one verifies.
+    rows = dict(Checkpoints(f"{workdir}/checkpoints", read_only=True).verify())
+    assert rows == {"8": "verifies", "12": "verifies", "damaged/12": rows["damaged/12"]}, rows
+    local = os.path.join(os.path.dirname(reference), "damaged.npz")
+    with open(local, "wb") as f:
+        f.write(fs().cat(f"{BUCKET}/damaged/final.npz"))
+    assert_npz_equal(local, f"{reference}/final.npz")
+
+
+def test_the_lock_on_gs_is_a_create_if_absent_by_the_store(gcs, capsys):
+    """Two writers racing for the lock: the store's precondition (ifGenerationMatch=0)
+    lets one win, never both; a live holder refuses a second run, a stale one is taken
+    over."""
+    path = f"gs://{BUCKET}/locked/{lock.NAME}"
+    assert store.create_new(path, b"first") is True
+    assert store.create_new(path, b"second") is False
+    assert fs().cat(path.removeprefix("gs://")) == b"first"
+    fs().rm(path.removeprefix("gs://"))
+    workdir = f"gs://{BUCKET}/locked"
+    with lock.held(workdir):
+        holder = json.loads(fs().cat(path.removeprefix("gs://")))
+        assert holder["pid"] == os.getpid()
+        elsewhere = dict(holder, host="another-host", pid=1, started="then")
+        with pytest.raises(lock.WorkdirLocked, match="host another-host|in use"):
+            lock.acquire(workdir)  # this process's own lock: a live holder
+    assert not fs().exists(path.removeprefix("gs://"))  # released
+    fs().pipe_file(path.removeprefix("gs://"), json.dumps(elsewhere).encode())
+    with pytest.raises(lock.WorkdirLocked, match=f"lock {path}, heartbeat"):
+        lock.acquire(workdir)  # another host, beating now: refused, nothing changed
+    stale = dict(elsewhere, beat_at=time.time() - 2 * lock.STALE_SECONDS)
+    fs().pipe_file(path.removeprefix("gs://"), json.dumps(stale).encode())
+    with lock.held(workdir):
+        pass
+    assert "taking over the lock of gs://bkt/locked from host another-host" in (
+        capsys.readouterr().out
+    )
+
+
+@needs_embedded_data
+def test_the_commands_read_a_checkpoint_on_gs_and_write_their_outputs_there(gcs, reference, capsys):
+    """evaluate, fewshot, infer, figures and convert, each with --checkpoint on the store
+    (a run's final.npz uploaded there) and, where they write, --out on the store."""
+    from PIL import Image
+
+    from vit_jax import convert, evaluate, fewshot, figures, infer
+
+    fs().put_file(f"{reference}/final.npz", f"{BUCKET}/cmd/final.npz")
+    checkpoint = f"gs://{BUCKET}/cmd/final.npz"
+    picture = io.BytesIO()
+    Image.fromarray(np.full((28, 28), 128, np.uint8)).save(picture, format="PNG")
+    fs().pipe_file(f"{BUCKET}/cmd/image.png", picture.getvalue())
+
+    capsys.readouterr()
+    assert run_command(evaluate, f"--checkpoint={checkpoint}", "--dataset=fashion_mnist",
+                       "--split=test[:64]", "--noprogress") == 0  # fmt: skip
+    assert "on fashion_mnist test[:64] (64 images): top-1 " in capsys.readouterr().out
+    assert run_command(fewshot, f"--checkpoint={checkpoint}", "--shots=1",
+                       "--test_split=test[:64]") == 0  # fmt: skip
+    assert "1-shot" in capsys.readouterr().out
+    assert run_command(infer, f"--checkpoint={checkpoint}", f"--image=gs://{BUCKET}/cmd/image.png",
+                       "--top_k=2") == 0  # fmt: skip
+    assert "image.png" in capsys.readouterr().out
+    assert run_command(figures, f"--checkpoint={checkpoint}", f"--out=gs://{BUCKET}/cmd/figs",
+                       "--num_images=2") == 0  # fmt: skip
+    written = set(objects(f"gs://{BUCKET}/cmd/figs"))
+    assert {"attention_rollout.png", "inspect.json"} <= written, written
+    for fmt, out in (("npz", "model.npz"), ("hf", "hf")):
+        code = run_command(convert, f"--checkpoint={checkpoint}", f"--format={fmt}",
+                           f"--out=gs://{BUCKET}/cmd/{out}")  # fmt: skip
+        assert code == 0, capsys.readouterr().err
+    written = set(objects(f"gs://{BUCKET}/cmd"))
+    assert "model.npz" in written and "hf/config.json" in written, written
+    local = os.path.join(os.path.dirname(reference), "converted.npz")
+    with open(local, "wb") as f:
+        f.write(fs().cat(f"{BUCKET}/cmd/model.npz"))
+    assert_npz_equal(local, f"{reference}/final.npz")
+
+
+def test_an_image_folder_on_gs_trains_and_evaluates(gcs, tmp_path, capsys):
+    """DIR/<split>/<class>/*.png on the bucket: listed once, read by path, nothing cached."""
+    from PIL import Image
+
+    from vit_jax import evaluate
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("test", 6)):
+        for c, name in enumerate(("circle", "square")):
+            for i in range(n):
+                pixels = rng.integers(0, 60, (20, 20, 3)) + 150 * c
+                buffer = io.BytesIO()
+                Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
+                fs().pipe_file(f"{BUCKET}/folder/{split}/{name}/{i}.png", buffer.getvalue())
+    root, workdir = f"gs://{BUCKET}/folder", f"gs://{BUCKET}/folder_run"
+    config = tiny_config(total_steps=4, checkpoint_every=4, eval_every=4, batch_size=8,
+                         eval_batch_size=8, image_size=16)  # fmt: skip
+    config.dataset.update(source="folder", data_dir=root, name="shapes", num_classes=2,
+                          train_split="train", test_split="test")  # fmt: skip
+    config.model.patch_size = 4
+    config.fewshot.enabled = False
+    summary = train.run(config, workdir)
+    assert summary["steps"] == 4
+    capsys.readouterr()
+    assert run_command(evaluate, f"--checkpoint={workdir}/final.npz", "--source=folder",
+                       f"--data_dir={root}", "--noprogress") == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "12 images" in out or "accuracy" in out, out
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_tfds_data_dir_on_a_store_is_one_line_naming_what_works():
+    """ArrayRecord cannot read a bucket: refused up front, with the two ways that work."""
+    from vit_jax.configs import check
+
+    config = tiny_config()
+    config.dataset.update(source="tfds", name="cifar10", data_dir="gs://bkt/tfds")
+    with pytest.raises(ValueError) as error:
+        check.check(config)
+    line = str(error.value)
+    assert "dataset.data_dir='gs://bkt/tfds'" in line
+    assert "mount the bucket" in line and "copy the prepared dataset to a local disk" in line
+
+
+@needs_embedded_data
+def test_a_workdir_on_a_missing_bucket_is_one_line_and_leaves_nothing(gcs, tmp_path):
+    done = python_m(
+        "vit_jax.main",
+        "--config=fashion_mnist:tiny",
+        "--workdir=gs://no-such-bucket/run",
+        env={**gcs.env, "PYTHONPATH": ROOT},
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    assert lines == [
+        "error: workdir gs://no-such-bucket/run is not writable (no such bucket or object: "
+        "check the bucket name (create the bucket first)): choose another workdir",
+        "(for the Python traceback, set VIT_JAX_DEBUG=1)",
+    ]
+    assert not os.path.exists(os.path.join(ROOT, "gs:"))
+
+
+def test_tensorflow_does_not_change_the_backend(gcs):
+    """With TensorFlow importable, etils would send gs:// through tf.io.gfile; the package
+    keeps one backend (fsspec), so the two installs behave alike."""
+    pytest.importorskip("tensorflow", reason=f"{MISSING} tensorflow (the [tf] extra)")
+    code = (
+        "import tensorflow, sys\n"
+        "from vit_jax.base import store\n"
+        "from etils.epath import backend\n"
+        "p = store.path('gs://bkt/tf/x.txt')\n"
+        "p.write_text('written')\n"
+        "print(p._backend is backend.fsspec_backend, p.read_text())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, **gcs.env}, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "written"]
+    assert fs().cat(f"{BUCKET}/tf/x.txt") == b"written"
+
+
+@contextlib.contextmanager
+def moto_server():
+    """moto's S3 server on loopback; yields its endpoint."""
+    pytest.importorskip("moto.server", reason=f"{MISSING} moto[server]")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_s3_create_if_absent_and_whole_files(monkeypatch):
+    """The same path layer on s3:// (s3fs; If-None-Match for the lock)."""
+    s3fs = pytest.importorskip("s3fs", reason=f"{MISSING} s3fs (pip install -e '.[s3]')")
+    from vit_jax.base import files
+
+    with moto_server() as url:
+        keys = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+        for k, v in {**keys, "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": url}.items():
+            monkeypatch.setenv(k, v)
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3 = s3fs.S3FileSystem()
+        s3.mkdir("bkt")
+        assert store.create_new("s3://bkt/run/run.lock", b"one") is True
+        assert store.create_new("s3://bkt/run/run.lock", b"two") is False
+        assert s3.cat("bkt/run/run.lock") == b"one"
+        with files.atomic_write("s3://bkt/run/summary.json", "w") as f:
+            f.write("{}")
+        with pytest.raises(RuntimeError), files.atomic_write("s3://bkt/run/x.json", "w") as f:
+            f.write("half")
+            raise RuntimeError("a full disk")
+        assert store.walk_files("s3://bkt/run") == {"run.lock": 3, "summary.json": 2}
+        s3fs.S3FileSystem.clear_instance_cache()
