@@ -17,6 +17,7 @@ in memory, or in DATA_DIR, where a server started again finds them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -133,3 +134,68 @@ def serve(port: int, bucket: str, data_dir: str | None = None) -> subprocess.Pop
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:])
+
+
+class Outage:
+    """A TCP relay on loopback in front of the server, to take the store away and bring
+    it back without losing what it holds: while `down`, connections are refused (none
+    listens) and open ones are cut, as when a store or the network goes away."""
+
+    def __init__(self, target_port: int):
+        import socket
+        import threading
+
+        self._socket, self._threading = socket, threading
+        self.target = target_port
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._open: list = []
+        self._listener = None
+        self.up()
+
+    def up(self) -> None:
+        s = self._socket.socket()
+        s.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self._listener = s
+        self._threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def down(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        for conn in list(self._open):
+            with contextlib.suppress(OSError):
+                conn.shutdown(self._socket.SHUT_RDWR)
+            conn.close()
+        self._open.clear()
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # closed: down
+                return
+            try:
+                server = self._socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            self._open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                self._threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source, dest) -> None:
+        try:
+            while data := source.recv(65536):
+                dest.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, dest):
+                with contextlib.suppress(OSError):
+                    s.close()

@@ -27,10 +27,23 @@ def tiny_flags(workdir: str, **overrides) -> list[str]:
     return flags + [f"--config.{k}={v}" for k, v in overrides.items()]
 
 
+def env_path() -> str:
+    """The PYTHONPATH of this process."""
+    return os.environ.get("PYTHONPATH", "")
+
+
 class Run:
     """One `python -m vit_jax.main` process with `devices` emulated CPU devices."""
 
-    def __init__(self, flags: list[str], devices: int, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        flags: list[str],
+        devices: int,
+        env: dict[str, str] | None = None,
+        cwd: str = ROOT,
+    ):
+        """`cwd`: where it runs (the repository's root; elsewhere, this checkout's
+        vit_jax is found through PYTHONPATH)."""
         full_env = dict(
             os.environ,
             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
@@ -39,9 +52,11 @@ class Run:
             TF_CPP_MIN_LOG_LEVEL="2",
             **(env or {}),
         )
+        if cwd != ROOT:
+            full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env_path()]))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vit_jax.main", *flags],
-            cwd=ROOT,
+            cwd=cwd,
             env=full_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

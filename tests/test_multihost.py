@@ -39,25 +39,32 @@ def free_port() -> int:
 BIND_FAILED = re.compile(r"Failed to add port|[Aa]ddress already in use")
 
 
-def launch_pair(workdir, cache, attempts: int = 3):
+def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), run=RUN):
     """Processes 0 and 1 of one run, each with 4 devices, once they have joined.
 
     The port comes from free_port, which must close it before the coordinator binds it:
     another program may take it in between (a machine running other tests). Process 0
-    then fails to bind: the pair is started again on another port.
+    then fails to bind: the pair is started again on another port. `places`: each
+    process's own working directory (and TMPDIR in it), as on two hosts; None: the
+    repository's root.
     """
     for attempt in range(attempts):
         address = f"127.0.0.1:{free_port()}"
         runs = []
         for i in range(2):
-            flags = tiny_flags(workdir, **RUN)
+            flags = tiny_flags(workdir, **run)
             flags += [
                 f"--config.distributed.coordinator_address={address}",
                 "--config.distributed.num_processes=2",
                 f"--config.distributed.process_id={i}",
                 "--config.distributed.timeout_seconds=60",
             ]
-            runs.append(Run(flags, devices=4, env=cache))
+            if places[i] is None:
+                runs.append(Run(flags, devices=4, env=cache))
+            else:
+                tmp = os.path.join(places[i], "tmp")
+                os.makedirs(tmp, exist_ok=True)
+                runs.append(Run(flags, 4, {**cache, "TMPDIR": tmp}, cwd=str(places[i])))
         try:
             runs[0].wait_for(lambda line: line.startswith("process 0 of 2: "))
             return runs

@@ -163,9 +163,9 @@ def base(model: str) -> ml_collections.ConfigDict:
     c.eval_every = 1000
     c.checkpoint_every = 1000
     c.keep_checkpoints = 3
-    # Checkpoints that fail verification are set aside (<step>.damaged) and the run falls
-    # back to the newest one that verifies. With none left: False stops with the list of
-    # what was found; True starts again from step 0 (vit_jax/workdir/recovery.py).
+    # Checkpoints that fail verification are set aside (WORKDIR/damaged/<step>) and the
+    # run falls back to the newest one that verifies. With none left: False stops with the
+    # list of what was found; True starts again from step 0 (vit_jax/workdir/checkpoints.py).
     c.from_scratch_if_damaged = False
     c.export_npz = True  # write workdir/final.npz in the published layout at the end
     c.progress_bars = True

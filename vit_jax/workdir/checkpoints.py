@@ -148,16 +148,21 @@ class Checkpoints:
             OSError: which step could not be saved and why, the newest intact checkpoint,
                 and how to go on.
         """
-        if jax.process_index() == 0 and step not in self.steps():
-            try:
+        left = "Nothing of step {step} was left behind"
+        try:  # the store may be what failed: then the listing fails too
+            if jax.process_index() == 0 and step not in self.steps():
                 store.remove_tree(self.directory / str(step))
-            except Exception:  # noqa: BLE001 (the next run deletes it, naming it)
-                pass
+            newest = self.newest_intact_sentence()
+        except Exception:  # noqa: BLE001 (the next run deletes what is left, naming it)
+            left = "What it wrote of step {step} is never resumed from (the next run deletes it)"
+            newest = "A rerun resumes from the newest intact checkpoint"
         why = store.explain(error, self.directory)
+        way_out = "free space there (or restore access to it) and run the same command again"
+        if store.is_remote(self.directory):
+            way_out = "once the store answers (and lets this account write), run the same command"
         raise OSError(
-            f"could not save checkpoint step {step} in {self.directory}: {why}. Nothing of "
-            f"step {step} was left behind. {self.newest_intact_sentence()}: free space there "
-            "(or restore access to it) and run the same command again"
+            f"could not save checkpoint step {step} in {self.directory}: {why}. "
+            f"{left.format(step=step)}. {newest}: {way_out}"
         ) from error
 
     def close(self) -> None:
