@@ -6,6 +6,8 @@ the GCS JSON API that it leaves out and that the package's clients rely on:
   StorageGeneration" once a manifest is rewritten, at ~150 arrays);
 - uploads and deletes honour `ifGenerationMatch` (412 when the object's generation is
   another; 0: it must not exist), GCS's create-if-absent that the workdir lock uses;
+- a bucket named `denied-*` answers writes 403, as GCS answers an account that may only
+  read;
 - `moveTo`, which gcsfs tries first for a rename within a bucket (a checkpoint set
   aside); without it gcsfs logs a 501 traceback per file before copying and deleting.
 
@@ -17,12 +19,13 @@ in memory, or in DATA_DIR, where a server started again finds them).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import time
 from http import HTTPStatus
+
+DENIED = "denied-"  # buckets of this name refuse writes: 403, as to an account that only reads
 
 
 def _generation(storage, bucket: str, name: str) -> str:
@@ -56,6 +59,12 @@ def patch() -> None:
             response["x-goog-metageneration"] = "1"
 
     def insert(request, response, storage, *args, **kwargs):
+        if request.params["bucket_name"].startswith(DENIED):  # as GCS answers a reader
+            response.status = HTTPStatus.FORBIDDEN
+            response.json({"error": {"code": 403, "message": "does not have "
+                           "storage.objects.create access to the Google Cloud Storage "
+                           "object."}})  # fmt: skip
+            return None
         name = (request.query.get("name") or [None])[0]
         if name is None and isinstance(request.data, dict):  # multipart: in its metadata
             name = (request.data.get("meta") or {}).get("name")
@@ -134,68 +143,3 @@ def serve(port: int, bucket: str, data_dir: str | None = None) -> subprocess.Pop
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), sys.argv[2], *sys.argv[3:])
-
-
-class Outage:
-    """A TCP relay on loopback in front of the server, to take the store away and bring
-    it back without losing what it holds: while `down`, connections are refused (none
-    listens) and open ones are cut, as when a store or the network goes away."""
-
-    def __init__(self, target_port: int):
-        import socket
-        import threading
-
-        self._socket, self._threading = socket, threading
-        self.target = target_port
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
-        self._open: list = []
-        self._listener = None
-        self.up()
-
-    def up(self) -> None:
-        s = self._socket.socket()
-        s.setsockopt(self._socket.SOL_SOCKET, self._socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
-        s.listen(64)
-        self._listener = s
-        self._threading.Thread(target=self._accept, args=(s,), daemon=True).start()
-
-    def down(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
-        for conn in list(self._open):
-            with contextlib.suppress(OSError):
-                conn.shutdown(self._socket.SHUT_RDWR)
-            conn.close()
-        self._open.clear()
-
-    def _accept(self, listener) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:  # closed: down
-                return
-            try:
-                server = self._socket.create_connection(("127.0.0.1", self.target))
-            except OSError:
-                client.close()
-                continue
-            self._open += [client, server]
-            for a, b in ((client, server), (server, client)):
-                self._threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source, dest) -> None:
-        try:
-            while data := source.recv(65536):
-                dest.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (source, dest):
-                with contextlib.suppress(OSError):
-                    s.close()

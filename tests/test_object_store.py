@@ -312,6 +312,27 @@ def test_a_workdir_on_a_missing_bucket_is_one_line_and_leaves_nothing(gcs, tmp_p
     assert not os.path.exists(os.path.join(ROOT, "gs:"))
 
 
+def test_a_denied_write_and_missing_credentials_are_one_line_each(gcs, tmp_path):
+    """A bucket this account may only read (the server answers 403): the run stops before
+    training with one line; a client without credentials gets the way to provide them."""
+    from vit_jax.workdir.workdir import Workdir
+
+    with pytest.raises(OSError) as error:
+        Workdir.at(f"gs://{gcs_emulator.DENIED}bkt/run").check_writable()
+    assert str(error.value) == (
+        f"workdir gs://{gcs_emulator.DENIED}bkt/run is not writable (permission denied: the "
+        "account needs read and write access to the bucket): choose another workdir"
+    )
+    # What gcsfs raises when Google's auth finds no credentials, and a 401 from the store.
+    from google.auth.exceptions import DefaultCredentialsError
+
+    for raised in (DefaultCredentialsError("Your default credentials were not found."),
+                   gcsfs.retry.HttpError({"code": 401, "message": "Unauthorized"})):  # fmt: skip
+        assert store.explain(raised, "gs://b/run").startswith(
+            "no credentials for the store: run `gcloud auth application-default login`"
+        ), raised
+
+
 def test_tensorflow_does_not_change_the_backend(gcs):
     """With TensorFlow importable, etils would send gs:// through tf.io.gfile; the package
     keeps one backend (fsspec), so the two installs behave alike."""
@@ -399,15 +420,6 @@ def saves(prefix: str) -> dict[int, bool]:
     return steps
 
 
-def committed(step_dir: str) -> bool:
-    """Whether Orbax has finished the save of `step_dir` (its commit time recorded)."""
-    try:
-        metadata = json.loads(fs().cat(f"{step_dir.removeprefix('gs://')}/_CHECKPOINT_METADATA"))
-    except (FileNotFoundError, ValueError):
-        return False
-    return metadata.get("commit_timestamp_nsecs") is not None
-
-
 def final_npz(url: str, local: str) -> str:
     with open(local, "wb") as f:
         f.write(fs().cat(url.removeprefix("gs://")))
@@ -490,76 +502,3 @@ def test_two_hosts_sharing_only_the_bucket_are_killed_and_resume_bit_exactly(gcs
         final_npz(f"{workdir}/final.npz", str(tmp_path / "pair.npz")),
         final_npz(f"{reference}/final.npz", str(tmp_path / "reference.npz")),
     )
-
-
-@pytest.mark.slow
-@needs_embedded_data
-def test_the_store_going_away_mid_run_is_one_line_and_nothing_is_lost(gcs, tmp_path):
-    """The bucket stops answering after the first checkpoint (a relay in front of the
-    server refuses and cuts connections): the clients retry, then the run stops with one
-    line naming the URL and the way out; once the store is back, the rerun resumes from
-    the last intact checkpoint and ends bit-identical to an uninterrupted run."""
-    from subprocesses import Run, tiny_flags
-
-    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
-    reference, workdir = str(tmp_path / "reference"), f"gs://{BUCKET}/outage"
-    with Run(tiny_flags(reference, **KILL_RUN), devices=4, env=cache) as ref:
-        assert ref.finish() == 0, ref.tail()
-    relay = gcs_emulator.Outage(gcs.port)
-    env = {**cache, **gcs_emulator.env(relay.port)}
-    try:
-        with Run(tiny_flags(workdir, **KILL_RUN), devices=4, env=env) as run:
-            # Once the save of step 4 has ended (Orbax's commit time in its metadata: the
-            # last thing it writes), between two saves. A connection cut while Orbax
-            # reads that metadata back can hang gcsfs 2026.10's prefetching reader for
-            # good (seen here; BENCHMARKS.md), which no retry in this package reaches.
-            run.wait_until(lambda: committed(f"{workdir}/checkpoints/4"), every=0.02)
-            relay.down()
-            started = time.monotonic()
-            assert run.finish() == 1, run.tail()
-            waited = time.monotonic() - started
-        errors = [line for line in run.log if line.startswith("error: ")]
-        assert len(errors) == 1 and run.log[-2] == errors[0], run.tail()
-        assert errors[0].startswith("error: could not save checkpoint step ")
-        assert f" in {workdir}/checkpoints: the store did not answer" in errors[0], errors[0]
-        assert errors[0].endswith("once the store answers (and lets this account write), "
-                                  "run the same command")  # fmt: skip
-        print(f"the run stopped {waited:.0f} s after the store went away")
-        relay.up()
-        with Run(tiny_flags(workdir, **KILL_RUN), devices=4, env=env) as rerun:
-            assert rerun.finish() == 0, rerun.tail()
-    finally:
-        relay.down()
-    log = "\n".join(rerun.log)
-    assert "resuming from step " in log and "step 16/16" in log, log
-    got = final_npz(f"{workdir}/final.npz", str(tmp_path / "outage.npz"))
-    assert_npz_equal(got, f"{reference}/final.npz")
-
-
-@pytest.mark.slow
-@needs_embedded_data
-def test_a_brief_outage_during_a_save_is_retried_and_changes_nothing(gcs, tmp_path):
-    """The bucket refuses and cuts connections for 20 s while a save is being written:
-    the clients' retries carry the save over it, and the run ends as an uninterrupted one
-    does, bit for bit."""
-    from subprocesses import Run, tiny_flags
-
-    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
-    reference, workdir = str(tmp_path / "reference"), f"gs://{BUCKET}/brief"
-    with Run(tiny_flags(reference, **KILL_RUN), devices=4, env=cache) as ref:
-        assert ref.finish() == 0, ref.tail()
-    relay = gcs_emulator.Outage(gcs.port)
-    env = {**cache, **gcs_emulator.env(relay.port)}
-    try:
-        with Run(tiny_flags(workdir, **KILL_RUN), devices=4, env=env) as run:
-            run.wait_until(lambda: committed(f"{workdir}/checkpoints/4"), every=0.02)
-            run.wait_for(lambda line: line.startswith("step 8: saving checkpoint"))
-            relay.down()
-            time.sleep(20)
-            relay.up()
-            assert run.finish() == 0, run.tail()
-    finally:
-        relay.down()
-    assert not any(line.startswith("error") for line in run.log), run.tail()
-    got = final_npz(f"{workdir}/final.npz", str(tmp_path / "brief.npz"))
-    assert_npz_equal(got, f"{reference}/final.npz")
