@@ -280,3 +280,20 @@ def test_no_thread_of_a_run_outlives_it_on_success_error_or_signal(tmp_path, mon
         train.run(tiny_config(), str(tmp_path / "term"))
     left = set(threading.enumerate()) - before
     assert not left, sorted(t.name for t in left)
+
+
+@needs_embedded_data
+def test_a_relative_workdir_is_the_one_under_the_current_directory(tmp_path, monkeypatch, capsys):
+    """`--workdir=workdirs/run`, as the README's main command passes it: the checkpoints,
+    the events and final.npz go under the current directory (Orbax itself takes only
+    absolute paths), and the run resumes there."""
+    monkeypatch.chdir(tmp_path)
+    config = tiny_config(total_steps=4, checkpoint_every=2, eval_every=0, log_every=2)
+    train.run(config, "workdirs/run")
+    out = capsys.readouterr().out
+    assert f"step 2: saving checkpoint {tmp_path}/workdirs/run/checkpoints/2" in out, out
+    found = sorted(os.listdir(tmp_path / "workdirs" / "run"))
+    assert {"checkpoints", "final.npz", "summary.json"} <= set(found), found
+    assert sorted(os.listdir(tmp_path / "workdirs" / "run" / "checkpoints")) == ["2", "4"]
+    train.run(tiny_config(total_steps=6, checkpoint_every=2, eval_every=0), "workdirs/run")
+    assert "resuming from step 4 " in capsys.readouterr().out

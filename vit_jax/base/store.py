@@ -2,6 +2,7 @@
 URLs (gs://, s3://) alike, as `etils.epath.Path` (the type Orbax uses).
 
   path(p)            a str or path -> epath.Path: a URL stays a URL, '~' is expanded
+  absolute(p)        the same, a local path made absolute (a workdir, checkpoints)
   is_remote(p)       whether it names an object in a store
   create_new(p, b)   write `b` only if nothing is there, atomically (O_EXCL on a disk;
                      the store's own precondition: GCS ifGenerationMatch=0, S3
@@ -54,6 +55,11 @@ def path(p: str | os.PathLike) -> epath.Path:
         return p
     text = os.fspath(p)
     return epath.Path(text if text.startswith(SCHEMES) else os.path.expanduser(text))
+
+
+def absolute(p: str | os.PathLike) -> epath.Path:
+    """`path(p)`, a local one made absolute (Orbax refuses relative checkpoint paths)."""
+    return path(p) if is_remote(p) else epath.Path(os.path.abspath(path(p)))
 
 
 def is_remote(p: str | os.PathLike) -> bool:

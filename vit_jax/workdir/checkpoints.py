@@ -74,7 +74,7 @@ class Checkpoints:
         description: dict[str, Any] | None = None,
         read_only: bool = False,
     ):
-        self.directory = store.path(directory)
+        self.directory = store.absolute(directory)
         self.damaged = self.directory.parent / "damaged"
         self.description = description or {}
         if not read_only:

@@ -47,7 +47,7 @@ class Workdir:
 
     @classmethod
     def at(cls, path: str | os.PathLike) -> Workdir:
-        return cls(store.path(path))
+        return cls(store.absolute(path))
 
     @property
     def remote(self) -> bool:
