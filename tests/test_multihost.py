@@ -39,20 +39,20 @@ def free_port() -> int:
 BIND_FAILED = re.compile(r"Failed to add port|[Aa]ddress already in use")
 
 
-def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), run=RUN):
+def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), overrides=RUN):
     """Processes 0 and 1 of one run, each with 4 devices, once they have joined.
 
     The port comes from free_port, which must close it before the coordinator binds it:
     another program may take it in between (a machine running other tests). Process 0
     then fails to bind: the pair is started again on another port. `places`: each
     process's own working directory (and TMPDIR in it), as on two hosts; None: the
-    repository's root.
+    repository's root. `overrides`: the run's config fields.
     """
     for attempt in range(attempts):
         address = f"127.0.0.1:{free_port()}"
         runs = []
         for i in range(2):
-            flags = tiny_flags(workdir, **run)
+            flags = tiny_flags(workdir, **overrides)
             flags += [
                 f"--config.distributed.coordinator_address={address}",
                 "--config.distributed.num_processes=2",

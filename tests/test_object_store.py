@@ -478,9 +478,9 @@ def test_two_hosts_sharing_only_the_bucket_are_killed_and_resume_bit_exactly(gcs
     run = {**PAIR, "total_steps": 12, "checkpoint_every": 4}
     hosts = (tmp_path / "host0", tmp_path / "host1")
     reference = f"gs://{BUCKET}/pair_reference"
-    finish_pair(launch_pair(reference, cache, places=hosts, run=run))
+    finish_pair(launch_pair(reference, cache, places=hosts, overrides=run))
     workdir = f"gs://{BUCKET}/pair"
-    pair = launch_pair(workdir, cache, places=hosts, run=run)
+    pair = launch_pair(workdir, cache, places=hosts, overrides=run)
     try:
         pair[0].wait_until(lambda: saves(workdir).get(4), every=0.1)
         third = Run(tiny_flags(workdir, **run), devices=8, env=cache, cwd=str(tmp_path))
@@ -491,7 +491,7 @@ def test_two_hosts_sharing_only_the_bucket_are_killed_and_resume_bit_exactly(gcs
         for p in pair:
             p.kill()
     assert saves(workdir).get(4) and not saves(workdir).get(12)
-    logs = finish_pair(launch_pair(workdir, cache, places=hosts, run=run))
+    logs = finish_pair(launch_pair(workdir, cache, places=hosts, overrides=run))
     assert "resuming from step" in logs[0] and "step 12/12" in logs[0], logs[0]
     for host in hosts:  # nothing of the run on either host's disk but, after the SIGKILL,
         # the killed lead's local staging copy of its TensorBoard file (uploaded whole)

@@ -1,6 +1,6 @@
 """Fashion-MNIST from the Debian package: the paper's recipe in miniature, and a full run.
 
-The recipe (the README's first command; about 5 minutes on 2 CPU cores):
+The recipe (the README's first command; about 3 minutes on 2 CPU cores):
 
     python -m vit_jax.recipe --workdir=workdirs/recipe
 
