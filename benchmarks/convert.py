@@ -80,7 +80,8 @@ def run_all(name: str, image_size: int, batch: int, formats: list[str], tmp: Pat
 
     x = np.random.default_rng(1).uniform(-1, 1, (batch, image_size, image_size, 3))
     x = x.astype(np.float32)
-    model, params, _ = convert.load(src)
+    loaded = convert.load(src)
+    model, params = loaded.model, loaded.params
     apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
     want = np.asarray(apply(params, x))
     runs = {"JAX (jit)": lambda x: np.asarray(apply(params, x))}

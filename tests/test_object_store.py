@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -431,7 +432,10 @@ def final_npz(url: str, local: str) -> str:
 def test_killed_during_a_save_on_gs_the_rerun_ends_bit_identical(gcs, tmp_path):
     from subprocesses import Run, tiny_flags
 
+    # TMPDIR of its own: a killed run leaves its TensorBoard staging copy there.
+    (tmp_path / "tmp").mkdir()
     cache = {**gcs.env, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_cache")}
+    cache["TMPDIR"] = str(tmp_path / "tmp")
     reference, workdir = str(tmp_path / "reference"), f"gs://{BUCKET}/killed"
     with Run(tiny_flags(reference, **KILL_RUN), devices=4, env=cache) as ref:
         assert ref.finish() == 0, ref.tail()
@@ -482,7 +486,10 @@ def test_two_hosts_sharing_only_the_bucket_are_killed_and_resume_bit_exactly(gcs
     workdir = f"gs://{BUCKET}/pair"
     pair = launch_pair(workdir, cache, places=hosts, overrides=run)
     try:
-        pair[0].wait_until(lambda: saves(workdir).get(4), every=0.1)
+        pair[0].wait_until(lambda: saves(workdir).get(4), every=0.02)
+        for p in pair:  # paused, alive: its lock stands while a third run tries
+            os.killpg(p.proc.pid, signal.SIGSTOP)
+        assert not saves(workdir).get(12)
         third = Run(tiny_flags(workdir, **run), devices=8, env=cache, cwd=str(tmp_path))
         assert third.finish() == 1
         assert any(f"error: workdir {workdir} is in use by another run" in line
