@@ -147,11 +147,46 @@ def _run_cell(name: str, setting: str, seed: int, root: str, quick: bool, cell: 
         **out,
         "wall_seconds": time.time() - start,
         "quick": quick,
+        **provenance(),
     }
     with open(path, "w") as f:
         json.dump(record, f, indent=2)
     print(f"[{name}] {setting} seed {seed}: accuracy {record['accuracy']:.4f}", flush=True)
     return record
+
+
+def provenance() -> dict[str, str]:
+    """Where a record was made: the code's commit ('+changes' when the package or the
+    studies differ from it) and the processor, whose vector width changes the floats a
+    training run rounds (the same seed reruns exactly only on the same processor kind)."""
+    import platform
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                                  check=True).stdout.strip()  # fmt: skip
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    commit = git("rev-parse", "--short=7", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--", "vit_jax", "studies"):
+        commit += "+changes"
+    return {"commit": commit, "processor": processor_name() or platform.machine()}
+
+
+def processor_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), e.g. 'AMD EPYC'; '' where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def _write_results(root: str, records: list[dict]) -> None:
