@@ -178,15 +178,24 @@ def provenance() -> dict[str, str]:
 
 
 def processor_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), e.g. 'AMD EPYC'; '' where it cannot be read."""
+    """The CPU as far as it decides a float's rounding: its model name, family and model
+    (a generation: 'AMD EPYC' names several) and the vector extensions XLA's CPU kernels
+    pick from, e.g. 'AMD EPYC, family 25 model 17, avx2 avx512f avx512_bf16'; '' where
+    /proc/cpuinfo cannot be read."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor's block
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
-        pass
-    return ""
+        return ""
+    flags = set(fields.get("flags", "").split())
+    vector = [x for x in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if x in flags]
+    return (f"{fields.get('model name', '?')}, family {fields.get('cpu family', '?')} "
+            f"model {fields.get('model', '?')}, {' '.join(vector) or 'no avx2'}")  # fmt: skip
 
 
 def _write_results(root: str, records: list[dict]) -> None:
