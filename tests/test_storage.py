@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 
 import jax
 import numpy as np
@@ -103,14 +104,16 @@ def finished_copy(reference, path):
 def test_array_checksums_catch_other_values_in_any_layout():
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("fsdp",))
     split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
-    values = {"a": np.arange(512, dtype=np.float32).reshape(64, 8), "b": np.ones(3, np.int32)}
-    saved = {"a": jax.device_put(values["a"], split), "b": jax.device_put(values["b"])}
+    values = {"a": np.arange(512, dtype=np.float32).reshape(64, 8), "b": np.ones(3, np.int32),
+              "c": np.full((2, 2), 0.5, jax.numpy.bfloat16)}  # Adam's mu_dtype  # fmt: skip
+    saved = {k: jax.device_put(v, split if k == "a" else None) for k, v in values.items()}
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         found = {"arrays": record.checksums(saved, pool)}
     assert len(found["arrays"]["a"]["shards"]) == 8
     assert list(found["arrays"]["b"]["shards"]) == ["0:3"]
+    assert found["arrays"]["c"]["shards"] == {"0:2,0:2": zlib.crc32(bytes.fromhex("003f" * 4))}
     assert record.mismatches(saved, found) == []  # the layout that saved it
     one = jax.device_put(values, jax.devices()[0])  # another layout: slices of the whole
     assert record.mismatches(one, found) == []

@@ -78,7 +78,8 @@ def _slices(key: str) -> tuple:
 
 
 def _crc(a: np.ndarray) -> int:
-    return zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"))
+    """CRC-32 of the array's bytes, any dtype (bfloat16 has no buffer format of its own)."""
+    return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
 
 
 def checksums(tree: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
