@@ -92,6 +92,7 @@ def test_every_preset_passes_and_every_numeric_field_with_nonsense_is_refused(tm
         ("dataset.train_split", "train[:10", "expected 'name' or 'name[start:stop]'"),
         ("fewshot.test_split", "test[a:b]", "is not an integer or a percentage"),
         ("optimizer.name", "adamw", "expected one of 'adam', 'sgd'"),
+        ("loss", "hinge", "expected one of 'softmax_xent', 'sigmoid_xent'"),
         ("optimizer.decay", "step", "expected one of 'cosine', 'linear', 'constant'"),
         ("optimizer.mu_dtype", "int8", "expected one of '', 'float32', 'bfloat16'"),
         ("optimizer.end_lr", 0.5, "expected a finite number in [0, 0.003]"),

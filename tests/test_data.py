@@ -222,6 +222,31 @@ def test_mixup_mixes_with_the_rolled_batch(idx_dir):
     )
 
 
+def test_unfolded_mixup_is_folded_mixup_of_the_reversed_batch():
+    """big_vision folds mixup's weight to max(lam, 1 - lam); this package does not. For
+    lam < 1/2 the package's mixed batch is exactly the folded rule's mixed batch of the
+    reversed batch, reversed and rotated by one (a permutation): as a shuffled batch is
+    as likely reversed, the two rules give the same distribution of mixed examples (and
+    of their labels)."""
+    rng = np.random.default_rng(0)
+    x = rng.random((6, 4, 4, 3), dtype=np.float32)
+    y = np.eye(6, dtype=np.float32)
+    below_half = 0
+    for step in range(20):
+        batch = {"image": x.copy(), "label": y.copy()}
+        augment.mixup(batch, seed=1, step=step, alpha=0.5)
+        lam = np.float32(augment.generator(1, augment.MIXUP_SALT, step).beta(0.5, 0.5))
+        if lam >= 0.5:
+            continue
+        below_half += 1
+        folded = max(lam, np.float32(1) - lam)  # big_vision's weight
+        for key, v in (("image", x), ("label", y)):
+            r = v[::-1]
+            theirs = folded * r + (np.float32(1) - folded) * np.roll(r, 1, axis=0)
+            np.testing.assert_allclose(batch[key], np.roll(theirs[::-1], 1, axis=0), atol=1e-6)
+    assert 5 <= below_half <= 15  # Beta(a, a) is symmetric: about half the steps
+
+
 def pil_crop_resize(image: np.ndarray, box, size) -> np.ndarray:
     """PIL itself: crop (y0, x0, h, w), then bilinear resize to size (H, W).  -> uint8"""
     y0, x0, h, w = box

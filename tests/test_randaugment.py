@@ -66,6 +66,13 @@ def test_posterize_at_20_keeps_all_bits():
     np.testing.assert_array_equal(op("Posterize", 20), IMAGE)
 
 
+@pytest.mark.parametrize("m", [22.5, 25, 30])
+def test_posterize_above_22_5_keeps_one_bit_as_tensorflow_does(m):
+    # int(4 M / 10) > 8 bits: big_vision's uint8 shift 8 - bits wraps to 255, which TF's
+    # shift clamps to 7 (measured against big_vision's op): one bit, as at M = 0.
+    np.testing.assert_array_equal(op("Posterize", m), pil(ImageOps.posterize(PIL_IMAGE, 1)))
+
+
 @pytest.mark.parametrize("m", [0, 10, 20])
 def test_solarize_threshold_wraps_to_zero_and_inverts_everything(m):
     # int(256 M / 10) = 0, 256, 512: TF's uint8 threshold is 0, so every pixel inverts.
@@ -340,7 +347,13 @@ def test_augreg_presets_build_the_papers_run(setting):
     assert c.model.name == "ViT-B_16" and c.model.representation_size == 768
     assert c.model.dropout == c.model.stochastic_depth == 0.1  # B/16 on i1k: Figure 4
     assert (c.dataset.name, c.image_size, c.batch_size) == ("imagenet2012", 224, 4096)
-    assert c.total_steps == 300 * 1_281_167 // 4096 == 93_835
+    # big_vision's 300 epochs of train[:99%] (the last 1% is its minival)
+    assert c.dataset.train_split == "train[:99%]"
+    assert c.total_steps == 300 * round(0.99 * 1_281_167) // 4096 == 92_897
+    # big_vision's loss, head bias and Adam state (vit_i1k.py)
+    assert (c.loss, c.model.head_bias_init, c.optimizer.mu_dtype) == (
+        "sigmoid_xent", -6.9, "bfloat16"
+    )  # fmt: skip
     o = c.optimizer
     assert (o.name, o.lr, o.warmup_steps, o.decay) == ("adam", 1e-3, 10_000, "cosine")
     assert (o.b1, o.b2, o.weight_decay, o.grad_clip) == (0.9, 0.999, 0.1, 1.0)
@@ -354,7 +367,8 @@ def test_augreg_regularisation_defaults_and_override():
     assert c.model.dropout == c.model.stochastic_depth == 0.0
     c = configs.get("augreg:ti16,imagenet21k,light1,0.1")
     assert c.model.dropout == c.model.stochastic_depth == 0.1
-    assert c.total_steps == 300 * 14_197_122 // 4096
+    assert c.total_steps == 300 * round(0.99 * 14_197_122) // 4096
+    assert (c.loss, c.model.head_bias_init) == ("sigmoid_xent", -10.0)  # vit_i21k.py
 
 
 def test_augreg_tiny_is_fashion_mnist_tiny_with_the_setting():
@@ -365,6 +379,10 @@ def test_augreg_tiny_is_fashion_mnist_tiny_with_the_setting():
         base.total_steps, base.image_size, base.model.width
     )  # fmt: skip
     assert configs.get("augreg:tiny,strong2").dataset.randaugment == (2, 20)
+    assert (c.loss, c.model.head_bias_init, c.optimizer.mu_dtype) == (
+        "sigmoid_xent", -2.3, "bfloat16"
+    )  # fmt: skip
+    assert (base.loss, base.model.get("head_bias_init", 0.0)) == ("softmax_xent", 0.0)
     assert configs.resolve("augreg:tiny").endswith("augreg.py:tiny")
 
 

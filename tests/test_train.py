@@ -308,6 +308,26 @@ def test_cadence():
     assert line == "step 5/10 | loss 1.5000 | lr 1.00e-03 | 100 img/s/device | ETA 1m01s"
 
 
+def test_the_losses_against_numpy():
+    """softmax_xent and big_vision's sigmoid_xent (a sum of K binary cross-entropies) per
+    example, on soft labels (mixup's) and large logits, against float64 NumPy."""
+    from vit_jax.configs import check
+    from vit_jax.training import steps
+
+    assert tuple(steps.LOSSES) == check.LOSSES  # the config check names the same ones
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 8, (5, 7)).astype(np.float32)
+    labels = rng.dirichlet(np.ones(7) * 0.3, 5).astype(np.float32)
+    z, y = logits.astype(np.float64), labels.astype(np.float64)
+    log_sig = lambda v: -np.logaddexp(0, -v)  # noqa: E731
+    sigmoid = -np.sum(y * log_sig(z) + (1 - y) * log_sig(-z), -1)
+    softmax = -np.sum(y * (z - np.log(np.sum(np.exp(z), -1, keepdims=True))), -1)
+    np.testing.assert_allclose(steps.sigmoid_xent(logits, labels), sigmoid, rtol=1e-5)
+    np.testing.assert_allclose(steps.softmax_xent(logits, labels), softmax, rtol=1e-5)
+    # The bias big_vision starts a 1000-class head at gives each class about 1/1000.
+    assert 1 / (1 + np.exp(6.9)) == pytest.approx(1e-3, rel=0.01)
+
+
 def test_schedule_and_weight_decay_mask():
     cfg = ml_collections.ConfigDict(dict(lr=1.0, end_lr=0.0, warmup_steps=10, decay="cosine"))
     lr = optim.schedule(cfg, 110)
@@ -519,3 +539,8 @@ def test_augreg_tiny_trains_with_randaugment_and_mixup(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(open(os.path.join(workdir, "summary.json")).read())
     assert summary["steps"] == 20 and np.isfinite(summary["train_loss"])
+    # big_vision's loss and head: the zero head kernel makes every first logit the bias,
+    # -2.3, so the first loss is K binary cross-entropies whatever the (mixed) labels:
+    # -log sigmoid(-2.3) - 9 log sigmoid(2.3) = 3.2550 (softmax's would be log 10 = 2.3026).
+    first = np.log1p(np.exp(2.3)) + 9 * np.log1p(np.exp(-2.3))
+    assert f"step 1/20 | loss {first:.4f}" in proc.stdout, proc.stdout[:2000]

@@ -32,6 +32,7 @@ from vit_jax.data import config as data_config
 __all__ = ["ConfigError", "Problem", "check", "data_problems", "device_problems", "problems"]
 
 OPTIMIZERS = ("adam", "sgd")
+LOSSES = ("softmax_xent", "sigmoid_xent")  # training/steps.py's LOSSES
 DECAYS = ("cosine", "linear", "constant")
 MU_DTYPES = ("", "float32", "bfloat16")
 TRAINABLE_CLASSIFIERS = ("token", "gap")  # 'unpooled' has no logits per image to train on
@@ -57,6 +58,8 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
     for field in ("log_every", "eval_every", "checkpoint_every"):
         integer(out, field, c[field], 0, " (0: only after the last step)")
     integer(out, "keep_checkpoints", c.keep_checkpoints, 0, " (0: keep all)")
+    if "loss" in c:
+        one_of(out, "loss", c.loss, LOSSES)
     out += _model_problems(c.model, c.image_size)
     out += _optimizer_problems(c.optimizer, c.total_steps)
     out += data_config.problems(c.dataset, "dataset.")

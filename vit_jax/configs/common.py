@@ -144,6 +144,9 @@ def base(model: str) -> ml_collections.ConfigDict:
     c.eval_batch_size = 512
     c.accum_steps = 1  # gradient accumulation: micro-batches of batch_size / accum_steps
     c.total_steps = 10_000
+    # 'softmax_xent', or 'sigmoid_xent' (one binary cross-entropy per class, as the AugReg
+    # presets pretrain; set model.head_bias_init to about -log(classes) with it).
+    c.loss = "softmax_xent"
     c.optimizer = optimizer_fields()
     # Parameters and optimizer state are replicated, or split over `fsdp` devices
     # (vit_jax/parallel/sharding.py); the batch is split over all data x fsdp devices.

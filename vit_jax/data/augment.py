@@ -77,6 +77,10 @@ def mixup(batch: dict[str, np.ndarray], seed: int, step: int, alpha: float) -> N
     """Mixes each example with its neighbour in the batch, in place; weight ~ Beta(alpha, alpha).
 
     One weight per batch, as in big_vision: x' = lam * x + (1 - lam) * roll(x, 1).
+    big_vision also folds the weight to max(lam, 1 - lam); this does not, and the mixed
+    batches are the same in distribution: with lam < 1/2 the batch x mixes into what the
+    folded rule makes of the reversed batch with weight 1 - lam, reversed and rotated
+    by one (a test checks it), and a shuffled batch is as likely in either order.
     """
     lam = np.float32(generator(seed, MIXUP_SALT, step).beta(alpha, alpha))
     for key in ("image", "label"):

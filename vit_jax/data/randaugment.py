@@ -157,8 +157,10 @@ def invert(image: np.ndarray) -> np.ndarray:
 
 
 def posterize(image: np.ndarray, bits: int) -> np.ndarray:
-    """Keeps the top `bits` bits; TF clamps the shift 8 - bits to [0, 7] (bits 0 -> 1 bit)."""
-    shift = min(max(8 - bits, 0), 7)
+    """Keeps the top `bits` bits, as big_vision's TF op does: the shift 8 - bits is a uint8
+    there, clamped to 7 by TF's shift (bits 0 -> 1 bit), and a negative one (bits > 8,
+    magnitude above 22.5) wraps to 255 first, so it keeps 1 bit too."""
+    shift = min((8 - bits) % 256, 7)
     return image & np.uint8((0xFF << shift) & 0xFF)
 
 

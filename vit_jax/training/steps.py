@@ -45,13 +45,31 @@ from vit_jax.training import optim
 from vit_jax.training.state import TrainState
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+def softmax_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Per-example softmax cross-entropy with (soft) one-hot labels, in float32: [B, K] -> [B]."""
     return optax.softmax_cross_entropy(logits.astype(jnp.float32), labels)
 
 
+def sigmoid_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example sum over classes of K independent binary cross-entropies (each class
+    its own logistic regression; big_vision's 'sigmoid_xent'), in float32: [B, K] -> [B]."""
+    z = logits.astype(jnp.float32)
+    return -jnp.sum(labels * jax.nn.log_sigmoid(z) + (1 - labels) * jax.nn.log_sigmoid(-z), -1)
+
+
+# config.loss -> per-example loss. Accuracy is the argmax either way; with sigmoid_xent
+# the head's bias starts at about -log(K) (model.head_bias_init) so that the initial
+# probabilities are ~1/K rather than 1/2 for each of K classes.
+LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}
+
+
 def loss_and_grads(
-    model: VisionTransformer, params: Any, batch: dict, rng: jax.Array, accum_steps: int
+    model: VisionTransformer,
+    params: Any,
+    batch: dict,
+    rng: jax.Array,
+    accum_steps: int,
+    loss_name: str = "softmax_xent",
 ) -> tuple[jax.Array, Any]:
     """Mean loss and gradients over the batch, in `accum_steps` micro-batches.
 
@@ -59,9 +77,11 @@ def loss_and_grads(
     spread over all devices and the split needs no communication.
     """
 
+    per_example = LOSSES[loss_name]
+
     def loss_fn(p, images, labels, key):
         logits = model.apply({"params": p}, images, train=True, rngs={"dropout": key})
-        return cross_entropy(logits, labels).mean()
+        return per_example(logits, labels).mean()
 
     grad_fn = jax.value_and_grad(loss_fn)
     if accum_steps == 1:
@@ -88,6 +108,7 @@ def train_step(
     tx: optax.GradientTransformation,
     lr_fn: optax.Schedule,
     accum_steps: int = 1,
+    loss_name: str = "softmax_xent",
 ) -> tuple[TrainState, dict]:
     """One optimizer step on one global batch.
 
@@ -101,7 +122,7 @@ def train_step(
     step counter, and with it the data, move on.
     """
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    loss, grads = loss_and_grads(model, state.params, batch, rng, accum_steps)
+    loss, grads = loss_and_grads(model, state.params, batch, rng, accum_steps, loss_name)
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -120,16 +141,21 @@ def train_step(
 
 
 def eval_step(
-    params: Any, batch: dict, sums: dict[str, jax.Array], *, model: VisionTransformer
+    params: Any,
+    batch: dict,
+    sums: dict[str, jax.Array],
+    *,
+    model: VisionTransformer,
+    loss_name: str = "softmax_xent",
 ) -> dict[str, jax.Array]:
-    """`sums` plus the batch's correct predictions, loss and real examples (padding
-    masked out)."""
+    """`sums` plus the batch's correct predictions, loss (the training loss) and real
+    examples (padding masked out)."""
     logits = predict.logits(model, params, batch["image"])
     mask = batch["mask"]
     correct = jnp.argmax(logits, -1) == jnp.argmax(batch["label"], -1)
     return {
         "correct": sums["correct"] + jnp.sum(correct * mask),
-        "loss": sums["loss"] + jnp.sum(cross_entropy(logits, batch["label"]) * mask),
+        "loss": sums["loss"] + jnp.sum(LOSSES[loss_name](logits, batch["label"]) * mask),
         "count": sums["count"] + jnp.sum(mask),
     }
 
@@ -147,8 +173,10 @@ def compile_steps(
     accum_steps: int,
     mesh: jax.sharding.Mesh,
     state_shardings: Any,
+    loss_name: str = "softmax_xent",
 ):
-    """The jitted train and eval steps (the contract is in the module docstring)."""
+    """The jitted train and eval steps (the contract is in the module docstring), both
+    with the per-example loss LOSSES[loss_name]."""
     batch = sharding.batch_sharding(mesh)
     rep = sharding.replicated(mesh)
     step_fn = functools.partial(
@@ -157,6 +185,7 @@ def compile_steps(
         tx=tx,
         lr_fn=lr_fn,
         accum_steps=accum_steps,
+        loss_name=loss_name,
     )
     step = jax.jit(
         step_fn,
@@ -165,7 +194,7 @@ def compile_steps(
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, model=model),
+        functools.partial(eval_step, model=model, loss_name=loss_name),
         in_shardings=(state_shardings.params, batch, rep),
         out_shardings=rep,
         donate_argnums=2,

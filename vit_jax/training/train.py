@@ -221,7 +221,10 @@ def _run(
         scratch = config.get("from_scratch_if_damaged", False)
         state, shardings = restore_or_create(start, model, tx, mesh, saver, scratch)
         where.step = int(jax.device_get(state.step))
-        train_step, eval_step = compile_steps(model, tx, lr_fn, config.accum_steps, mesh, shardings)
+        loss = config.get("loss", "softmax_xent")
+        train_step, eval_step = compile_steps(
+            model, tx, lr_fn, config.accum_steps, mesh, shardings, loss
+        )
         writer = running.enter_context(EventWriter(workdir.root)) if distributed.is_lead() else None
         loop = Loop(
             config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
