@@ -40,6 +40,18 @@ $PIP timm || missing "timm not installed; the timm format tests will skip"
 if ! command -v nvidia-smi >/dev/null 2>&1 && python3 -c "import triton" 2>/dev/null; then
   python3 -m pip uninstall -y -q triton
 fi
+# libtpu for the planner's tests (python -m vit_jax.plan compiles for TPU topologies on this
+# CPU), the version this JAX pins for jax[tpu], in a directory of its own
+# (~700 MB): installed in the environment, every `import jax` that starts the default
+# backends on a host without TPUs prints libtpu's warnings. The tests put it on PYTHONPATH.
+LIBTPU_DIR="${VIT_JAX_LIBTPU_DIR:-$HOME/.cache/vit_jax/libtpu}"
+LIBTPU=$(python3 -c "import importlib.metadata as m, re; print(next(re.sub(r';.*', '', r).replace(' ', '') for r in m.requires('jax') if r.startswith('libtpu')))" 2>/dev/null || echo libtpu)
+have_libtpu() {  # the pinned libtpu is in LIBTPU_DIR already
+  python3 -c "import importlib.metadata as m, sys; from packaging.requirements import Requirement as R
+r = R(sys.argv[2]); sys.exit(not any(r.specifier.contains(d.version) for d in m.distributions(path=[sys.argv[1]]) if d.metadata['Name'] == r.name))" "$LIBTPU_DIR" "$LIBTPU" 2>/dev/null
+}
+have_libtpu || $PIP --target "$LIBTPU_DIR" --upgrade "$LIBTPU" 2>/dev/null || true
+have_libtpu || missing "$LIBTPU not installed in $LIBTPU_DIR; the planner's tests will skip"
 
 FMNIST=/usr/share/datasets/fashion-mnist
 if [ -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then

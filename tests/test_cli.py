@@ -22,6 +22,7 @@ COMMANDS = {  # python -m NAME -> the module that defines its flags
     "vit_jax.convert": "vit_jax.convert",
     "vit_jax.checkpoints": "vit_jax.checkpoints",
     "vit_jax.evaluate": "vit_jax.evaluate",
+    "vit_jax.plan": "vit_jax.plan",
 }
 MODEL_FLAGS = {"checkpoint", "model", "override", "image_size", "patch_size"}
 MISTAKES = {  # name -> (command, its arguments)

@@ -27,7 +27,7 @@ LAYERS = (
     "configs",  # the presets
     "training",  # state, steps, optimizer, the loop, guards, progress; the recipe
     "cli",  # what the commands share
-    "commands",  # main, recipe, infer, evaluate, fewshot, figures, convert, checkpoints
+    "commands",  # main, recipe, infer, evaluate, fewshot, figures, convert, checkpoints, plan
 )
 COMMANDS = {
     "main",
@@ -38,6 +38,7 @@ COMMANDS = {
     "figures",
     "convert",
     "checkpoints",
+    "plan",
 }
 
 

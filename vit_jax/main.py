@@ -48,13 +48,7 @@ def main() -> None:
 
 def preset_argv(argv: list[str]) -> list[str]:
     """argv with a preset name in --config turned into the path of its installed file."""
-    out = list(argv)
-    for i, a in enumerate(out):
-        if a.startswith("--config="):
-            out[i] = "--config=" + configs.resolve(a[len("--config=") :])
-        elif a == "--config" and i + 1 < len(out):
-            out[i + 1] = configs.resolve(out[i + 1])
-    return out
+    return configs.preset_argv(argv)
 
 
 if __name__ == "__main__":

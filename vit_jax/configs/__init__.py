@@ -46,6 +46,18 @@ def resolve(spec: str) -> str:
     )
 
 
+def preset_argv(argv: list[str]) -> list[str]:
+    """argv with a preset name in --config turned into the path of its installed file
+    (what config_flags reads): the commands that take --config rewrite their argv so."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a.startswith("--config="):
+            out[i] = "--config=" + resolve(a[len("--config=") :])
+        elif a == "--config" and i + 1 < len(out):
+            out[i + 1] = resolve(out[i + 1])
+    return out
+
+
 def get(spec: str) -> ml_collections.ConfigDict:
     """The config of a preset 'NAME[:ARG]' (e.g. 'fashion_mnist:tiny'), in-process."""
     from vit_jax.configs import augreg, fashion_mnist, finetune, pretrain

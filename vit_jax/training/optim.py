@@ -48,6 +48,13 @@ def kernels_only(params: Any) -> Any:
 NEVER = int(jnp.iinfo(jnp.int32).max)
 
 
+def for_config(config: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optimizer and schedule of a run config (the loop's and the planner's)."""
+    return make_optimizer(
+        config.optimizer, config.total_steps, skip_nonfinite=config.get("skip_nonfinite", False)
+    )
+
+
 def make_optimizer(
     cfg: Any, total_steps: int, *, skip_nonfinite: bool = False
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:

@@ -200,3 +200,17 @@ def compile_steps(
         donate_argnums=2,
     )
     return step, evaluate
+
+
+def for_config(
+    config: Any,
+    model: VisionTransformer,
+    tx: optax.GradientTransformation,
+    lr_fn: Any,
+    mesh: jax.sharding.Mesh,
+    state_shardings: Any,
+):
+    """The jitted steps of a run config: what the training loop runs and the planner
+    (training/planner.py) compiles for a TPU topology."""
+    loss_name = config.get("loss", "softmax_xent")
+    return compile_steps(model, tx, lr_fn, config.accum_steps, mesh, state_shardings, loss_name)

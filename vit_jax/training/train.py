@@ -40,7 +40,6 @@ from vit_jax.training.state import (
     export_npz,
     restore_or_create,
 )
-from vit_jax.training.steps import compile_steps
 from vit_jax.weights import numerics
 from vit_jax.workdir import lock, record
 from vit_jax.workdir.checkpoints import Checkpoints
@@ -203,9 +202,7 @@ def _run(
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
     model = build_model(config.model, data.num_classes(config.dataset), config.init_from or None)
-    tx, lr_fn = optim.make_optimizer(
-        config.optimizer, config.total_steps, skip_nonfinite=config.skip_nonfinite
-    )
+    tx, lr_fn = optim.for_config(config)
     plan, start = plan_of(config), start_of(config)
     abstract = abstract_state(start, model, tx)
     state_bytes, npz_bytes = tree_bytes(abstract), 4 * count_params(abstract.params)
@@ -221,10 +218,7 @@ def _run(
         scratch = config.get("from_scratch_if_damaged", False)
         state, shardings = restore_or_create(start, model, tx, mesh, saver, scratch)
         where.step = int(jax.device_get(state.step))
-        loss = config.get("loss", "softmax_xent")
-        train_step, eval_step = compile_steps(
-            model, tx, lr_fn, config.accum_steps, mesh, shardings, loss
-        )
+        train_step, eval_step = steps.for_config(config, model, tx, lr_fn, mesh, shardings)
         writer = running.enter_context(EventWriter(workdir.root)) if distributed.is_lead() else None
         loop = Loop(
             config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)

@@ -1,0 +1,135 @@
+"""The planner (python -m vit_jax.plan, vit_jax/training/planner.py): the loop's own step,
+compiled for TPU topologies on this CPU by libtpu, whose figures are checked against an
+independent count: parameters x bytes x optimizer slots, 6 x parameters x tokens FLOPs
+plus the attention term.
+
+libtpu lives apart from the environment (setup.sh installs it in VIT_JAX_LIBTPU_DIR,
+default ~/.cache/vit_jax/libtpu): the commands run in subprocesses with it on
+PYTHONPATH, as a user with `pip install "vit_jax[plan]"` runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from helpers import MISSING, python_m, tiny_config
+
+from vit_jax.models import param_shapes
+from vit_jax.parallel import sharding
+from vit_jax.training import optim, planner, steps
+from vit_jax.training.state import Start, abstract_state, build_model
+
+LIBTPU_DIR = os.environ.get(
+    "VIT_JAX_LIBTPU_DIR", os.path.join(os.path.expanduser("~"), ".cache", "vit_jax", "libtpu")
+)
+needs_libtpu = pytest.mark.skipif(
+    not os.path.isdir(os.path.join(LIBTPU_DIR, "libtpu")),
+    reason=f"{MISSING} libtpu in {LIBTPU_DIR} (setup.sh installs it there)",
+)
+WITH_LIBTPU = {"PYTHONPATH": os.pathsep.join(filter(None, [LIBTPU_DIR, os.getenv("PYTHONPATH")]))}
+# A small ViT whose step compiles in seconds: 4x4 patches of 32 px (64 tokens + class).
+SMALL = ["--config=fashion_mnist:tiny", "--config.image_size=32", "--config.batch_size=64",
+         "--config.model.width=64", "--config.model.mlp_dim=256", "--config.model.depth=2",
+         "--config.model.num_heads=2", "--config.model.patch_size=4"]  # fmt: skip
+
+
+def plan_json(*args: str, env=WITH_LIBTPU) -> dict:
+    proc = python_m("vit_jax.plan", *args, "--json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stderr.strip() == "", proc.stderr[-2000:]  # libtpu's warnings are held
+    return json.loads(proc.stdout)
+
+
+def small_model():
+    c = tiny_config()
+    c.image_size = 32
+    c.model.update(width=64, mlp_dim=256, depth=2, num_heads=2, patch_size=4)
+    return c, build_model(c.model, 10)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("topology, devices, kind", [("v3-8", 8, "TPU v3"),
+                                                     ("v5e:2x2", 4, "TPU v5 lite")])  # fmt: skip
+def test_a_plan_counts_what_an_independent_count_gives(topology, devices, kind):
+    p = plan_json(*SMALL, f"--topology={topology}")
+    assert (p["topology"], p["devices"], p["device_kind"]) == (topology, devices, kind)
+    c, model = small_model()
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(param_shapes(model, 32)))
+    # Data parallel: each device holds every float32 parameter, and Adam's two moments
+    # (plus two int32 step counts: Adam's and the learning-rate schedule's).
+    assert p["param_bytes"] == 4 * n
+    assert p["optimizer_bytes"] == 8 * n + 8
+    assert p["batch_bytes"] == 64 // devices * (32 * 32 * 3 + 10) * 4
+    # FLOPs per device: a train step is ~3 forward passes; a forward pass is 2 x the matmul
+    # parameters x tokens plus attention's two T x T x D products per layer.
+    tokens, d, depth = 65, 64, 2
+    matmul = n - 10 * 64  # every parameter but biases and norms, roughly: bounded below
+    forward = 2 * matmul * tokens + 2 * 2 * tokens * tokens * d * depth
+    expected = 3 * forward * 64 / devices
+    assert 0.8 * expected < p["flops"] < 1.5 * expected, (p["flops"], expected)
+    assert p["step_seconds"] > 0 and p["fits"] and p["hbm_bytes"] == planner.CHIPS[kind].hbm_bytes
+    assert p["images_per_second"] == pytest.approx(64 / p["step_seconds"])
+    steps_total = c.total_steps
+    assert p["core_days"] == pytest.approx(steps_total * p["step_seconds"] * devices / 86400)
+
+
+@needs_libtpu
+def test_fit_finds_a_batch_that_fits_and_one_twice_that_does_not():
+    # 224 px in 4 px patches: 3137 tokens, so the attention maps fill 16 GiB quickly.
+    args = [*SMALL, "--config.image_size=224", "--topology=v3-8", "--fit"]
+    proc = python_m("vit_jax.plan", *args, "--json", env=WITH_LIBTPU, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["sharding"] for r in rows] == ["data", "data + remat", "fsdp", "fsdp + remat"]
+    for r in rows:
+        good, bad = r["fits"], r["does_not_fit"]
+        assert good["fits"] and not bad["fits"] and r["compiles"] <= 8, r
+        assert good["batch_size"] % 8 == 0 and bad["batch_size"] <= 2 * good["batch_size"]
+    plain, remat = rows[0]["fits"], rows[1]["fits"]
+    assert remat["batch_size"] >= plain["batch_size"]  # recomputing keeps fewer activations
+
+
+@needs_libtpu
+def test_a_plan_that_does_not_fit_says_by_how_much_and_what_to_change():
+    args = [*SMALL, "--config.image_size=224", "--config.batch_size=4096", "--topology=v3-8"]
+    proc = python_m("vit_jax.plan", *args, env=WITH_LIBTPU, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "does NOT fit" in proc.stdout
+    assert "over the device's HBM; try --config.model.remat=True" in proc.stdout
+    assert "--config.mesh.fsdp=8" in proc.stdout
+
+
+def test_unknown_topology_and_missing_libtpu_are_one_line_each():
+    proc = python_m("vit_jax.plan", *SMALL, "--topology=v9-8", env=WITH_LIBTPU)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("error: unknown TPU topology 'v9-8': use one of v3-8, v3-32")
+    proc = python_m("vit_jax.plan", *SMALL, "--topology=v3-8", env={"PYTHONPATH": ""})
+    if proc.returncode == 0:  # libtpu installed in this environment itself
+        pytest.skip("libtpu is importable without VIT_JAX_LIBTPU_DIR here")
+    assert proc.stderr.splitlines()[0] == (
+        'error: compiling for TPUs needs libtpu: pip install "vit_jax[plan]" '
+        "(the libtpu package: it compiles for TPUs on any host)"
+    ), proc.stderr[-2000:]
+
+
+def test_the_planners_step_is_the_loops_step():
+    """The planner lowers the very step the loop runs: the same StableHLO as the loop's
+    construction (train._run: build_model, optim.for_config, abstract_state,
+    tree_shardings, steps.for_config) for a CPU mesh, sigmoid loss and remat included."""
+    c, _ = small_model()
+    c.loss, c.model.remat, c.optimizer.mu_dtype = "sigmoid_xent", True, "bfloat16"
+    mesh = sharding.make_mesh(-1, 2)
+    step, state, batch = planner.loop_step(c, mesh, 10)
+    mine = step.lower(state, batch).as_text()
+    model = build_model(c.model, 10)
+    tx, lr_fn = optim.for_config(c)
+    abstract = abstract_state(Start(seed=c.seed, image_size=c.image_size), model, tx)
+    shardings = sharding.tree_shardings(mesh, abstract)
+    loop, _ = steps.for_config(c, model, tx, lr_fn, mesh, shardings)
+    assert loop.lower(state, batch).as_text() == mine
+    c.loss = "softmax_xent"  # and a change the loop would see, the planner sees
+    other, state2, batch2 = planner.loop_step(c, mesh, 10)
+    assert other.lower(state2, batch2).as_text() != mine

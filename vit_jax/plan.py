@@ -1,0 +1,157 @@
+"""Plan a TPU run from any host: does it fit, how fast, how many core-days.
+
+    python -m vit_jax.plan --config=pretrain:l16,imagenet21k --topology=v3-8 \\
+        [--config.batch_size=1024 --config.model.remat=True ...] [--json] [--fit] [--compare]
+
+Compiles the run's own train step (vit_jax/training/planner.py: the loop's step, model,
+optimizer, loss, mesh and remat) for the topology with abstract arrays, and prints the
+bytes each device holds against its HBM, the FLOPs of a step, the compiler's step-time
+estimate (XLA's optimal_seconds: a lower bound, not a promise), images/s, the
+utilisation that estimate implies, and the TPU-core-days of config.total_steps.
+--fit searches the largest global batch that fits, with and without remat, data
+parallel and fully sharded (FSDP over every device); --compare sets the estimate beside
+the paper's Table 2 pretraining compute. Needs libtpu: pip install "vit_jax[plan]".
+Topologies: v3-8 ... v3-512, v4-8 ... v4-128, v5p-8 ..., v5e-1 ... v5e-256, v6e-..., or a
+chip grid like v5e:4x4.
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_collections
+from absl import flags
+from ml_collections import config_flags
+
+from vit_jax import cli, configs
+from vit_jax.base import problems
+from vit_jax.configs import check
+
+
+def define_flags() -> None:
+    config_flags.DEFINE_config_file(
+        "config", None, "a preset NAME:ARG or config file PATH.py:ARG, as vit_jax.main takes",
+        lock_config=True,
+    )  # fmt: skip
+    flags.DEFINE_string("topology", None, "TPU topology: v3-8, v4-8, v5e-16, v5p-8, v5e:4x4, ...")
+    flags.DEFINE_integer("num_classes", None, "head width where the dataset is not a preset's")
+    flags.DEFINE_bool("json", False, "print one JSON object (--fit, --compare: one per line)")
+    flags.DEFINE_bool("fit", False, "the largest batch that fits, per remat and sharding")
+    flags.DEFINE_bool("compare", False, "the paper's Table 2 compute against the estimate")
+    flags.mark_flags_as_required(["config", "topology"])
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def table(p) -> str:
+    """The plan as aligned lines: bytes per device by kind, then speed and cost."""
+    if not p.compiled:
+        speed = [("step time", "not compiled: XLA refused the step, out of memory")]
+    else:
+        speed = [
+            ("FLOPs per step", f"{p.flops:.3g} per device"),
+            ("step time", f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound)"),
+            ("images/s", f"{p.images_per_second:,.0f} ({p.images_per_second / p.devices:,.0f} "
+                         "per device)"),
+            ("utilisation", f"{100 * p.utilisation:.0f}% of peak bf16 FLOP/s at that time"),
+            ("total", f"{p.total_steps:,} steps: {p.total_steps * p.step_seconds / 3600:,.1f} h, "
+                      f"{p.core_days:,.2f} TPU-core-days"),
+        ]  # fmt: skip
+    rows = [
+        ("topology", f"{p.topology}: {p.devices} x {p.device_kind}, mesh {p.mesh}"),
+        ("batch", f"{p.batch_size} global, {p.batch_size // p.devices} per device"
+                  f"{', remat' if p.remat else ''}"),
+        ("parameters", gib(p.param_bytes)),
+        ("optimizer state", gib(p.optimizer_bytes)),
+        ("batch", gib(p.batch_bytes)),
+        ("temporaries", gib(p.temp_bytes)),
+        ("total per device", f"{gib(p.total_bytes)} of {gib(p.hbm_bytes)} HBM: "
+                             f"{'fits' if p.fits else 'does NOT fit'}"),
+        *speed,
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def advice(p) -> str:
+    """What to change when a plan does not fit: the bytes over, and the levers."""
+    over = p.total_bytes - p.hbm_bytes
+    levers = []
+    if not p.remat:
+        levers.append("--config.model.remat=True (recomputes activations: less temporaries)")
+    if p.mesh.get("fsdp", 1) == 1 and p.devices > 1:
+        levers.append(f"--config.mesh.fsdp={p.devices} (shards parameters and Adam's state)")
+    levers.append("a smaller --config.batch_size, or --config.accum_steps=2 (same batch)")
+    return f"{gib(over)} over the device's HBM; try " + "; ".join(levers) + " (--fit searches)"
+
+
+# The paper's Table 2 (TPUv3-core-days) and the runs behind it (Sections 4.1-4.2, B.1).
+TABLE2 = [
+    ("ViT-L/16 on ImageNet-21k", "l16", "imagenet21k", 14_197_122, 90, 21843, 230),
+    ("ViT-L/16 on JFT-300M", "l16", "imagenet21k", 303_000_000, 7, 18291, 680),
+    ("ViT-H/14 on JFT-300M", "h14", "imagenet21k", 303_000_000, 14, 18291, 2500),
+]
+
+
+def main() -> None:
+    from vit_jax.training import planner
+
+    config = flags.FLAGS.config
+    try:
+        problems.raise_if_any(check.problems(config))
+    except problems.ConfigError as e:
+        raise e.with_prefix("--config.") from None
+    topology, classes = flags.FLAGS.topology, flags.FLAGS.num_classes
+    devices = planner.topology_devices(topology)
+    if flags.FLAGS.compare:
+        for what, model, data, images, epochs, k, paper in TABLE2:
+            c = configs.get(f"pretrain:{model},{data}")
+            c.total_steps = epochs * images // c.batch_size
+            c.model.dtype = "bfloat16"
+            p = planner.plan_on(c, devices, topology, k)
+            ratio = p.core_days / paper
+            if flags.FLAGS.json:
+                print(json.dumps({"run": what, "paper_core_days": paper, **p.to_json()}))
+            else:
+                print(f"{what}: paper {paper:,} TPUv3-core-days; estimate on {topology} "
+                      f"{p.core_days:,.0f} ({ratio:.2f}x; {epochs} epochs of {images:,} images, "
+                      f"batch {c.batch_size}, bfloat16; the estimate is the compiler's lower "
+                      "bound on the step)", flush=True)  # fmt: skip
+        return
+    if flags.FLAGS.fit:
+        for fsdp in (1, len(devices)):
+            for remat in (False, True):
+                c = ml_collections.ConfigDict(config.to_dict())
+                c.mesh.data, c.mesh.fsdp, c.model.remat = -1, fsdp, remat
+                good, bad, n = planner.fit(c, devices, topology, classes)
+                how = f"{'fsdp' if fsdp > 1 else 'data'}{' + remat' if remat else ''}"
+                if flags.FLAGS.json:
+                    print(json.dumps({"sharding": how, "compiles": n,
+                                      "fits": good.to_json() if good else None,
+                                      "does_not_fit": bad.to_json() if bad else None}))  # fmt: skip
+                elif good is None:
+                    print(f"{how}: no batch fits ({bad.batch_size}: {gib(bad.total_bytes)}), "
+                          f"{n} compiles", flush=True)  # fmt: skip
+                else:
+                    top = f", {bad.batch_size} does not" if bad else " (the search's limit)"
+                    print(f"{how}: batch {good.batch_size} fits ({gib(good.total_bytes)} of "
+                          f"{gib(good.hbm_bytes)}, {good.images_per_second:,.0f} images/s "
+                          f"estimated){top}; {n} compiles", flush=True)  # fmt: skip
+        return
+    p = planner.plan_on(config, devices, topology, classes)
+    if flags.FLAGS.json:
+        print(json.dumps(p.to_json()))
+        return
+    print(table(p))
+    if not p.fits:
+        print(advice(p))
+
+
+def preset_argv(argv: list[str]) -> list[str]:
+    return configs.preset_argv(argv)
+
+
+if __name__ == "__main__":
+    cli.run(main, define_flags, prepare_argv=preset_argv)

@@ -1,0 +1,337 @@
+"""Plan a run before renting the machine: the run's own train step, compiled ahead of time
+for a TPU topology on any host (libtpu compiles for TPUs without one), and what the
+compiler reports of it: bytes per device, FLOPs, its own step-time estimate.
+
+    p = plan(config, "v3-8")   # -> Plan; p.fits, p.step_seconds, p.core_days, ...
+
+The step is the training loop's (`steps.compile_steps` with the config's model, optimizer,
+loss, mesh and remat: `loop_step`), lowered with abstract arrays (nothing allocated). The
+estimate is XLA's `optimal_seconds`: a lower bound from its cost model, not a promise.
+Compiling for TPUs needs the `libtpu` package (`pip install "vit_jax[plan]"`); installed in
+the environment of a host without TPUs, libtpu prints warnings at every `import jax` that
+uses the default platforms, so keep it out of an environment that also trains on CPU/GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax.parallel import sharding
+from vit_jax.training import optim, steps
+from vit_jax.training.state import Start, abstract_state, build_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One JAX device of a TPU generation: its memory, peak bf16 rate, TensorCores."""
+
+    hbm_bytes: int
+    peak_flops: float  # bf16 FLOP/s
+    cores: int  # TensorCores per device (core-days count these, as the paper's TPUv3-core-days)
+
+
+GiB = 2**30
+# Google Cloud's published figures per chip, divided per JAX device: a v3 or v4 device is
+# one TensorCore (two per chip), a v5p device a megacore chip (two cores), v5e and v6e
+# chips one core each.
+CHIPS = {
+    "TPU v3": Chip(16 * GiB, 123e12 / 2, 1),
+    "TPU v4": Chip(16 * GiB, 275e12 / 2, 1),
+    "TPU v5": Chip(95 * GiB, 459e12, 2),  # v5p
+    "TPU v5 lite": Chip(16 * GiB, 197e12, 1),  # v5e
+    "TPU v6 lite": Chip(32 * GiB, 918e12, 1),  # v6e (Trillium)
+}
+# Cloud accelerator names (vN-COUNT: TensorCores for v3/v4/v5p, chips for v5e/v6e) -> the
+# chip grid libtpu takes; 'v5e:4x4'-style names pass through.
+TOPOLOGIES = {
+    "v3-8": "v3:2x2", "v3-32": "v3:4x4", "v3-128": "v3:8x8", "v3-512": "v3:16x16",
+    "v4-8": "v4:2x2x1", "v4-16": "v4:2x2x2", "v4-32": "v4:2x2x4", "v4-64": "v4:2x4x4",
+    "v4-128": "v4:4x4x4",
+    "v5p-8": "v5p:2x2x1", "v5p-16": "v5p:2x2x2", "v5p-32": "v5p:2x2x4", "v5p-64": "v5p:2x4x4",
+    "v5e-1": "v5e:1x1", "v5e-4": "v5e:2x2", "v5e-8": "v5e:2x4", "v5e-16": "v5e:4x4",
+    "v5e-64": "v5e:8x8", "v5e-256": "v5e:16x16",
+    "v6e-1": "v6e:1x1", "v6e-4": "v6e:2x2", "v6e-8": "v6e:2x4", "v6e-16": "v6e:4x4",
+    "v6e-64": "v6e:8x8", "v6e-256": "v6e:16x16",
+}  # fmt: skip
+_GRID = re.compile(r"^v(3|4|5p|5e|6e):\d+x\d+(x\d+)?$")
+# Classes of the presets' datasets (the planner needs no data on disk).
+NUM_CLASSES = {
+    "imagenet21k": 21843, "imagenet2012": 1000, "cifar10": 10, "cifar100": 100,
+    "oxford_iiit_pet": 37, "oxford_flowers102": 102, "fashion_mnist": 10,
+}  # fmt: skip
+INSTALL = 'pip install "vit_jax[plan]" (the libtpu package: it compiles for TPUs on any host)'
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one compile of a run's train step says, per device unless named otherwise."""
+
+    topology: str
+    device_kind: str
+    devices: int
+    batch_size: int  # global
+    mesh: dict[str, int]
+    remat: bool
+    param_bytes: int
+    optimizer_bytes: int
+    batch_bytes: int
+    temp_bytes: int  # the compiler's temporaries (activations kept for the backward pass)
+    total_bytes: int  # arguments + outputs not aliased to them + temporaries + code
+    hbm_bytes: int
+    flops: float  # per device per step
+    step_seconds: float  # the compiler's estimate (optimal_seconds)
+    total_steps: int
+    cores_per_device: int
+    compiled: bool = True  # False: the compiler refused it, out of memory (no FLOPs, no time)
+
+    @property
+    def fits(self) -> bool:
+        return self.compiled and self.total_bytes <= self.hbm_bytes
+
+    @property
+    def images_per_second(self) -> float:
+        return self.batch_size / self.step_seconds if self.step_seconds > 0 else 0.0
+
+    @property
+    def utilisation(self) -> float:
+        """FLOPs over peak FLOP/s in the estimated time: the MFU the estimate implies."""
+        peak = CHIPS[self.device_kind].peak_flops if self.device_kind in CHIPS else 0.0
+        return self.flops / (self.step_seconds * peak) if peak and self.step_seconds else 0.0
+
+    @property
+    def core_days(self) -> float:
+        """TPU-core-days of config.total_steps at the estimated step time."""
+        return self.total_steps * self.step_seconds * self.devices * self.cores_per_device / 86400
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(fits=self.fits, images_per_second=self.images_per_second,
+                   utilisation=self.utilisation, core_days=self.core_days)  # fmt: skip
+        return out
+
+
+def topology_devices(topology: str) -> list[Any]:
+    """The devices of a TPU topology ('v3-8', 'v5e:2x2', ...), compiled for on this host.
+
+    Raises:
+      ValueError: an unknown topology (the message lists the known names).
+      ImportError: no libtpu (the message says how to install it).
+    """
+    grid = TOPOLOGIES.get(topology, topology)
+    if not _GRID.match(grid):
+        raise ValueError(
+            f"unknown TPU topology {topology!r}: use one of {', '.join(TOPOLOGIES)}, or a chip "
+            "grid such as v5e:4x4, v4:2x2x2, v5p:2x2x1"
+        )
+    library = os.environ.get("TPU_LIBRARY_PATH", "")
+    if not os.path.isfile(library) and importlib.util.find_spec("libtpu") is None:
+        raise ImportError(f"compiling for TPUs needs libtpu: {INSTALL}")
+    from jax.experimental import topologies
+
+    # No TPU is used: other processes (another plan, a test worker) may load libtpu too,
+    # where it would otherwise take a machine-wide lock (/tmp/libtpu_lockfile).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    with _quiet_stderr():
+        try:
+            desc = topologies.get_topology_desc(grid, "tpu")
+        except Exception as e:  # noqa: BLE001 - jaxlib's error types vary by version
+            first = str(e).splitlines()[0]
+            raise ValueError(f"TPU topology {topology!r} ({grid}): {first}") from None
+    return list(desc.devices)
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[Any]:
+    """libtpu writes warnings about the missing TPU host to file descriptor 2 when it
+    starts; they say nothing about a compile, so they are held and dropped (the callable
+    returns them, for an error message)."""
+    held = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(held.fileno(), 2)
+
+    def said() -> str:
+        held.seek(0)
+        return held.read().decode(errors="replace")
+
+    try:
+        yield said
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def num_classes_of(config: ml_collections.ConfigDict) -> int:
+    """The head's width without reading data: dataset.classes, else the dataset's known count."""
+    if config.dataset.get("classes"):
+        return len(config.dataset.classes)
+    name = config.dataset.get("name") or ""
+    if config.dataset.get("source", "idx") == "idx" and not name:
+        name = "fashion_mnist"
+    if name not in NUM_CLASSES:
+        raise ValueError(
+            f"the planner does not know how many classes {name!r} has: pass num_classes "
+            "(the command's --num_classes)"
+        )
+    return NUM_CLASSES[name]
+
+
+def loop_step(config: ml_collections.ConfigDict, mesh: Any, num_classes: int):
+    """The training loop's jitted step for `config` on `mesh` and its abstract arguments
+    (state and batch as ShapeDtypeStructs with their shardings): (step, state, batch)."""
+    model = build_model(config.model, num_classes)
+    tx, lr_fn = optim.for_config(config)
+    start = Start(seed=config.seed, image_size=config.image_size)
+    abstract = abstract_state(start, model, tx)
+    shardings = sharding.tree_shardings(mesh, abstract)
+    step, _ = steps.for_config(config, model, tx, lr_fn, mesh, shardings)
+    state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    b, size, split = config.batch_size, config.image_size, sharding.batch_sharding(mesh)
+    batch = {
+        "image": jax.ShapeDtypeStruct((b, size, size, model.channels), jnp.float32, sharding=split),
+        "label": jax.ShapeDtypeStruct((b, num_classes), jnp.float32, sharding=split),
+    }
+    if len({d.process_index for d in mesh.devices.flat}) > 1:  # the processes' stop signals
+        batch["stop"] = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=split)
+    return step, state, batch
+
+
+def plan(config: ml_collections.ConfigDict, topology: str, num_classes: int | None = None) -> Plan:
+    """Compiles `config`'s train step for `topology` and reads the compiler's figures."""
+    devices = topology_devices(topology)
+    return plan_on(config, devices, topology, num_classes)
+
+
+def plan_on(
+    config: ml_collections.ConfigDict, devices: list[Any], name: str, num_classes: int | None = None
+) -> Plan:
+    """`plan` for a list of devices (a topology's, or this host's own)."""
+    classes = num_classes or num_classes_of(config)
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
+    step, state, batch = loop_step(config, mesh, classes)
+    shards = jax.tree.map(lambda s: s.sharding, state)
+    param_bytes = sharding.bytes_per_device(state.params, shards.params)
+    opt_bytes = sharding.bytes_per_device(state.opt_state, shards.opt_state)
+    batch_bytes = sum(
+        int(x.size) * x.dtype.itemsize // len(devices) for x in jax.tree.leaves(batch)
+    )
+    kind = devices[0].device_kind
+    chip = CHIPS.get(kind, Chip(0, 0.0, getattr(devices[0], "num_cores", 1) or 1))
+    try:
+        with _quiet_stderr():
+            compiled = step.lower(state, batch).compile()
+    except Exception as e:  # noqa: BLE001 - XLA's out-of-memory refusal, as jaxlib raises it
+        out = out_of_memory(str(e))
+        if out is None:
+            raise
+        temp, hbm = out
+        return Plan(
+            topology=name, device_kind=kind, devices=len(devices),
+            batch_size=config.batch_size, mesh=dict(mesh.shape),
+            remat=bool(config.model.remat), param_bytes=param_bytes,
+            optimizer_bytes=opt_bytes, batch_bytes=batch_bytes, temp_bytes=temp,
+            total_bytes=param_bytes + opt_bytes + batch_bytes + temp, hbm_bytes=hbm,
+            flops=0.0, step_seconds=0.0, total_steps=config.total_steps,
+            cores_per_device=chip.cores, compiled=False,
+        )  # fmt: skip
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    total = (
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        - memory.alias_size_in_bytes
+        + memory.temp_size_in_bytes
+        + memory.generated_code_size_in_bytes
+    )
+    return Plan(
+        topology=name,
+        device_kind=kind,
+        devices=len(devices),
+        batch_size=config.batch_size,
+        mesh=dict(mesh.shape),
+        remat=bool(config.model.remat),
+        param_bytes=param_bytes,
+        optimizer_bytes=opt_bytes,
+        batch_bytes=batch_bytes,
+        temp_bytes=memory.temp_size_in_bytes,
+        total_bytes=total,
+        hbm_bytes=chip.hbm_bytes,
+        flops=float(cost.get("flops", 0.0)),
+        step_seconds=float(cost.get("optimal_seconds", 0.0)),
+        total_steps=config.total_steps,
+        cores_per_device=chip.cores,
+    )
+
+
+_OOM = re.compile(
+    r"RESOURCE_EXHAUSTED.*?temporaries \(([\d.]+)([KMGT])\).*?available HBM \(([\d.]+)([KMGT])\)",
+    re.S,
+)
+
+
+def out_of_memory(message: str) -> tuple[int, int] | None:
+    """(temporaries, usable HBM) in bytes from XLA's refusal of a step that does not fit
+    ('... HLO temporaries (20.55G) exceeds available HBM (15.48G)'); None for other errors."""
+    m = _OOM.search(message)
+    if not m:
+        return None
+    unit = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    return int(float(m[1]) * unit[m[2]]), int(float(m[3]) * unit[m[4]])
+
+
+def fit(
+    config: ml_collections.ConfigDict,
+    devices: list[Any],
+    name: str,
+    num_classes: int | None = None,
+    max_compiles: int = 8,
+) -> tuple[Plan | None, Plan | None, int]:
+    """The largest global batch (a multiple of the devices x accum_steps) whose step fits:
+    doubling from config.batch_size until one does not fit (or halving until one does),
+    then bisecting. Returns (largest that fits, smallest seen that does not, compiles)."""
+    unit = len(devices) * config.accum_steps
+    compiles, good, bad = 0, None, None
+
+    def at(batch: int) -> Plan:
+        nonlocal compiles
+        compiles += 1
+        c = ml_collections.ConfigDict(config.to_dict())
+        c.batch_size = batch
+        return plan_on(c, devices, name, num_classes)
+
+    b = max(unit, config.batch_size // unit * unit)
+    p = at(b)
+    if p.fits:
+        good = p
+        while compiles < max_compiles:
+            p = at(good.batch_size * 2)
+            if not p.fits:
+                bad = p
+                break
+            good = p
+    else:
+        bad = p
+        while compiles < max_compiles and bad.batch_size > unit:
+            p = at(max(unit, bad.batch_size // 2 // unit * unit))
+            if p.fits:
+                good = p
+                break
+            bad = p
+    while good and bad and bad.batch_size - good.batch_size > unit and compiles < max_compiles:
+        mid = (good.batch_size + bad.batch_size) // 2 // unit * unit
+        p = at(mid)
+        good, bad = (p, bad) if p.fits else (good, p)
+    return good, bad, compiles
