@@ -16,6 +16,7 @@ is printed, so a rerun into a fresh --workdir checks a reported figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -155,10 +156,13 @@ def _run_cell(name: str, setting: str, seed: int, root: str, quick: bool, cell: 
     return record
 
 
+@functools.cache
 def provenance() -> dict[str, str]:
     """Where a record was made: the code's commit ('+changes' when the package or the
     studies differ from it) and the processor, whose vector width changes the floats a
-    training run rounds (the same seed reruns exactly only on the same processor kind)."""
+    training run rounds (the same seed reruns exactly only on the same processor kind).
+    Read once, when a study's first cell ends: a study runs the code it imported then,
+    whatever the checkout does while it runs."""
     import platform
     import subprocess
 
