@@ -72,10 +72,12 @@ def test_a_plan_counts_what_an_independent_count_gives(topology, devices, kind):
     assert 0.8 * expected < p["flops"] < 1.5 * expected, (p["flops"], expected)
     assert p["step_seconds"] > 0 and p["fits"] and p["hbm_bytes"] == planner.CHIPS[kind].hbm_bytes
     assert p["images_per_second"] == pytest.approx(64 / p["step_seconds"])
+    assert 0 < p["compile_seconds"] < 600 and p["compiled"]
     steps_total = c.total_steps
     assert p["core_days"] == pytest.approx(steps_total * p["step_seconds"] * devices / 86400)
 
 
+@pytest.mark.slow  # about 20 compiles: 7 minutes on 2 loaded cores
 @needs_libtpu
 def test_fit_finds_a_batch_that_fits_and_one_twice_that_does_not():
     # 224 px in 4 px patches: 3137 tokens, so the attention maps fill 16 GiB quickly.

@@ -60,12 +60,13 @@ def table(p) -> str:
                       f"{p.core_days:,.2f} TPU-core-days"),
         ]  # fmt: skip
     rows = [
-        ("topology", f"{p.topology}: {p.devices} x {p.device_kind}, mesh {p.mesh}"),
+        ("topology", f"{p.topology}: {p.devices} x {p.device_kind}, mesh {p.mesh} "
+                     f"(compiled here in {p.compile_seconds:.0f} s)"),
         ("batch", f"{p.batch_size} global, {p.batch_size // p.devices} per device"
                   f"{', remat' if p.remat else ''}"),
         ("parameters", gib(p.param_bytes)),
         ("optimizer state", gib(p.optimizer_bytes)),
-        ("batch", gib(p.batch_bytes)),
+        ("input batch", gib(p.batch_bytes)),
         ("temporaries", gib(p.temp_bytes)),
         ("total per device", f"{gib(p.total_bytes)} of {gib(p.hbm_bytes)} HBM: "
                              f"{'fits' if p.fits else 'does NOT fit'}"),
@@ -107,18 +108,24 @@ def main() -> None:
     devices = planner.topology_devices(topology)
     if flags.FLAGS.compare:
         for what, model, data, images, epochs, k, paper in TABLE2:
+            # Throughput at a batch that fits the topology (8 images a device, bfloat16,
+            # remat, parameters and Adam's state sharded), times the paper's images seen.
             c = configs.get(f"pretrain:{model},{data}")
-            c.total_steps = epochs * images // c.batch_size
-            c.model.dtype = "bfloat16"
+            c.model.dtype, c.model.remat = "bfloat16", True
+            c.mesh.data, c.mesh.fsdp, c.batch_size = -1, len(devices), 8 * len(devices)
             p = planner.plan_on(c, devices, topology, k)
-            ratio = p.core_days / paper
+            seen = epochs * images
+            days = seen / p.images_per_second * p.devices * p.cores_per_device / 86400 if (
+                p.images_per_second) else float("nan")  # fmt: skip
             if flags.FLAGS.json:
-                print(json.dumps({"run": what, "paper_core_days": paper, **p.to_json()}))
+                print(json.dumps({"run": what, "paper_core_days": paper, "images_seen": seen,
+                                  "estimated_core_days": days, **p.to_json()}))  # fmt: skip
             else:
-                print(f"{what}: paper {paper:,} TPUv3-core-days; estimate on {topology} "
-                      f"{p.core_days:,.0f} ({ratio:.2f}x; {epochs} epochs of {images:,} images, "
-                      f"batch {c.batch_size}, bfloat16; the estimate is the compiler's lower "
-                      "bound on the step)", flush=True)  # fmt: skip
+                print(f"{what}: paper {paper:,} TPUv3-core-days; estimated {days:,.0f} on "
+                      f"{topology} ({days / paper:.2f}x; {epochs} epochs of {images:,} images "
+                      f"at {p.images_per_second:,.0f} images/s: batch {c.batch_size}, "
+                      "bfloat16, remat, FSDP; the compiler's estimate is a lower bound on "
+                      "the step)", flush=True)  # fmt: skip
         return
     if flags.FLAGS.fit:
         for fsdp in (1, len(devices)):

@@ -20,6 +20,7 @@ import importlib.util
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,6 +95,7 @@ class Plan:
     total_steps: int
     cores_per_device: int
     compiled: bool = True  # False: the compiler refused it, out of memory (no FLOPs, no time)
+    compile_seconds: float = 0.0  # this host's time to lower and compile the step
 
     @property
     def fits(self) -> bool:
@@ -229,6 +231,7 @@ def plan_on(
     )
     kind = devices[0].device_kind
     chip = CHIPS.get(kind, Chip(0, 0.0, getattr(devices[0], "num_cores", 1) or 1))
+    began = time.perf_counter()
     try:
         with _quiet_stderr():
             compiled = step.lower(state, batch).compile()
@@ -245,6 +248,7 @@ def plan_on(
             total_bytes=param_bytes + opt_bytes + batch_bytes + temp, hbm_bytes=hbm,
             flops=0.0, step_seconds=0.0, total_steps=config.total_steps,
             cores_per_device=chip.cores, compiled=False,
+            compile_seconds=time.perf_counter() - began,
         )  # fmt: skip
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -273,6 +277,7 @@ def plan_on(
         step_seconds=float(cost.get("optimal_seconds", 0.0)),
         total_steps=config.total_steps,
         cores_per_device=chip.cores,
+        compile_seconds=time.perf_counter() - began,
     )
 
 
