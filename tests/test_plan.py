@@ -135,3 +135,29 @@ def test_the_planners_step_is_the_loops_step():
     c.loss = "softmax_xent"  # and a change the loop would see, the planner sees
     other, state2, batch2 = planner.loop_step(c, mesh, 10)
     assert other.lower(state2, batch2).as_text() != mine
+
+
+def test_xlas_out_of_memory_refusal_is_read_as_bytes():
+    message = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for "
+               "HLO temporaries (20.55G) exceeds available HBM (15.48G).")  # fmt: skip
+    assert planner.out_of_memory(message) == (int(20.55 * 2**30), int(15.48 * 2**30))
+    assert planner.out_of_memory("INVALID_ARGUMENT: something else") is None
+
+
+def test_fit_bisects_to_the_largest_multiple_that_fits(monkeypatch):
+    """The search alone, on a stand-in compile where a batch fits up to 200 images: from
+    64 it doubles to 128 and 256, then bisects between them in steps of 8 devices."""
+    seen = []
+
+    def fake(config, devices, name, num_classes=None):
+        seen.append(config.batch_size)
+        fits = config.batch_size <= 200
+        return planner.Plan(name, "TPU v3", 8, config.batch_size, {"data": 8}, False,
+                            0, 0, 0, 0, 1 if fits else 2, 1, 1.0, 1.0, 1, 1)  # fmt: skip
+
+    monkeypatch.setattr(planner, "plan_on", fake)
+    good, bad, n = planner.fit(tiny_config(), [None] * 8, "v3-8")
+    assert (good.batch_size, bad.batch_size) == (200, 208) and n == len(seen) <= 8
+    assert seen[:3] == [64, 128, 256]
+    good, bad, n = planner.fit(tiny_config(batch_size=1024), [None] * 8, "v3-8")
+    assert (good.batch_size, bad.batch_size) == (200, 208) and n <= 8
