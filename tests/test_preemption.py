@@ -138,8 +138,14 @@ def test_signals_at_random_moments_save_and_every_rerun_ends_bit_identical(tmp_p
     shared = str(tmp_path / "shared")
     with Run(tiny_flags(shared, **SIGNALLED), devices=1, env=cache) as first:
         first.wait_for(lambda line: "compiling the first step" in line, timeout=120)
-        with Run(tiny_flags(shared, **SIGNALLED), devices=1, env=cache) as second:
-            assert second.finish(timeout=120) == 1, second.tail()
+        # Paused, alive, its lock held: on a loaded machine the first could otherwise
+        # finish all its steps while the second is still starting up.
+        os.killpg(first.proc.pid, signal.SIGSTOP)
+        try:
+            with Run(tiny_flags(shared, **SIGNALLED), devices=1, env=cache) as second:
+                assert second.finish(timeout=120) == 1, second.tail()
+        finally:
+            os.killpg(first.proc.pid, signal.SIGCONT)
         error = next((line for line in second.log if line.startswith("error:")), "")
         assert error.startswith(
             f"error: workdir {shared} is in use by another run (host {socket.gethostname()} "
