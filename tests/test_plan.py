@@ -112,8 +112,8 @@ def test_unknown_topology_and_missing_libtpu_are_one_line_each():
     if proc.returncode == 0:  # libtpu installed in this environment itself
         pytest.skip("libtpu is importable without VIT_JAX_LIBTPU_DIR here")
     assert proc.stderr.splitlines()[0] == (
-        'error: compiling for TPUs needs libtpu: pip install "vit_jax[plan]" '
-        "(the libtpu package: it compiles for TPUs on any host)"
+        'error: compiling for TPUs needs libtpu: pip install "jax[tpu]" (libtpu, the version '
+        "this JAX pins; it compiles for TPUs on any host), or this package's [plan] extra"
     ), proc.stderr[-2000:]
 
 

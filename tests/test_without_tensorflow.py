@@ -127,10 +127,16 @@ try:
     quiet_tf.tensorflow()
 except ImportError as e:
     print(e)
+from vit_jax.weights import export
+try:
+    export.export_saved_model({}, None, (32, 32), "unused")
+except ImportError as e:
+    print(e)
 """)
-    assert out.strip() == (
-        "TensorFlow is needed here (the SavedModel export): pip install 'vit_jax[tf]'"
-    )
+    assert out.strip().splitlines() == [
+        "TensorFlow is needed here (the SavedModel export): pip install 'vit_jax[tf]'",
+        "the saved_model export needs TensorFlow: pip install 'vit_jax[tf]'",
+    ]
 
 
 def test_main_job_and_evaluations_without_tensorflow(tmp_path):

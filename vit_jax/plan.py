@@ -10,7 +10,7 @@ estimate (XLA's optimal_seconds: a lower bound, not a promise), images/s, the
 utilisation that estimate implies, and the TPU-core-days of config.total_steps.
 --fit searches the largest global batch that fits, with and without remat, data
 parallel and fully sharded (FSDP over every device); --compare sets the estimate beside
-the paper's Table 2 pretraining compute. Needs libtpu: pip install "vit_jax[plan]".
+the paper's Table 2 pretraining compute. Needs libtpu: pip install "jax[tpu]" (or the [plan] extra).
 Topologies: v3-8 ... v3-512, v4-8 ... v4-128, v5p-8 ..., v5e-1 ... v5e-256, v6e-..., or a
 chip grid like v5e:4x4.
 """
@@ -24,7 +24,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from vit_jax import cli, configs
-from vit_jax.base import problems
+from vit_jax.base import problems, text
 from vit_jax.configs import check
 
 
@@ -42,7 +42,7 @@ def define_flags() -> None:
 
 
 def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return text.size(n)  # '4.74 GiB', '91.2 KiB'
 
 
 def table(p) -> str:

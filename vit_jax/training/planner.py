@@ -7,7 +7,8 @@ compiler reports of it: bytes per device, FLOPs, its own step-time estimate.
 The step is the training loop's (`steps.compile_steps` with the config's model, optimizer,
 loss, mesh and remat: `loop_step`), lowered with abstract arrays (nothing allocated). The
 estimate is XLA's `optimal_seconds`: a lower bound from its cost model, not a promise.
-Compiling for TPUs needs the `libtpu` package (`pip install "vit_jax[plan]"`); installed in
+Compiling for TPUs needs the `libtpu` package (`pip install "jax[tpu]"`, or the
+package's `[plan]` extra); installed in
 the environment of a host without TPUs, libtpu prints warnings at every `import jax` that
 uses the default platforms, so keep it out of an environment that also trains on CPU/GPU.
 """
@@ -71,7 +72,10 @@ NUM_CLASSES = {
     "imagenet21k": 21843, "imagenet2012": 1000, "cifar10": 10, "cifar100": 100,
     "oxford_iiit_pet": 37, "oxford_flowers102": 102, "fashion_mnist": 10,
 }  # fmt: skip
-INSTALL = 'pip install "vit_jax[plan]" (the libtpu package: it compiles for TPUs on any host)'
+INSTALL = (
+    'pip install "jax[tpu]" (libtpu, the version this JAX pins; it compiles for TPUs on any '
+    "host), or this package's [plan] extra"
+)
 
 
 @dataclasses.dataclass(frozen=True)

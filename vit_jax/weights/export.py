@@ -96,14 +96,14 @@ def export_saved_model(
 
     Raises:
       FileExistsError: `out` exists and is not an empty directory (`files.check_new`).
-      ImportError: no TensorFlow (pip install 'vit_jax[data]').
+      ImportError: no TensorFlow (pip install 'vit_jax[tf]').
     """
     try:
         tf = quiet_tf.tensorflow()  # before jax2tf, which imports it too
         from jax.experimental import jax2tf
     except ImportError as e:
         raise ImportError(
-            "the saved_model export needs TensorFlow: pip install 'vit_jax[data]'"
+            "the saved_model export needs TensorFlow: pip install 'vit_jax[tf]'"
         ) from e
     with quiet_tf.quiet_stderr():  # saving loads more of TensorFlow's libraries
         _write_saved_model(tf, jax2tf, params, model, size, out)
