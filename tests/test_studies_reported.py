@@ -28,7 +28,7 @@ from studies import common
 
 # (study, setting, seed): cheap cells, one per table; augreg's takes RandAugment and mixup.
 CELLS = [
-    ("posemb", "sincos_2d", 2),  # the cell the issue saw move (68.89 -> 71.89 before the rerun)
+    ("posemb", "sincos_2d", 2),  # the cell seen to move: 68.89% on tf.data, 71.87% on Grain
     ("classifier", "gap_lr3e-3", 1),
     ("datasize", "hybrid_1k", 0),
     ("augreg", "medium2_1k", 0),
@@ -69,4 +69,4 @@ def test_a_reported_cell_reruns_to_its_figure(name, setting, seed, tmp_path):
         bound, why = max(3 * spread, 0.02), f"3 seed spreads ({now['processor']} != {made_on})"
     for metric in ("accuracy", "finetune_accuracy", "train_accuracy"):
         if then.get(metric) is not None:
-            assert abs(now[metric] - then[metric]) <= bound + 1e-9, (metric, now, then, why)
+            assert abs(now[metric] - then[metric]) <= bound, (metric, now, then, why)

@@ -46,9 +46,7 @@ def main() -> None:
         raise e.with_prefix("--config.") from None
 
 
-def preset_argv(argv: list[str]) -> list[str]:
-    """argv with a preset name in --config turned into the path of its installed file."""
-    return configs.preset_argv(argv)
+preset_argv = configs.preset_argv  # a preset name in --config -> its installed file
 
 
 if __name__ == "__main__":

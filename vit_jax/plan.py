@@ -26,6 +26,7 @@ from ml_collections import config_flags
 from vit_jax import cli, configs
 from vit_jax.base import problems, text
 from vit_jax.configs import check
+from vit_jax.training import planner
 
 
 def define_flags() -> None:
@@ -39,10 +40,6 @@ def define_flags() -> None:
     flags.DEFINE_bool("fit", False, "the largest batch that fits, per remat and sharding")
     flags.DEFINE_bool("compare", False, "the paper's Table 2 compute against the estimate")
     flags.mark_flags_as_required(["config", "topology"])
-
-
-def gib(n: float) -> str:
-    return text.size(n)  # '4.74 GiB', '91.2 KiB'
 
 
 def table(p) -> str:
@@ -64,11 +61,11 @@ def table(p) -> str:
                      f"(compiled here in {p.compile_seconds:.0f} s)"),
         ("batch", f"{p.batch_size} global, {p.batch_size // p.devices} per device"
                   f"{', remat' if p.remat else ''}"),
-        ("parameters", gib(p.param_bytes)),
-        ("optimizer state", gib(p.optimizer_bytes)),
-        ("input batch", gib(p.batch_bytes)),
-        ("temporaries", gib(p.temp_bytes)),
-        ("total per device", f"{gib(p.total_bytes)} of {gib(p.hbm_bytes)} HBM: "
+        ("parameters", text.size(p.param_bytes)),
+        ("optimizer state", text.size(p.optimizer_bytes)),
+        ("input batch", text.size(p.batch_bytes)),
+        ("temporaries", text.size(p.temp_bytes)),
+        ("total per device", f"{text.size(p.total_bytes)} of {text.size(p.hbm_bytes)} HBM: "
                              f"{'fits' if p.fits else 'does NOT fit'}"),
         *speed,
     ]  # fmt: skip
@@ -85,7 +82,8 @@ def advice(p) -> str:
     if p.mesh.get("fsdp", 1) == 1 and p.devices > 1:
         levers.append(f"--config.mesh.fsdp={p.devices} (shards parameters and Adam's state)")
     levers.append("a smaller --config.batch_size, or --config.accum_steps=2 (same batch)")
-    return f"{gib(over)} over the device's HBM; try " + "; ".join(levers) + " (--fit searches)"
+    tries = "; ".join(levers)
+    return f"{text.size(over)} over the device's HBM; try {tries} (--fit searches)"
 
 
 # The paper's Table 2 (TPUv3-core-days) and the runs behind it (Sections 4.1-4.2, B.1).
@@ -97,8 +95,6 @@ TABLE2 = [
 
 
 def main() -> None:
-    from vit_jax.training import planner
-
     config = flags.FLAGS.config
     try:
         problems.raise_if_any(check.problems(config))
@@ -107,57 +103,65 @@ def main() -> None:
     topology, classes = flags.FLAGS.topology, flags.FLAGS.num_classes
     devices = planner.topology_devices(topology)
     if flags.FLAGS.compare:
-        for what, model, data, images, epochs, k, paper in TABLE2:
-            # Throughput at a batch that fits the topology (8 images a device, bfloat16,
-            # remat, parameters and Adam's state sharded), times the paper's images seen.
-            c = configs.get(f"pretrain:{model},{data}")
-            c.model.dtype, c.model.remat = "bfloat16", True
-            c.mesh.data, c.mesh.fsdp, c.batch_size = -1, len(devices), 8 * len(devices)
-            p = planner.plan_on(c, devices, topology, k)
-            seen = epochs * images
-            days = seen / p.images_per_second * p.devices * p.cores_per_device / 86400 if (
-                p.images_per_second) else float("nan")  # fmt: skip
+        compare(devices, topology)
+    elif flags.FLAGS.fit:
+        fit(config, devices, topology, classes)
+    else:
+        p = planner.plan_on(config, devices, topology, classes)
+        if flags.FLAGS.json:
+            print(json.dumps(p.to_json()))
+            return
+        print(table(p))
+        if not p.fits:
+            print(advice(p))
+
+
+def compare(devices: list, topology: str) -> None:
+    """Each run of TABLE2: the paper's core-days against the estimate's, a line each."""
+    for what, model, data, images, epochs, k, paper in TABLE2:
+        # Throughput at a batch that fits the topology (8 images a device, bfloat16,
+        # remat, parameters and Adam's state sharded), times the paper's images seen.
+        c = configs.get(f"pretrain:{model},{data}")
+        c.model.dtype, c.model.remat = "bfloat16", True
+        c.mesh.data, c.mesh.fsdp, c.batch_size = -1, len(devices), 8 * len(devices)
+        p = planner.plan_on(c, devices, topology, k)
+        seen = epochs * images
+        days = seen / p.images_per_second * p.devices * p.cores_per_device / 86400 if (
+            p.images_per_second) else float("nan")  # fmt: skip
+        if flags.FLAGS.json:
+            print(json.dumps({"run": what, "paper_core_days": paper, "images_seen": seen,
+                              "estimated_core_days": days, **p.to_json()}))  # fmt: skip
+        else:
+            print(f"{what}: paper {paper:,} TPUv3-core-days; estimated {days:,.0f} on "
+                  f"{topology} ({days / paper:.2f}x; {epochs} epochs of {images:,} images "
+                  f"at {p.images_per_second:,.0f} images/s: batch {c.batch_size}, "
+                  "bfloat16, remat, FSDP; the compiler's estimate is a lower bound on "
+                  "the step)", flush=True)  # fmt: skip
+
+
+def fit(config, devices: list, topology: str, classes: int | None) -> None:
+    """The largest batch that fits, data parallel and FSDP, without and with remat."""
+    for fsdp in (1, len(devices)):
+        for remat in (False, True):
+            c = ml_collections.ConfigDict(config.to_dict())
+            c.mesh.data, c.mesh.fsdp, c.model.remat = -1, fsdp, remat
+            good, bad, n = planner.fit(c, devices, topology, classes)
+            how = f"{'fsdp' if fsdp > 1 else 'data'}{' + remat' if remat else ''}"
             if flags.FLAGS.json:
-                print(json.dumps({"run": what, "paper_core_days": paper, "images_seen": seen,
-                                  "estimated_core_days": days, **p.to_json()}))  # fmt: skip
+                print(json.dumps({"sharding": how, "compiles": n,
+                                  "fits": good.to_json() if good else None,
+                                  "does_not_fit": bad.to_json() if bad else None}))  # fmt: skip
+            elif good is None:
+                print(f"{how}: no batch fits ({bad.batch_size}: {text.size(bad.total_bytes)}), "
+                      f"{n} compiles", flush=True)  # fmt: skip
             else:
-                print(f"{what}: paper {paper:,} TPUv3-core-days; estimated {days:,.0f} on "
-                      f"{topology} ({days / paper:.2f}x; {epochs} epochs of {images:,} images "
-                      f"at {p.images_per_second:,.0f} images/s: batch {c.batch_size}, "
-                      "bfloat16, remat, FSDP; the compiler's estimate is a lower bound on "
-                      "the step)", flush=True)  # fmt: skip
-        return
-    if flags.FLAGS.fit:
-        for fsdp in (1, len(devices)):
-            for remat in (False, True):
-                c = ml_collections.ConfigDict(config.to_dict())
-                c.mesh.data, c.mesh.fsdp, c.model.remat = -1, fsdp, remat
-                good, bad, n = planner.fit(c, devices, topology, classes)
-                how = f"{'fsdp' if fsdp > 1 else 'data'}{' + remat' if remat else ''}"
-                if flags.FLAGS.json:
-                    print(json.dumps({"sharding": how, "compiles": n,
-                                      "fits": good.to_json() if good else None,
-                                      "does_not_fit": bad.to_json() if bad else None}))  # fmt: skip
-                elif good is None:
-                    print(f"{how}: no batch fits ({bad.batch_size}: {gib(bad.total_bytes)}), "
-                          f"{n} compiles", flush=True)  # fmt: skip
-                else:
-                    top = f", {bad.batch_size} does not" if bad else " (the search's limit)"
-                    print(f"{how}: batch {good.batch_size} fits ({gib(good.total_bytes)} of "
-                          f"{gib(good.hbm_bytes)}, {good.images_per_second:,.0f} images/s "
-                          f"estimated){top}; {n} compiles", flush=True)  # fmt: skip
-        return
-    p = planner.plan_on(config, devices, topology, classes)
-    if flags.FLAGS.json:
-        print(json.dumps(p.to_json()))
-        return
-    print(table(p))
-    if not p.fits:
-        print(advice(p))
+                top = f", {bad.batch_size} does not" if bad else " (the search's limit)"
+                print(f"{how}: batch {good.batch_size} fits ({text.size(good.total_bytes)} of "
+                      f"{text.size(good.hbm_bytes)}, {good.images_per_second:,.0f} images/s "
+                      f"estimated){top}; {n} compiles", flush=True)  # fmt: skip
 
 
-def preset_argv(argv: list[str]) -> list[str]:
-    return configs.preset_argv(argv)
+preset_argv = configs.preset_argv  # a preset name in --config -> its file (as main.py)
 
 
 if __name__ == "__main__":

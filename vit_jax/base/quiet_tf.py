@@ -32,10 +32,11 @@ NOISE = re.compile(
 
 
 @contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
+def quiet_stderr(noise: re.Pattern = NOISE) -> Iterator[None]:
     """Runs the block with file descriptor 2 captured, then writes back every line that
-    is not one of TensorFlow's start-up notes. For imports, and for TensorFlow work that
-    loads more of its libraries (each prints the notes again: SavedModel export)."""
+    `noise` does not match (by default TensorFlow's start-up notes). For imports, for
+    TensorFlow work that loads more of its libraries (each prints the notes again:
+    SavedModel export), and for native libraries' start-up lines (libtpu's: planner.py)."""
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
@@ -49,7 +50,7 @@ def quiet_stderr() -> Iterator[None]:
             captured.seek(0)
             text = captured.read().decode(errors="replace")
             sys.stderr.write("".join(
-                line for line in text.splitlines(keepends=True) if not NOISE.search(line)
+                line for line in text.splitlines(keepends=True) if not noise.search(line)
             ))  # fmt: skip
 
 

@@ -15,20 +15,18 @@ uses the default platforms, so keep it out of an environment that also trains on
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import os
 import re
-import tempfile
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
+from vit_jax.base import quiet_tf
 from vit_jax.parallel import sharding
 from vit_jax.training import optim, steps
 from vit_jax.training.state import Start, abstract_state, build_model
@@ -72,6 +70,10 @@ NUM_CLASSES = {
     "imagenet21k": 21843, "imagenet2012": 1000, "cifar10": 10, "cifar100": 100,
     "oxford_iiit_pet": 37, "oxford_flowers102": 102, "fashion_mnist": 10,
 }  # fmt: skip
+# libtpu's start-up writes, to file descriptor 2, warnings about the TPU host it is not on
+# (accelerator type, worker hostnames, a source trace); they say nothing about a compile
+# and come in varying lines, so everything written while it starts or compiles is held.
+EVERYTHING = re.compile("")
 INSTALL = (
     'pip install "jax[tpu]" (libtpu, the version this JAX pins; it compiles for TPUs on any '
     "host), or this package's [plan] extra"
@@ -148,33 +150,13 @@ def topology_devices(topology: str) -> list[Any]:
     # No TPU is used: other processes (another plan, a test worker) may load libtpu too,
     # where it would otherwise take a machine-wide lock (/tmp/libtpu_lockfile).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    with _quiet_stderr():
+    with quiet_tf.quiet_stderr(EVERYTHING):
         try:
             desc = topologies.get_topology_desc(grid, "tpu")
         except Exception as e:  # noqa: BLE001 - jaxlib's error types vary by version
             first = str(e).splitlines()[0]
             raise ValueError(f"TPU topology {topology!r} ({grid}): {first}") from None
     return list(desc.devices)
-
-
-@contextlib.contextmanager
-def _quiet_stderr() -> Iterator[Any]:
-    """libtpu writes warnings about the missing TPU host to file descriptor 2 when it
-    starts; they say nothing about a compile, so they are held and dropped (the callable
-    returns them, for an error message)."""
-    held = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.dup2(held.fileno(), 2)
-
-    def said() -> str:
-        held.seek(0)
-        return held.read().decode(errors="replace")
-
-    try:
-        yield said
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def num_classes_of(config: ml_collections.ConfigDict) -> int:
@@ -235,9 +217,15 @@ def plan_on(
     )
     kind = devices[0].device_kind
     chip = CHIPS.get(kind, Chip(0, 0.0, getattr(devices[0], "num_cores", 1) or 1))
+    known = dict(
+        topology=name, device_kind=kind, devices=len(devices), batch_size=config.batch_size,
+        mesh=dict(mesh.shape), remat=bool(config.model.remat), param_bytes=param_bytes,
+        optimizer_bytes=opt_bytes, batch_bytes=batch_bytes, total_steps=config.total_steps,
+        cores_per_device=chip.cores,
+    )  # fmt: skip
     began = time.perf_counter()
     try:
-        with _quiet_stderr():
+        with quiet_tf.quiet_stderr(EVERYTHING):
             compiled = step.lower(state, batch).compile()
     except Exception as e:  # noqa: BLE001 - XLA's out-of-memory refusal, as jaxlib raises it
         out = out_of_memory(str(e))
@@ -245,13 +233,8 @@ def plan_on(
             raise
         temp, hbm = out
         return Plan(
-            topology=name, device_kind=kind, devices=len(devices),
-            batch_size=config.batch_size, mesh=dict(mesh.shape),
-            remat=bool(config.model.remat), param_bytes=param_bytes,
-            optimizer_bytes=opt_bytes, batch_bytes=batch_bytes, temp_bytes=temp,
-            total_bytes=param_bytes + opt_bytes + batch_bytes + temp, hbm_bytes=hbm,
-            flops=0.0, step_seconds=0.0, total_steps=config.total_steps,
-            cores_per_device=chip.cores, compiled=False,
+            **known, temp_bytes=temp, total_bytes=param_bytes + opt_bytes + batch_bytes + temp,
+            hbm_bytes=hbm, flops=0.0, step_seconds=0.0, compiled=False,
             compile_seconds=time.perf_counter() - began,
         )  # fmt: skip
     memory = compiled.memory_analysis()
@@ -265,22 +248,12 @@ def plan_on(
         + memory.generated_code_size_in_bytes
     )
     return Plan(
-        topology=name,
-        device_kind=kind,
-        devices=len(devices),
-        batch_size=config.batch_size,
-        mesh=dict(mesh.shape),
-        remat=bool(config.model.remat),
-        param_bytes=param_bytes,
-        optimizer_bytes=opt_bytes,
-        batch_bytes=batch_bytes,
+        **known,
         temp_bytes=memory.temp_size_in_bytes,
         total_bytes=total,
         hbm_bytes=chip.hbm_bytes,
         flops=float(cost.get("flops", 0.0)),
         step_seconds=float(cost.get("optimal_seconds", 0.0)),
-        total_steps=config.total_steps,
-        cores_per_device=chip.cores,
         compile_seconds=time.perf_counter() - began,
     )
 
