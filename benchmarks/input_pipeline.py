@@ -1,22 +1,25 @@
-"""Training input-pipeline throughput: Grain against the tf.data pipeline it replaced, and
-against the bound of its own per-image work.
+"""Input-pipeline throughput: Grain against the tf.data pipeline it replaced, against the
+Grain pipeline of an earlier commit, and against the bound of its own per-image work.
 
     python benchmarks/input_pipeline.py                       # every case, 1 and 2 cores
     python benchmarks/input_pipeline.py --cases=idx32 --cores=1 --batches=20
-    python benchmarks/input_pipeline.py --baseline=none       # Grain and the bound only
+    python benchmarks/input_pipeline.py --baseline=none --before=none  # this tree only
+    python benchmarks/input_pipeline.py --preprocessing=pil_antialias  # the other resize
     python benchmarks/input_pipeline.py --augreg --cases=jpeg224,idx32 --cores=1
                                     # each AugReg setting (mixup + RandAugment) per core
 
 Cases: the embedded Fashion-MNIST idx files (in memory, 28x28 gray) at 32 and 56 px,
 global batch 256; a folder of JPEGs (300x400, generated) at 224 px with Inception crop
-and flip, batch 32. Each (pipeline, case, cores) runs in its own process pinned to that
-many cores (os.sched_setaffinity): Grain with that many threads ('threads'), or that
-many worker processes ('workers'); tf.data with its own autotuning on those cores.
+and flip, batch 32 (training); the same JPEGs resized whole to 384 px, batch 32
+(evaluation). Each (pipeline, case, cores) runs in its own process pinned to that many
+cores (os.sched_setaffinity): Grain with that many threads ('threads'), or that many
+worker processes ('workers'); tf.data with its own autotuning on those cores.
 
 tf.data is the pipeline of commit --baseline (default c6b96ae, the last one that had it),
-taken from git into a temporary directory and imported from there (needs TensorFlow).
-The bound: the per-image work alone (idx: the batched crop + resize + flip per image;
-JPEG: read + decode + crop + resize + flip), timed on one core, times the cores.
+and 'before' the Grain pipeline of commit --before (default 37b897f, PIL's decode and
+resize), each taken from git into a temporary directory and imported from there.
+The bound: the per-image work alone (idx: the batched crop + resize + flip; JPEG: read
++ decode + crop + resize + flip), timed on one core, times the cores.
 
 --augreg times Grain (threads) with each AugReg setting of vit_jax/configs/augreg.py
 instead, and prints images/s per core against no augmentation and the cores needed
@@ -36,7 +39,12 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = {"idx32": ("idx", 32, 256), "idx56": ("idx", 56, 256), "jpeg224": ("folder", 224, 32)}
+CASES = {
+    "idx32": ("idx", 32, 256),
+    "idx56": ("idx", 56, 256),
+    "jpeg224": ("folder", 224, 32),
+    "eval384": ("folder", 384, 32),
+}
 
 
 def make_jpeg_folder(root: str, num_images: int, size=(300, 400), num_classes: int = 4) -> None:
@@ -53,32 +61,45 @@ def make_jpeg_folder(root: str, num_images: int, size=(300, 400), num_classes: i
             image.save(os.path.join(class_dir, f"{i:05d}.jpg"), quality=90)
 
 
-def config(case: str, folder: str):
+def config(case: str, folder: str, preprocessing: str = ""):
     from vit_jax import data
 
     cfg = data.default_config()
     if CASES[case][0] == "folder":
         cfg.source, cfg.data_dir = "folder", folder
+    if preprocessing and "preprocessing" in cfg:  # trees before it have PIL's only
+        cfg.preprocessing = preprocessing
     return cfg
+
+
+def batches(cfg, case: str, seed: int = 0):
+    """The case's batches without end: training batches, or evaluation passes again and
+    again over the train split (eval384)."""
+    from vit_jax import data
+
+    _, size, batch = CASES[case]
+    common = dict(global_batch=batch, image_size=size, process_index=0, process_count=1)
+    if case != "eval384":
+        yield from data.train_iterator(cfg, seed=seed, **common)
+    while True:
+        with data.eval_iterator(cfg, cfg.train_split, **common) as it:
+            yield from it
 
 
 def worker(args) -> None:
     """One timing, in this process (pinned by the parent): prints {"ips": images/s}."""
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cores]))
-    from vit_jax import data
 
     _, size, batch = CASES[args.case]
-    cfg = config(args.case, args.folder)
-    if args.impl == "grain":
+    cfg = config(args.case, args.folder, args.preprocessing)
+    if args.impl in ("grain", "before"):
         cfg.threads = args.cores if args.mode == "threads" else 1
         cfg.workers = args.cores if args.mode == "workers" else 0
     if args.setting:
         from vit_jax.configs import augreg
 
         cfg.mixup, cfg.randaugment = augreg.SETTINGS[args.setting]
-    it = data.train_iterator(
-        cfg, global_batch=batch, image_size=size, seed=0, process_index=0, process_count=1
-    )
+    it = batches(cfg, args.case)
     for _ in range(args.warmup):
         next(it)
     start = time.perf_counter()
@@ -89,13 +110,15 @@ def worker(args) -> None:
     print(json.dumps({"ips": args.batches * batch / elapsed}))
 
 
-def bound(case: str, folder: str, repeats: int = 3) -> float:
+def bound(case: str, folder: str, preprocessing: str, repeats: int = 3) -> float:
     """Images/s of the per-image work alone, on one core (this process, pinned)."""
+    import functools
+
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    from vit_jax.data import augment, folder_source, pixels, tables
+    from vit_jax.data import augment, pixels, tables
 
     _, size, batch = CASES[case]
-    cfg = config(case, folder)
+    cfg = config(case, folder, preprocessing)
     table = tables.open_table(cfg, cfg.train_split)
     draws = augment.step_draws(0, 0, batch)
     index = np.arange(batch) % len(table)
@@ -105,13 +128,17 @@ def bound(case: str, folder: str, repeats: int = 3) -> float:
         if table.images is not None:  # what the pipeline does for in-memory images
             h, w = table.images.shape[1:3]
             boxes = [augment.crop_window(h, w, u, cfg.crop_min_area) for u in draws]
-            out = pixels.resize_batch(table.images[index], np.asarray(boxes), (size, size))
+            images = table.images[index]
+            out = pixels.resize_batch(images, np.asarray(boxes), (size, size), cfg.preprocessing)
             mirror = draws[:, -1] < 0.5
             out[mirror] = out[mirror, :, ::-1]
         else:
             for i, u in zip(index, draws, strict=True):
-                image = folder_source.load(table.paths[i])
-                augment.train_image(image, u, (size, size), cfg.crop_min_area, True)
+                crop = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
+                window = None if case == "eval384" else crop
+                image, _ = tables.load(table, int(i), (size, size), cfg.preprocessing, window)
+                if case != "eval384" and u[-1] < 0.5:
+                    image = image[:, ::-1]
         best = min(best, time.perf_counter() - start)
     return batch / best
 
@@ -127,6 +154,7 @@ def _run_once(args, impl: str, case: str, cores: int, mode: str, pythonpath: str
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--impl={impl}"]
     cmd += [f"--case={case}", f"--cores={cores}", f"--mode={mode}", f"--folder={args.folder}"]
     cmd += [f"--batches={args.batches}", f"--warmup={args.warmup}"]
+    cmd += [f"--preprocessing={args.preprocessing}"]
     cmd += [f"--setting={setting}"] if (setting := getattr(args, "setting", "")) else []
     env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/")
@@ -157,6 +185,10 @@ def main() -> None:
     parser.add_argument("--jpegs", type=int, default=256, help="JPEGs in the generated folder")
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell (median)")
     parser.add_argument("--baseline", default="c6b96ae", help="commit with tf.data, or none")
+    parser.add_argument("--before", default="37b897f", help="an earlier Grain commit, or none")
+    parser.add_argument(
+        "--preprocessing", default="tf_bilinear", help="tf_bilinear or pil_antialias"
+    )
     parser.add_argument("--augreg", action="store_true", help="time each AugReg setting")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--setting", default="", help=argparse.SUPPRESS)
@@ -180,13 +212,16 @@ def main() -> None:
         args.folder = os.path.join(tmp, "jpegs")
         make_jpeg_folder(args.folder, args.jpegs)
         old = None if args.baseline == "none" else baseline_tree(args.baseline, tmp + "/old")
+        before = None if args.before == "none" else baseline_tree(args.before, tmp + "/before")
         rows = []
         for case in cases:
-            one_core = bound(case, args.folder)
+            one_core = bound(case, args.folder, args.preprocessing)
             for n in cores:
                 row = dict(case=case, cores=n, bound=one_core * n)
                 for mode in ("threads", "workers"):
                     row[mode] = run_worker(args, "grain", case, n, mode, here)
+                if before:
+                    row["before"] = run_worker(args, "before", case, n, "threads", before)
                 if old:
                     row["tfdata"] = run_worker(args, "tfdata", case, n, "-", old)
                 rows.append(row)
@@ -195,19 +230,21 @@ def main() -> None:
         f"\nimages/s, median of {args.repeats} runs of {args.batches} batches after {args.warmup}"
     )
     print("bound = the per-image work alone on one core x cores")
+    print(f"preprocessing {args.preprocessing}; before = Grain at {args.before} (threads)")
     print("ratios: Grain (the better of threads and workers) over tf.data and over the bound")
     header = (
-        f"{'case':<8} {'cores':>5} {'tf.data':>8} {'threads':>8} {'workers':>8} "
+        f"{'case':<8} {'cores':>5} {'tf.data':>8} {'before':>8} {'threads':>8} {'workers':>8} "
         f"{'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"
     )
     print(header + "\n" + "-" * len(header))
     for r in rows:
         best = max(r["threads"], r["workers"])
         tf_cell = f"{r['tfdata']:>8.0f}" if "tfdata" in r else f"{'-':>8}"
+        before = f"{r['before']:>8.0f}" if "before" in r else f"{'-':>8}"
         ratio = f"{best / r['tfdata']:>10.2f}" if "tfdata" in r else f"{'-':>10}"
         print(
-            f"{r['case']:<8} {r['cores']:>5} {tf_cell} {r['threads']:>8.0f} {r['workers']:>8.0f} "
-            f"{r['bound']:>8.0f} {ratio} {best / r['bound']:>9.2f}"
+            f"{r['case']:<8} {r['cores']:>5} {tf_cell} {before} {r['threads']:>8.0f} "
+            f"{r['workers']:>8.0f} {r['bound']:>8.0f} {ratio} {best / r['bound']:>9.2f}"
         )
 
 

@@ -81,6 +81,7 @@ def fewshot_accuracy(npz: str, seed: int, quick: bool = False) -> float:
 
     model, params, _ = weights.load_model(npz, head=False)
     dataset = {"source": "idx", "name": "fashion_mnist_5_9", "classes": SECOND}
+    dataset["preprocessing"] = common.PREPROCESSING
     if quick:
         dataset.update(train_split="train[:512]", test_split="test[:128]")
     evaluator = fewshot.FewShotEvaluator([dataset], (SHOTS,), seed=seed, image_size=28)

@@ -248,3 +248,20 @@ def training(config, mesh, accum_steps: int = 1, skip_nonfinite: bool = False):
     state, shardings = state_lib.create_state(train.start_of(config), model, tx, mesh)
     step, _ = steps.compile_steps(model, tx, lr, accum_steps, mesh, shardings)
     return state, step, shardings
+
+
+def tf_resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """tf.image.resize(image, size) (bilinear, half-pixel centres, no antialiasing) in
+    float64, written out from TensorFlow's kernel: source coordinate (o + 0.5) * in / out
+    - 0.5, neighbours floor and ceil clamped to the image.  [h, w, c] -> float [H, W, c]"""
+
+    def taps(n: int, m: int):
+        src = (np.arange(m) + 0.5) * (n / m) - 0.5
+        lo = np.floor(src)
+        return np.maximum(lo, 0).astype(int), np.minimum(np.ceil(src), n - 1).astype(int), src - lo
+
+    (y0, y1, fy), (x0, x1, fx) = taps(image.shape[0], size[0]), taps(image.shape[1], size[1])
+    x = image.astype(np.float64)
+    top = x[y0][:, x0] + (x[y0][:, x1] - x[y0][:, x0]) * fx[None, :, None]
+    bottom = x[y1][:, x0] + (x[y1][:, x1] - x[y1][:, x0]) * fx[None, :, None]
+    return top + (bottom - top) * fy[:, None, None]

@@ -156,19 +156,23 @@ def test_inference_and_train_step_share_one_flag_block():
 def test_input_pipeline_prints_grain_bound_and_augreg_costs():
     out = run(
         "input_pipeline.py",
-        "--cases=idx32",
+        "--cases=idx32,eval384",
         "--cores=1",
         "--batches=2",
         "--warmup=1",
         "--baseline=none",
+        "--before=none",
         "--jpegs=8",
         "--repeats=1",
     )
-    cells = row(out, "idx32")  # case cores tf.data threads workers bound vs-tf.data vs-bound
-    assert cells[1] == "1" and cells[2] == "-" and cells[6] == "-"
-    threads, workers, bound = (float(c) for c in cells[3:6])
-    assert min(threads, workers, bound) > 0
-    assert float(cells[7]) == pytest.approx(max(threads, workers) / bound, abs=0.01)
+    # case cores tf.data before threads workers bound vs-tf.data vs-bound
+    for case in ("idx32", "eval384"):
+        cells = row(out, case)
+        assert cells[1] == "1" and cells[2] == "-" and cells[3] == "-" and cells[7] == "-"
+        threads, workers, bound = (float(c) for c in cells[4:7])
+        assert min(threads, workers, bound) > 0
+        assert float(cells[8]) == pytest.approx(max(threads, workers) / bound, abs=0.01)
+    assert "preprocessing tf_bilinear" in out
     out = run(
         "input_pipeline.py",
         "--augreg",

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import write_idx, write_idx_split
+from helpers import tf_resize, write_idx, write_idx_split
 from PIL import Image
 
 from vit_jax import data
@@ -267,7 +267,7 @@ def test_batched_resize_equals_pil_bit_for_bit():
         for _ in range(4):
             ch, cw = rng.integers(1, h + 1), rng.integers(1, w + 1)
             boxes.append((rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1), ch, cw))
-        batched = pixels.resize_batch(images, np.asarray(boxes), out)
+        batched = pixels.resize_batch(images, np.asarray(boxes), out, "pil_antialias")
         for image, box, got in zip(images, boxes, batched, strict=True):
             np.testing.assert_array_equal(got, pil_crop_resize(image, box, out), err_msg=box)
 
@@ -293,10 +293,12 @@ def test_crop_window_follows_the_inception_rule():
     assert augment.crop_window(1, 100, rng.random(augment.DRAWS), 0.5) == (0, 0, 1, 100)
 
 
-def test_train_batch_is_the_crop_resize_flip_of_pil(idx_dir):
-    """One train batch recomputed from the stored images with PIL and the batch's own
-    windows and flips: the in-memory path and the per-example path both match."""
-    cfg = idx_cfg(idx_dir, crop_min_area=0.3)
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_train_batch_is_the_crop_resize_flip_of_pil_or_tf(idx_dir, method):
+    """One train batch recomputed from the stored images with the batch's own windows and
+    flips, by PIL itself (pil_antialias: bit for bit) or tf.image.resize's formula
+    (tf_bilinear, float: to 1e-4 of [-1, 1])."""
+    cfg = idx_cfg(idx_dir, crop_min_area=0.3, preprocessing=method)
     batch = train(cfg, 1, image_size=(12, 10), seed=5)[0]
     table_images = idx_images(N_TRAIN, 0)[..., None]
     from vit_jax.data import order
@@ -307,11 +309,17 @@ def test_train_batch_is_the_crop_resize_flip_of_pil(idx_dir):
     draws = augment.step_draws(5, 0, 8)[slots]
     for j, (i, u) in enumerate(zip(index, draws, strict=True)):
         window = augment.crop_window(H, W, u, 0.3)
-        expected = pil_crop_resize(table_images[i], window, (12, 10))
+        if method == "pil_antialias":
+            expected = pil_crop_resize(table_images[i], window, (12, 10))
+        else:
+            y0, x0, ch, cw = window
+            expected = tf_resize(table_images[i][y0 : y0 + ch, x0 : x0 + cw], (12, 10))
         if u[-1] < 0.5:
             expected = expected[:, ::-1]
-        got = np.rint(batch["image"][j] * 127.5 + 127.5)
-        np.testing.assert_array_equal(got, np.repeat(expected, 3, -1))
+        want = (np.repeat(expected, 3, -1) - 127.5) / 127.5
+        np.testing.assert_allclose(
+            batch["image"][j], want, atol=1e-6 if method == "pil_antialias" else 1e-4
+        )
         np.testing.assert_array_equal(batch["label"][j].argmax(), i % 10)
 
 
@@ -386,10 +394,15 @@ def test_folder_decodes_gray_rgba_rgb_and_jpeg(tmp_path):
         np.testing.assert_array_equal(a["image"], b["image"])
 
 
-def test_one_file_gives_the_same_pixels_on_every_path(tmp_path):
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_one_file_gives_the_same_pixels_on_every_path(tmp_path, method):
     """A JPEG through `infer`/the figures (images.load_images), through the evaluation
     pipeline (evaluation, few-shot, `evaluate`; folder source, cached or not) and through
-    training without augmentation: the same array, equal to PIL's own decode + resize."""
+    training without augmentation: the same array, equal to PIL's own decode + resize
+    (pil_antialias) or tf.image.resize's formula on TensorFlow's decode (tf_bilinear: the
+    integer-fast DCT, which simplejpeg computes; tests/test_pixels.py holds it to TF's)."""
+    import simplejpeg
+
     from vit_jax.data import images
 
     rng = np.random.default_rng(2)
@@ -401,17 +414,21 @@ def test_one_file_gives_the_same_pixels_on_every_path(tmp_path):
         )
     path = str(tmp_path / "test" / "only" / "x.jpg")
     with Image.open(path) as f:  # independent: PIL's decode and bilinear resize
-        expected = np.asarray(f.convert("RGB").resize((12, 16), Image.BILINEAR), np.float32)
+        if method == "pil_antialias":
+            expected = np.asarray(f.convert("RGB").resize((12, 16), Image.BILINEAR), np.float32)
+        else:
+            tf_decoded = simplejpeg.decode_jpeg(open(path, "rb").read(), fastdct=True)
+            expected = tf_resize(tf_decoded, (16, 12)).astype(np.float32)
     expected = (expected - 127.5) / 127.5
-    np.testing.assert_array_equal(images.load_images([path], (16, 12))[0], expected)
+    np.testing.assert_allclose(images.load_images([path], (16, 12), method)[0], expected, atol=1e-5)
     for cache in (False, True):
-        cfg = folder_cfg(tmp_path, cache=cache, crop_min_area=1.0, flip=False)
+        cfg = folder_cfg(tmp_path, cache=cache, crop_min_area=1.0, flip=False, preprocessing=method)
         out = eval_all(cfg, "test", global_batch=1, image_size=(16, 12))
-        np.testing.assert_array_equal(out["image"][0], expected)
+        np.testing.assert_allclose(out["image"][0], expected, atol=1e-5)
         # Training without flips, crop_min_area 1: a 37 x 23 image (ratio 0.62) fits no
         # full-area window of ratio in [3/4, 4/3], so the crop is the whole image.
         batch = train(cfg, 1, global_batch=1, image_size=(16, 12))[0]
-        np.testing.assert_array_equal(batch["image"][0], expected)
+        np.testing.assert_allclose(batch["image"][0], expected, atol=1e-5)
 
 
 def test_corrupt_image_is_named_or_skipped_and_counted(tmp_path, caplog):

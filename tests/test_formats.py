@@ -371,7 +371,8 @@ def test_hf_pipeline_classifies_files_as_infer_does(classes, labelled, capsys, t
     # An RGB photo, and a PNG with transparency: one rule for alpha in both (dropped).
     for image in (_png(tmp_path / "photo.png", 37, 61), _png(tmp_path / "a.png", 30, 41, 1, 4)):
         got = scope["classify"](image, top_k=5)
-        probs = predict.predict(model, params, vit_images.load_images([image], (48, 48)))[0]
+        x = vit_images.load_images([image], (48, 48), "pil_antialias")  # what HF computes
+        probs = predict.predict(model, params, x)[0]
         top = np.argsort(-probs)[:5]
         assert [g["label"] for g in got] == [names[i] for i in top]
         np.testing.assert_allclose([g["score"] for g in got], probs[top], atol=1e-5)

@@ -12,6 +12,7 @@ from PIL import Image
 
 from vit_jax import infer, weights
 from vit_jax.data import images as images_lib
+from vit_jax.data import pixels
 from vit_jax.models import get_model, predict
 
 
@@ -24,14 +25,15 @@ def _write(tmp_path, name, mode, size, color, **save_kwargs):
 # ---------------------------------------------------------------- load_images
 
 
-def test_load_images_grayscale_rgba_jpeg(tmp_path):
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_load_images_grayscale_rgba_jpeg(tmp_path, method):
     gray = tmp_path / "gray.png"
     ramp = np.tile(np.arange(0, 256, 4, dtype=np.uint8), (48, 1))  # 48 x 64, 0..252
     Image.fromarray(ramp, mode="L").save(gray)
     rgba = _write(tmp_path, "rgba.png", "RGBA", (20, 30), (255, 0, 0, 255))
     jpeg = _write(tmp_path, "rgb.jpg", "RGB", (50, 40), (0, 0, 255), quality=100)
 
-    images = images_lib.load_images([str(gray), rgba, jpeg], (16, 24))
+    images = images_lib.load_images([str(gray), rgba, jpeg], (16, 24), method)
 
     assert images.shape == (3, 16, 24, 3)
     assert images.dtype == np.float32
@@ -48,63 +50,69 @@ def test_load_images_grayscale_rgba_jpeg(tmp_path):
     )
 
 
-def test_load_images_white_and_black(tmp_path):
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_load_images_white_and_black(tmp_path, method):
     white = _write(tmp_path, "white.png", "RGB", (7, 9), (255, 255, 255))
     black = _write(tmp_path, "black.jpg", "RGB", (40, 10), (0, 0, 0))
-    images = images_lib.load_images([white, black], (8, 8))
+    images = images_lib.load_images([white, black], (8, 8), method)
     np.testing.assert_array_equal(images[0], np.ones((8, 8, 3), np.float32))
     np.testing.assert_array_equal(images[1], -np.ones((8, 8, 3), np.float32))
 
 
-def test_load_images_drop_alpha_as_pil_convert_does(tmp_path):
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_load_images_drop_alpha_as_pil_convert_does(tmp_path, method):
     """Alpha dropped, the colour under it kept (as TensorFlow, timm and transformers'
     pipeline read a file): a fully transparent red pixel is red."""
     clear = _write(tmp_path, "clear.png", "RGBA", (10, 10), (255, 0, 0, 0))
     half = _write(tmp_path, "half.png", "LA", (10, 10), (0, 128))
     palette = tmp_path / "palette.png"  # a palette with a transparent entry
     Image.new("P", (10, 10), 1).save(palette, transparency=1)
-    images = images_lib.load_images([clear, half, str(palette)], (4, 4))
+    images = images_lib.load_images([clear, half, str(palette)], (4, 4), method)
     np.testing.assert_array_equal(images[0], np.broadcast_to([1.0, -1.0, -1.0], (4, 4, 3)))
     np.testing.assert_array_equal(images[1], -np.ones((4, 4, 3), np.float32))  # black
     want = np.asarray(Image.open(palette).convert("RGB"), np.float32)[:4, :4]
     np.testing.assert_array_equal(images[2], (want - 127.5) / 127.5)
 
 
-def test_load_images_palette_and_cmyk(tmp_path):
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_load_images_palette_and_cmyk(tmp_path, method):
     palette = tmp_path / "palette.png"
     Image.new("RGB", (6, 6), (0, 255, 0)).convert("P").save(palette)
     cmyk = _write(tmp_path, "cmyk.jpg", "CMYK", (6, 6), (0, 0, 0, 0), quality=100)
-    images = images_lib.load_images([str(palette), cmyk], (3, 3))
+    images = images_lib.load_images([str(palette), cmyk], (3, 3), method)
     np.testing.assert_allclose(images[0], np.broadcast_to([-1.0, 1.0, -1.0], (3, 3, 3)))
     np.testing.assert_allclose(images[1], 1.0, atol=0.02)  # no ink = white
 
 
-def test_load_images_bilinear_resize_keeps_mean(tmp_path):
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_load_images_bilinear_resize_keeps_mean(tmp_path, method):
     path = tmp_path / "checker.png"
     checker = (np.indices((64, 64)).sum(0) % 2 * 255).astype(np.uint8)
     Image.fromarray(checker, mode="L").convert("RGB").save(path)
-    image = images_lib.load_images([str(path)], (8, 8))[0]
+    image = images_lib.load_images([str(path)], (8, 8), method)[0]
     np.testing.assert_allclose(image, 0.0, atol=0.02)  # filtered down to mid-gray
 
 
-def test_missing_image_names_the_path(tmp_path):
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_missing_image_names_the_path(tmp_path, method):
     missing = str(tmp_path / "no_such_cat.jpg")
     with pytest.raises(FileNotFoundError, match="no_such_cat.jpg"):
-        images_lib.load_images([missing], (8, 8))
+        images_lib.load_images([missing], (8, 8), method)
     with pytest.raises(FileNotFoundError, match="no_such_cat.jpg"):
         images_lib.check_images_exist([missing])
 
 
-def test_unreadable_image_names_the_path(tmp_path):
+@pytest.mark.parametrize("method", pixels.METHODS)
+def test_unreadable_image_names_the_path(tmp_path, method):
     bad = tmp_path / "not_an_image.jpg"
     bad.write_bytes(b"this is not a JPEG")
     with pytest.raises(ValueError, match="not_an_image.jpg"):
-        images_lib.load_images([str(bad)], (8, 8))
+        images_lib.load_images([str(bad)], (8, 8), method)
     truncated = tmp_path / "truncated.png"
     _write(tmp_path, "whole.png", "RGB", (64, 64), (1, 2, 3))
     truncated.write_bytes((tmp_path / "whole.png").read_bytes()[:60])
     with pytest.raises(ValueError, match="truncated.png"):
-        images_lib.load_images([str(truncated)], (8, 8))
+        images_lib.load_images([str(truncated)], (8, 8), method)
 
 
 def test_parse_image_size():
@@ -227,7 +235,7 @@ def _blocks(out: str) -> list[tuple[str, list[tuple[str, float]]]]:
 
 
 def _direct(model, params, paths, size):
-    x = images_lib.load_images(paths, size)
+    x = images_lib.load_images(paths, size, "tf_bilinear")  # the npz default
     return np.asarray(jax.nn.softmax(model.apply({"params": params}, x, train=False)))
 
 

@@ -248,7 +248,7 @@ def test_command_numbers_match_a_direct_computation(command_run):
     _, out, model, params, paths = command_run
     numbers = np.load(out / report.NUMBERS)
     summary = json.loads((out / report.SUMMARY).read_text())
-    images = images_lib.load_images(paths, (64, 64))
+    images = images_lib.load_images(paths, (64, 64), "tf_bilinear")  # the npz default
     att = attention_of(model, params, images)
     per_image = [
         [[brute_force_distance(att[layer, b, h], 4, 4, 16, 1) for h in range(2)] for b in range(2)]

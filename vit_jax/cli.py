@@ -18,6 +18,7 @@ SIGTERM exits 143 (`vit_jax.training.preemption`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -253,8 +254,9 @@ def _last_word(text: str) -> None:
 
 
 def define_model_flags() -> None:
-    """--checkpoint, --model, --override, --image_size, --patch_size and --numerics, shared
-    by the commands that load a checkpoint (classify, few-shot, figures, evaluate, convert)."""
+    """--checkpoint, --model, --override, --image_size, --patch_size, --numerics and
+    --preprocessing, shared by the commands that load a checkpoint (classify, few-shot,
+    figures, evaluate, convert)."""
     from absl import flags
 
     flags.DEFINE_string(
@@ -288,6 +290,16 @@ def define_model_flags() -> None:
         "such as google/vit-* on the hub (their config.json says gelu, 1e-12). "
         "--override=gelu=exact|tanh and --override=layer_norm_eps=X set one.",
     )
+    flags.DEFINE_enum(
+        "preprocessing",
+        None,
+        ["tf_bilinear", "pil_antialias"],
+        "How images are resized to the model: tf_bilinear (tf.image.resize, no "
+        "antialiasing; the published checkpoints were trained and evaluated with it) or "
+        "pil_antialias (PIL's antialiased bilinear; HF's and timm's). Default: what the "
+        "checkpoint records (a published .npz: tf_bilinear; a timm or HF file another tool "
+        "wrote: pil_antialias).",
+    )
     flags.mark_flag_as_required("checkpoint")
 
 
@@ -319,8 +331,9 @@ def model_overrides() -> dict[str, object]:
 
 
 def load_model(head: bool = True):
-    """The flags' checkpoint, read once: `weights.Loaded` (model, params, image_size and
-    the head's class names where the file names them)."""
+    """The flags' checkpoint, read once: `weights.Loaded` (model, params, image_size, the
+    head's class names where the file names them, and the preprocessing: --preprocessing,
+    else the file's)."""
     from absl import flags
 
     from vit_jax import weights
@@ -330,9 +343,12 @@ def load_model(head: bool = True):
     overrides = model_overrides()
     size = images.parse_image_size(f.image_size)
     try:
-        return weights.load(f.checkpoint, f.model, size, head, patch_size=f.patch_size, **overrides)
+        loaded = weights.load(f.checkpoint, f.model, size, head, f.patch_size, **overrides)
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
+    if f.preprocessing:
+        loaded = dataclasses.replace(loaded, preprocessing=f.preprocessing)
+    return loaded
 
 
 def model_title(model_name: str | None, path: str, size: tuple[int, int]) -> str:

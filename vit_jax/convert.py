@@ -60,6 +60,7 @@ def main() -> None:
             f.num_classes,
             f.patch_size,
             labels=f.labels,
+            preprocessing=f.preprocessing,
             **overrides,
         )
     except TypeError as e:  # an override that is no model option

@@ -89,6 +89,7 @@ def main() -> None:
         dataset["classes"] = classify.parse_classes(f.classes)
     label_map = classify.read_label_map(f.labels) if f.labels else None
     loaded = cli.load_model(head=True)
+    dataset["preprocessing"] = loaded.preprocessing
     model, params, size = loaded.model, loaded.params, loaded.image_size
     if not model.num_classes:
         raise ValueError(f"{f.checkpoint} has no classification head: nothing to evaluate")

@@ -63,8 +63,10 @@ def main() -> None:
         shots = [int(k) for k in f.shots]
     except ValueError:
         raise ValueError(f"--shots={','.join(f.shots)}: expected integers like 1,5,10,25") from None
-    datasets = fewshot.dataset_configs(f.dataset, f.source, f.data_dir, f.train_split, f.test_split)
     loaded = cli.load_model(head=False)
+    datasets = fewshot.dataset_configs(
+        f.dataset, f.source, f.data_dir, f.train_split, f.test_split, loaded.preprocessing
+    )
     model, params, size = loaded.model, loaded.params, loaded.image_size
     evaluator = fewshot.FewShotEvaluator(datasets, shots, f.l2, f.seed, size, f.batch_size)
     results = fewshot.by_dataset(evaluator.run(model, params))

@@ -49,12 +49,12 @@ def main() -> None:
     loaded = cli.load_model(head=False)
     model, params, size = loaded.model, loaded.params, loaded.image_size
     if f.image:
-        x = images.load_images(f.image, size)
+        x = images.load_images(f.image, size, loaded.preprocessing)
         names = [store.path(p).name for p in f.image]
         if len(set(names)) < len(names):  # a/cat.jpg and b/cat.jpg: the paths tell them apart
             names = list(f.image)
     else:
-        x = inspection.sample_images(f.num_images, size, f.data_dir)
+        x = inspection.sample_images(f.num_images, size, f.data_dir, loaded.preprocessing)
         names = [f"test image {i}" for i in range(len(x))]
     result = inspection.compute(model, params, x, batch_size=f.batch_size)
     title = f"{f.model or store.path(f.checkpoint.rstrip('/')).name} at {size[0]}x{size[1]}"

@@ -14,8 +14,6 @@ import math
 
 import numpy as np
 
-from vit_jax.data import pixels
-
 # Salts that fold the uses of the run seed apart.
 SHUFFLE_SALT, AUGMENT_SALT, MIXUP_SALT, RANDAUG_SALT = 0, 1, 2, 3
 
@@ -56,15 +54,6 @@ def crop_window(h: int, w: int, u: np.ndarray, min_area: float) -> tuple[int, in
             x0 = int(u[-2] * (w - cw + 1))
             return y0, x0, ch, cw
     return 0, 0, h, w
-
-
-def train_image(
-    image: np.ndarray, u: np.ndarray, size: tuple[int, int], min_area: float, flip: bool
-) -> np.ndarray:
-    """Crop, resize, flip.  uint8 [h, w, c] -> uint8 [H, W, c]"""
-    y0, x0, ch, cw = crop_window(image.shape[0], image.shape[1], u, min_area)
-    out = pixels.resize(image[y0 : y0 + ch, x0 : x0 + cw], size)
-    return out[:, ::-1] if flip and u[-1] < 0.5 else out
 
 
 def one_hot(labels: np.ndarray, num_classes: int, smoothing: float = 0.0) -> np.ndarray:

@@ -6,7 +6,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from vit_jax.base.problems import Problem, integer, is_int, number, one_of, raise_if_any
-from vit_jax.data import randaugment, splits
+from vit_jax.data import pixels, randaugment, splits
 
 SOURCES = ("idx", "folder", "tfds")
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
@@ -35,6 +35,11 @@ def default_config() -> ml_collections.ConfigDict:
             the train split after a shuffle seeded with subset_seed.
         subset_seed: Seed of that shuffle (fixed, so the subset does not change with the
             training seed).
+        preprocessing: How a crop is resized to the model's resolution:
+            'tf_bilinear' (tf.image.resize: bilinear, no antialiasing, float; how the
+            published checkpoints were trained and evaluated) or 'pil_antialias' (PIL's
+            antialiased bilinear rounded to uint8; what HF's and timm's processors
+            compute). Checkpoints the run writes record it (vit_jax/data/pixels.py).
         crop_min_area: Smallest crop area (fraction of the image) of the Inception crop.
         flip: Random horizontal flips in training.
         mixup: Beta(alpha, alpha) mixup within the local batch; 0 turns it off.
@@ -60,6 +65,7 @@ def default_config() -> ml_collections.ConfigDict:
             "classes": config_dict.placeholder(tuple),
             "examples_per_class": config_dict.placeholder(int),
             "subset_seed": 0,
+            "preprocessing": "tf_bilinear",
             "crop_min_area": 0.05,
             "flip": True,
             "mixup": 0.0,
@@ -78,6 +84,7 @@ def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[P
     from the config alone: nothing is read."""
     out: list[Problem] = []
     one_of(out, f"{prefix}source", cfg.source, SOURCES)
+    one_of(out, f"{prefix}preprocessing", cfg.preprocessing, pixels.METHODS)
     if cfg.source == "tfds" and remote_tfds(cfg.data_dir):
         out.append(Problem(f"{prefix}data_dir", cfg.data_dir, REMOTE_TFDS))
     if cfg.source == "folder" and not cfg.data_dir:

@@ -2,8 +2,8 @@
 
 DIR is a local directory or a gs:// / s3:// prefix: a split is listed once (one listing
 of the whole split on a store), then each file is read by its path where the pipeline
-reads it, nothing cached on local disk. Files are decoded by `pixels.decode` (PIL: EXIF
-orientation, any mode to RGB). Corrupt files:
+reads it, nothing cached on local disk. Files are decoded by `pixels` (EXIF orientation,
+any mode to RGB). Corrupt files:
 
 * skip_corrupt=False, cache=False (default): a file that does not decode stops the run
   with a ``CorruptImageError`` naming it.
@@ -110,29 +110,21 @@ def scan_split(root: str, name: str, classes: list[str]) -> tuple[np.ndarray, np
     return np.asarray(paths, dtype=object), np.asarray(labels, np.int64)
 
 
-def load(path: str) -> np.ndarray:
-    """Reads and decodes one file.  -> uint8 [h, w, 3]
-
-    Raises:
-        CorruptImageError: The file does not decode (or is missing), naming it.
-    """
-    try:
-        return _decode(path)
-    except (ValueError, OSError) as e:
-        raise corrupt_error(path, str(e)) from None
+def read(path: str) -> bytes:
+    """The bytes of a local file or a store object."""
+    if store.is_remote(path):
+        return store.path(path).read_bytes()
+    with open(path, "rb") as f:
+        return f.read()
 
 
-def _decode(path: str) -> np.ndarray:
-    """pixels.decode of a local file, or of a store object's bytes."""
-    return pixels.decode(store.path(path).read_bytes() if store.is_remote(path) else path)
-
-
-def decode_all(paths: np.ndarray, keep_images: bool) -> tuple[np.ndarray, list, list]:
-    """Decodes every file once, by threads (PIL decodes without the GIL).
+def decode_all(paths: np.ndarray, keep_images: bool, method: str) -> tuple[np.ndarray, list, list]:
+    """Decodes every file once, by threads (the decoders release the GIL).
 
     Args:
         paths: Files to decode.  # [N]
         keep_images: Return the decoded images (for the in-memory cache).
+        method: The preprocessing, whose JPEG decode is used (pixels.decode).
 
     Returns:
         (ok, images, failures): positions of the files that decode, ascending  # [M]
@@ -142,7 +134,7 @@ def decode_all(paths: np.ndarray, keep_images: bool) -> tuple[np.ndarray, list, 
 
     def one(path):
         try:
-            return _decode(path), None
+            return pixels.decode(read(path), method), None
         except (ValueError, OSError) as e:
             return None, str(e)
 

@@ -2,8 +2,8 @@
 
 Every command that takes image files (classify, few-shot on folders, figures) reads
 them here, through the input pipeline's own preprocessing (pixels.py): EXIF
-orientation, any PIL mode to RGB, bilinear resize to the model's resolution, scaled
-to [-1, 1].
+orientation, any PIL mode to RGB, resize to the model's resolution by the checkpoint's
+method (tf_bilinear or pil_antialias), scaled to [-1, 1].
 
 Where ``vit_jax/data/imagenet_classes.txt`` came from: line i is the first WordNet
 lemma (underscores as spaces) of the i-th ImageNet-1k synset in the order of
@@ -60,16 +60,17 @@ def parse_image_size(value: int | str | Sequence[int] | None) -> tuple[int, int]
     return sizes[0], sizes[1]
 
 
-def load_image(path: str, image_size: tuple[int, int]) -> np.ndarray:
+def load_image(path: str, image_size: tuple[int, int], method: str) -> np.ndarray:
     """Reads one image file as the model's input, as the input pipeline's evaluation does.
 
-    `pixels.decode` (EXIF orientation, any mode to RGB, alpha dropped), then
-    `pixels.resize` to ``image_size`` (PIL bilinear, no crop, so the aspect ratio is not
-    kept), then ``(x - 127.5) / 127.5``.
+    `pixels.decode_crop_resize` (EXIF orientation, any mode to RGB, alpha dropped; the
+    whole image resized to ``image_size`` by `method`, so the aspect ratio is not kept),
+    then ``(x - 127.5) / 127.5``.
 
     Args:
       path: Image file in any format PIL reads.
       image_size: ``(H, W)`` of the result.
+      method: The resize, one of `pixels.METHODS` (a checkpoint's `preprocessing`).
 
     Returns:
       ``[H, W, 3]`` float32 array in ``[-1, 1]``.
@@ -78,19 +79,20 @@ def load_image(path: str, image_size: tuple[int, int]) -> np.ndarray:
       FileNotFoundError: If ``path`` does not exist.
       ValueError: If ``path`` is not a readable image.
     """
+    source = store.path(path).read_bytes() if store.is_remote(path) else path
     try:
-        image = pixels.decode(store.path(path).read_bytes() if store.is_remote(path) else path)
+        return pixels.normalize(pixels.decode_crop_resize(source, image_size, method))
     except ValueError as e:
         raise ValueError(f"cannot read image {path}: {e}") from None
-    return pixels.normalize(pixels.resize(image, image_size))
 
 
-def load_images(paths: Sequence[str], image_size: tuple[int, int]) -> np.ndarray:
+def load_images(paths: Sequence[str], image_size: tuple[int, int], method: str) -> np.ndarray:
     """Reads image files as one batch (see `load_image`).
 
     Args:
       paths: Image files.
       image_size: ``(H, W)`` every image is resized to.
+      method: The resize, one of `pixels.METHODS`.
 
     Returns:
       ``[N, H, W, 3]`` float32 array in ``[-1, 1]``, N = ``len(paths)``.
@@ -102,7 +104,7 @@ def load_images(paths: Sequence[str], image_size: tuple[int, int]) -> np.ndarray
     height, width = image_size
     images = np.zeros((len(paths), height, width, 3), np.float32)
     for i, path in enumerate(paths):
-        images[i] = load_image(path, (height, width))
+        images[i] = load_image(path, (height, width), method)
     return images
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -101,22 +102,25 @@ class TrainBatch:
             seed=self.seed,
         )
         draws = augment.step_draws(self.seed, step, self.global_batch)[slots]  # [b, DRAWS]
+        method, area = cfg.preprocessing, cfg.crop_min_area
         if table.images is not None:  # in memory, one size: crop + resize as one batch
             images, labels = table.images[index], table.labels[index]
             h, w = images.shape[1:3]
-            boxes = [augment.crop_window(h, w, u, cfg.crop_min_area) for u in draws]
-            images = pixels.resize_batch(images, np.asarray(boxes), self.size)
-            if cfg.flip:
-                mirror = draws[:, -1] < 0.5
-                images[mirror] = images[mirror, :, ::-1]
+            boxes = [augment.crop_window(h, w, u, area) for u in draws]
+            images = pixels.resize_batch(images, np.asarray(boxes), self.size, method)
         else:
             images, labels = [], []
             for i, u in zip(index, draws, strict=True):
-                image, label = table.example(int(i))
-                images.append(augment.train_image(image, u, self.size, cfg.crop_min_area, cfg.flip))
+                window = functools.partial(augment.crop_window, u=u, min_area=area)
+                image, label = tables.load(table, int(i), self.size, method, window)
+                images.append(image)
                 labels.append(label)
             images, labels = np.stack(images), np.asarray(labels)
+        if cfg.flip:
+            mirror = draws[:, -1] < 0.5
+            images[mirror] = images[mirror, :, ::-1]
         if cfg.randaugment is not None:  # after crop, resize and flip, as big_vision
+            images = pixels.to_uint8(images)
             images = np.repeat(images, 3, -1) if images.shape[-1] == 1 else images
             for j, slot in enumerate(range(slots.start, slots.stop)):
                 rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slot)
@@ -148,15 +152,16 @@ class EvalBatch:
         images = np.zeros([self.batch_size, *self.size, 3], np.float32)
         labels = np.zeros([self.batch_size, table.num_classes], np.float32)
         real = np.arange(start, stop)
+        method = self.cfg.preprocessing
         if table.images is None:
             for j, i in enumerate(real):
-                image, label = table.example(int(i))
-                images[j] = pixels.normalize(pixels.resize(image, self.size))
+                image, label = tables.load(table, int(i), self.size, method)
+                images[j] = pixels.normalize(image)
                 labels[j, label] = 1.0
         elif len(real):  # in memory, one size: resized as one batch
             h, w = table.images.shape[1:3]
             boxes = np.tile([0, 0, h, w], (len(real), 1))
-            resized = pixels.resize_batch(table.images[real], boxes, self.size)
+            resized = pixels.resize_batch(table.images[real], boxes, self.size, method)
             images[: len(real)] = pixels.normalize(resized)
             labels[np.arange(len(real)), table.labels[real]] = 1.0
         mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)

@@ -1,17 +1,34 @@
-"""The one image preprocessing of the package: decode, resize, [-1, 1].
+"""The one image preprocessing of the package: decode, crop, resize, [-1, 1].
 
 Training, evaluation, few-shot, `infer`, `evaluate` and the figures all read pixels
-through these functions, so one image file gives the same model input everywhere:
+through `decode_crop_resize` (or, for images already in memory, `resize_batch`), so one
+image file gives the same model input everywhere. Two resize methods, a property of a
+checkpoint (it is trained and evaluated with one):
 
-  decode     file or bytes -> uint8 [h, w, 3]: EXIF orientation applied, any PIL mode
-             to RGB (alpha dropped, 16-bit scaled to 8).
-  resize     uint8 [h, w, c] -> uint8 [H, W, c]: PIL's bilinear filter, antialiased
-             when shrinking (the filter widens with the scale), rounded to uint8 -- what
-             PIL-based pipelines (HF's ViTImageProcessor, timm) compute.
-  normalize  uint8 [..., c] -> float32 [..., 3] in [-1, 1]: (x - 127.5) / 127.5, gray
-             channels repeated.
+  tf_bilinear    what the published checkpoints were trained and evaluated on (the
+                 original vit_jax and big_vision input pipelines): JPEGs decoded as
+                 `tf.io.decode_jpeg` does (libjpeg's integer-fast DCT), then
+                 `tf.image.resize(x, size)`: bilinear at half-pixel centres, no
+                 antialiasing, float output. OpenCV's INTER_LINEAR on float32 computes
+                 the same formula (within 1e-5 of 255).
+  pil_antialias  what HF's ViTImageProcessor (PIL backend) and timm compute: JPEGs decoded
+                 as PIL does (the accurate integer DCT), then PIL's bilinear filter,
+                 antialiased when shrinking (the filter widens with the scale), rounded
+                 to uint8.
 
-PIL releases the GIL while it decodes and resizes, so threads run these in parallel.
+  decode     file or bytes -> uint8 [h, w, 3]: EXIF orientation applied, any PIL mode to
+             RGB (alpha dropped, 16-bit scaled to 8). JPEGs in RGB or gray are decoded by
+             simplejpeg (libjpeg-turbo, as PIL and TensorFlow: the same pixels for the
+             same DCT, tests/test_pixels.py holds both); every other file and mode goes
+             through PIL.
+  normalize  [..., c] in [0, 255] -> float32 [..., 3] in [-1, 1]: (x - 127.5) / 127.5,
+             gray channels repeated.
+
+Measured (BENCHMARKS.md, "Decoders"): none of the pip-installable decoders that bundle
+their native code decodes a JPEG crop window faster than simplejpeg decodes the whole
+file, and DCT-scaled decoding changes the pixels of both methods, so the whole file is
+decoded and the window is a view. PIL, simplejpeg and OpenCV release the GIL: threads
+run all of this in parallel.
 """
 
 from __future__ import annotations
@@ -19,9 +36,20 @@ from __future__ import annotations
 import functools
 import io
 import os
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+METHODS = ("tf_bilinear", "pil_antialias")
+# What a file that records no method was made with: the published .npz files (the
+# original code's tf.image.resize); timm and HF files come from tools whose processors
+# compute PIL's antialiased resize.
+PUBLISHED = "tf_bilinear"
+HELP = (
+    "tf_bilinear (tf.image.resize: no antialiasing, float; the published checkpoints') or "
+    "pil_antialias (PIL's antialiased bilinear, rounded to uint8; HF's and timm's)"
+)
 
 # What PIL raises for a file that is not a readable image.
 DECODE_ERRORS = (
@@ -31,6 +59,25 @@ DECODE_ERRORS = (
     ValueError,
     Image.DecompressionBombError,
 )
+
+
+@functools.cache
+def _cv2():
+    """OpenCV, imported where first used (a config import need not load it)."""
+    import cv2  # noqa: PLC0415
+
+    cv2.setNumThreads(1)  # the pipeline's own threads run images in parallel
+    return cv2
+
+
+Window = tuple[int, int, int, int]  # (y0, x0, height, width)
+
+
+def check_method(method: str) -> str:
+    """`method` if it is one of METHODS; a ValueError naming both otherwise."""
+    if method not in METHODS:
+        raise ValueError(f"preprocessing {method!r} is not one of {' or '.join(METHODS)}: {HELP}")
+    return method
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -52,42 +99,134 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
 
 
-def decode(source: str | os.PathLike | bytes) -> np.ndarray:
-    """An image file (path) or its bytes -> uint8 [h, w, 3], upright and RGB.
+# EXIF orientation -> the array operation that makes the image upright (as PIL's
+# ImageOps.exif_transpose: 2 mirror, 3 rotate 180, 4 flip, 5 transpose, 6 rotate 270,
+# 7 transverse, 8 rotate 90 counter-clockwise).
+_UPRIGHT = {
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: a.transpose(1, 0, 2),
+    6: lambda a: np.rot90(a, -1),
+    7: lambda a: a.transpose(1, 0, 2)[::-1, ::-1],
+    8: lambda a: np.rot90(a, 1),
+}
+
+
+def _jpeg(data: bytes, method: str) -> np.ndarray | None:
+    """A JPEG that PIL reads as RGB or L, decoded by simplejpeg with the method's DCT
+    and made upright (uint8 [h, w, 3]); None for anything else (PIL's path)."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # the header only: mode and EXIF
+            if image.format != "JPEG" or image.mode not in ("RGB", "L"):
+                return None
+            orientation = image.getexif().get(0x0112, 1)
+            gray = image.mode == "L"
+        import simplejpeg  # noqa: PLC0415 -- loaded with the first JPEG
+
+        out = simplejpeg.decode_jpeg(
+            data, colorspace="GRAY" if gray else "RGB", fastdct=method == "tf_bilinear"
+        )
+    except (*DECODE_ERRORS, RuntimeError):  # PIL's path names what is wrong
+        return None
+    out = np.repeat(out, 3, -1) if gray else out
+    upright = _UPRIGHT.get(orientation)
+    return out if upright is None else np.ascontiguousarray(upright(out))
+
+
+def decode(source: str | os.PathLike | bytes, method: str = "pil_antialias") -> np.ndarray:
+    """An image file (path) or its bytes -> uint8 [h, w, 3], upright and RGB; a JPEG
+    decoded as `method`'s pipeline decodes it (tf_bilinear: TensorFlow's integer-fast
+    DCT; pil_antialias: PIL's accurate one).
 
     Raises:
         FileNotFoundError: The path does not exist.
         ValueError: The data is not an image PIL can read (the message says why).
     """
-    where = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
+    if not isinstance(source, (bytes, bytearray)):
+        try:
+            with open(source, "rb") as f:
+                source = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"image not found: {source}") from None
+        except IsADirectoryError:
+            raise ValueError("it is a directory, not an image") from None
+    fast = _jpeg(source, method)
+    if fast is not None:
+        return fast
     try:
-        with Image.open(where) as image:
+        with Image.open(io.BytesIO(source)) as image:
             image.load()
             image = to_rgb(ImageOps.exif_transpose(image))
             return np.asarray(image, dtype=np.uint8)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"image not found: {source}") from None
-    except IsADirectoryError:
-        raise ValueError("it is a directory, not an image") from None
     except DECODE_ERRORS as e:
         raise ValueError(str(e) or type(e).__name__) from None
 
 
-def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """PIL bilinear resize.  uint8 [h, w, c] (c = 1 or 3) -> uint8 [H, W, c]
+def resize(image: np.ndarray, size: tuple[int, int], method: str, window: Window | None = None):
+    """Crops `window` (the whole image if None) and resizes it to `size` (H, W).
 
-    The same size returns the image unchanged (a copy).
+    uint8 [h, w, c] (c = 1 or 3) -> [H, W, c]: float32 in [0, 255] (tf_bilinear) or uint8
+    (pil_antialias).
     """
     h, w, c = image.shape
-    if (h, w) == tuple(size):
-        return image.copy()
-    pil = Image.fromarray(image[..., 0] if c == 1 else image)
+    y0, x0, ch, cw = (0, 0, h, w) if window is None else (int(v) for v in window)
+    if method == "tf_bilinear":
+        crop = image[y0 : y0 + ch, x0 : x0 + cw].astype(np.float32)
+        if (ch, cw) == tuple(size):
+            return crop
+        cv2 = _cv2()
+        out = cv2.resize(crop, (size[1], size[0]), interpolation=cv2.INTER_LINEAR)
+        return out.reshape(size[0], size[1], c)
+    check_method(method)
+    if (ch, cw) == tuple(size):  # PIL's resize of a same-size window is the window
+        return image[y0 : y0 + ch, x0 : x0 + cw].copy()
+    # Cropped first: PIL's resize(box=...) lets the filter read past the box's edges.
+    pil = Image.fromarray(image[..., 0] if c == 1 else image).crop((x0, y0, x0 + cw, y0 + ch))
     out = np.asarray(pil.resize((size[1], size[0]), Image.Resampling.BILINEAR))
     return out[..., None] if c == 1 else out
 
 
+def decode_crop_resize(
+    source: str | os.PathLike | bytes | np.ndarray,
+    size: tuple[int, int],
+    method: str,
+    window: Window | Callable[[int, int], Window] | None = None,
+) -> np.ndarray:
+    """The one preprocessing primitive: an image (file, bytes, or a decoded uint8
+    [h, w, c] array) -> its window resized to `size`, [H, W, c] float32 in [0, 255]
+    (tf_bilinear) or uint8 (pil_antialias).
+
+    Args:
+        source: A path, the file's bytes, or an image already decoded.
+        size: (H, W) of the result.
+        method: One of METHODS.
+        window: None (the whole image), (y0, x0, height, width) in the upright image, or
+            a function of the upright image's (h, w) that returns one (an Inception crop).
+
+    Raises:
+        FileNotFoundError: A path that does not exist.
+        ValueError: Data that is not an image (the message says why), or an unknown method.
+    """
+    check_method(method)
+    image = source if isinstance(source, np.ndarray) else decode(source, method)
+    if callable(window):
+        window = window(image.shape[0], image.shape[1])
+    return resize(image, size, method, window)
+
+
+def to_uint8(images: np.ndarray) -> np.ndarray:
+    """Resized images as uint8 for the augmentations that work on bytes (RandAugment):
+    float values truncated, as big_vision's tf.cast after its resize."""
+    if images.dtype == np.uint8:
+        return images
+    return np.clip(images, 0, 255).astype(np.uint8)
+
+
 def normalize(images: np.ndarray) -> np.ndarray:
-    """uint8 [..., c] (c = 1 or 3) -> float32 [..., 3] in [-1, 1]."""
+    """[..., c] in [0, 255] (c = 1 or 3; uint8 or float) -> float32 [..., 3] in [-1, 1]."""
     x = (images.astype(np.float32) - 127.5) / 127.5
     return np.repeat(x, 3, axis=-1) if x.shape[-1] == 1 else x
 
@@ -97,7 +236,7 @@ def normalize(images: np.ndarray) -> np.ndarray:
 # input (support 1, widened by the scale when shrinking) normalised to sum 1 and stored
 # as fixed-point ints with 22 fractional bits; a horizontal pass rounded to uint8, then
 # a vertical pass. Reproduced here exactly (integer sums, exact in float64 matmuls), so
-# resize_batch equals `resize` on each image, bit for bit (tests/test_data.py holds it
+# resize_batch equals `resize(..., "pil_antialias")`, bit for bit (tests/test_data.py holds it
 # to PIL), at a fraction of PIL's per-call cost for small images.
 _PRECISION_BITS = 22
 
@@ -179,18 +318,28 @@ def _order(ch: int, cw: int, size: tuple[int, int]) -> str:
     return "vh" if cw < out_w else ""
 
 
-def resize_batch(images: np.ndarray, boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Crops and resizes each image exactly as `resize(image[y0:y0+h, x0:x0+w], size)`.
+def resize_batch(
+    images: np.ndarray, boxes: np.ndarray, size: tuple[int, int], method: str
+) -> np.ndarray:
+    """Crops and resizes each image exactly as `resize(image, size, method, box)`.
 
     Args:
         images: Same-size images.  # uint8 [b, h, w, c]
         boxes: Crop of each image: (y0, x0, height, width).  # int [b, 4]
         size: (H, W) of the results.
+        method: One of METHODS. tf_bilinear resizes each image with OpenCV (microseconds
+            at these sizes); pil_antialias reproduces Pillow's fixed-point arithmetic in
+            batched matrix products, cheaper than PIL's per-call cost on small images.
 
     Returns:
-        uint8 [b, H, W, c].
+        [b, H, W, c]: float32 (tf_bilinear) or uint8 (pil_antialias).
     """
     b, h, w, c = images.shape
+    if check_method(method) == "tf_bilinear":
+        out = np.empty([b, *size, c], np.float32)
+        for i, box in enumerate(np.asarray(boxes).tolist()):
+            out[i] = resize(images[i], size, method, tuple(box))
+        return out
     out_h, out_w = size
     boxes = np.asarray(boxes, np.int64).reshape(b, 4)
     wy = _weights(boxes[:, 0], boxes[:, 2], h, out_h)  # [b, H, h]
@@ -207,5 +356,5 @@ def resize_batch(images: np.ndarray, boxes: np.ndarray, size: tuple[int, int]) -
         out[vh] = y.transpose(0, 2, 3, 1)
     for i in np.flatnonzero(orders == ""):
         y0, x0, ch, cw = (int(v) for v in boxes[i])
-        out[i] = resize(images[i, y0 : y0 + ch, x0 : x0 + cw], size)
+        out[i] = resize(images[i], size, "pil_antialias", (y0, x0, ch, cw))
     return out

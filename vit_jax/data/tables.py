@@ -26,7 +26,9 @@ class Table:
     Attributes:
         size: Number of examples N.
         num_classes: Number of classes after subsetting.
-        example: Position -> (uint8 image [h, w, 1 or 3], label after relabelling).
+        example: Position -> (image, label after relabelling); the image is a file's
+            bytes or a decoded uint8 [h, w, 1 or 3] (`load` makes pixels of either).
+        corrupt: (position, why) -> the error to raise for an image that does not decode.
         paths: The file of each example (folder source), else None.
         num_skipped: Corrupt files left out (skip_corrupt=True).
         images: All images, when they are in memory and of one size (idx source), for
@@ -40,7 +42,8 @@ class Table:
 
     size: int
     num_classes: int
-    example: Callable[[int], tuple[np.ndarray, int]]
+    example: Callable[[int], tuple[bytes | np.ndarray, int]]
+    corrupt: Callable[[int, str], Exception] = lambda i, why: ValueError(f"example {i}: {why}")
     paths: np.ndarray | None = None
     num_skipped: int = 0
     images: np.ndarray | None = None
@@ -49,6 +52,19 @@ class Table:
 
     def __len__(self) -> int:
         return self.size
+
+
+def load(table: Table, i: int, size, method: str, window=None) -> tuple[np.ndarray, int]:
+    """Example i as pixels (`pixels.decode_crop_resize`: window, size, method) and its label.
+
+    Raises:
+        The table's `corrupt` error, naming the example, for an image that does not decode.
+    """
+    try:
+        image, label = table.example(i)
+        return pixels.decode_crop_resize(image, size, method, window), label
+    except (ValueError, OSError) as e:
+        raise table.corrupt(i, str(e)) from None
 
 
 _TABLES: dict[tuple, Table] = {}
@@ -82,6 +98,8 @@ def open_table(cfg: ml_collections.ConfigDict, spec: str) -> Table:
         key += (cfg.skip_corrupt, cfg.cache, cfg.train_split, cfg.test_split)
     if cfg.source == "tfds":
         key += (cfg.name, cfg.cache)
+    if cfg.cache:  # decoded as the preprocessing decodes JPEGs
+        key += (cfg.preprocessing,)
     if key not in _TABLES:
         opener = {"idx": _open_idx, "folder": _open_folder, "tfds": _open_tfds}[cfg.source]
         _TABLES[key] = opener(cfg, spec, classes, epc)
@@ -102,7 +120,12 @@ def _open_idx(cfg, spec: str, classes, epc) -> Table:
     names = IDX_CLASS_NAMES.get(cfg.name)
     names = _kept(names, classes) if names is not None and len(names) == total else None
     return Table(
-        len(kept), num_classes, example, images=kept_images, labels=new_labels, class_names=names
+        len(kept),
+        num_classes,
+        example,
+        images=kept_images,
+        labels=new_labels,
+        class_names=names,
     )
 
 
@@ -118,11 +141,14 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     paths = paths[split.start + kept]
     num_classes = len(classes) if classes else len(class_names)
     if not (cfg.skip_corrupt or cfg.cache):
-        example = lambda i: (folder_source.load(paths[i]), int(new_labels[i]))
+        example = lambda i: (folder_source.read(paths[i]), int(new_labels[i]))
+        corrupt = lambda i, why: folder_source.corrupt_error(paths[i], why)
         names = _kept(class_names, classes)
-        return Table(len(paths), num_classes, example, paths, labels=new_labels, class_names=names)
+        return Table(
+            len(paths), num_classes, example, corrupt, paths, labels=new_labels, class_names=names
+        )
 
-    ok, images, failures = folder_source.decode_all(paths, keep_images=cfg.cache)
+    ok, images, failures = folder_source.decode_all(paths, cfg.cache, cfg.preprocessing)
     if failures and not cfg.skip_corrupt:
         raise folder_source.corrupt_error(*failures[0])
     if failures:
@@ -135,12 +161,13 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
             [path for path, _ in failures[:5]],
         )
     paths, new_labels = paths[ok], new_labels[ok]
-    load = images.__getitem__ if cfg.cache else (lambda i: folder_source.load(paths[i]))
-    example = lambda i: (load(i), int(new_labels[i]))
+    read = images.__getitem__ if cfg.cache else (lambda i: folder_source.read(paths[i]))
+    example = lambda i: (read(i), int(new_labels[i]))
     return Table(
         len(paths),
         num_classes,
         example,
+        lambda i, why: folder_source.corrupt_error(paths[i], why),
         paths,
         num_skipped=len(failures),
         labels=new_labels,
@@ -165,20 +192,25 @@ def _open_tfds(cfg, spec: str, classes, epc) -> Table:
     relabel = subsets.relabel_table(classes, total)
     records = tfds_source.records(builder, name)
 
-    def example(i: int) -> tuple[np.ndarray, int]:
+    def example(i: int) -> tuple[bytes, int]:
         record = records[int(kept[i])]
-        try:
-            image = pixels.decode(record["image"])
-        except ValueError as e:
-            raise ValueError(
-                f"TFDS dataset {cfg.name!r} split {name!r} record {int(kept[i])}: the image "
-                f"does not decode ({e})."
-            ) from None
-        return image, int(relabel[int(record["label"])])
+        return record["image"], int(relabel[int(record["label"])])
+
+    def corrupt(i: int, why: str) -> ValueError:
+        return ValueError(
+            f"TFDS dataset {cfg.name!r} split {name!r} record {int(kept[i])}: the image "
+            f"does not decode ({why})."
+        )
 
     if cfg.cache:
-        examples = [example(i) for i in range(len(kept))]
+        examples = []
+        for i in range(len(kept)):
+            image, label = example(i)
+            try:
+                examples.append((pixels.decode(image, cfg.preprocessing), label))
+            except ValueError as e:
+                raise corrupt(i, str(e)) from None
         example = examples.__getitem__
     names = _kept(tfds_source.class_names(builder), classes)
     num_classes = len(classes) if classes else total
-    return Table(len(kept), num_classes, example, labels=kept_labels, class_names=names)
+    return Table(len(kept), num_classes, example, corrupt, labels=kept_labels, class_names=names)

@@ -52,14 +52,17 @@ def dataset_configs(
     data_dir: str | None = None,
     train_split: str = "train",
     test_split: str = "test",
+    preprocessing: str = "tf_bilinear",
 ) -> list[dict]:
     """Dataset configs (fields of vit_jax.data.default_config()) for the named datasets.
 
     Without `source`, 'fashion_mnist' reads idx files and any other name a TFDS builder.
+    `preprocessing`: the resize (`vit_jax.data.pixels.METHODS`), the checkpoint's.
     """
     configs = []
     for name in names:
         cfg = {"name": name, "train_split": train_split, "test_split": test_split}
+        cfg["preprocessing"] = preprocessing
         cfg["source"] = source or ("idx" if name == "fashion_mnist" else "tfds")
         if data_dir:
             cfg["data_dir"] = data_dir

@@ -82,10 +82,13 @@ def analyse_images(
 
 
 def sample_images(
-    num_images: int, image_size: tuple[int, int], data_dir: str | None = None
+    num_images: int,
+    image_size: tuple[int, int],
+    data_dir: str | None = None,
+    method: str = "tf_bilinear",
 ) -> np.ndarray:
     """The first `num_images` test images of the idx dataset (Fashion-MNIST by default),
-    through the evaluation preprocessing (vit_jax/data/pixels.py).
+    through the evaluation preprocessing (vit_jax/data/pixels.py) by `method`.
 
     Returns:
       images in [-1, 1].  # [num_images, H, W, 3]
@@ -93,6 +96,7 @@ def sample_images(
     from vit_jax import data
 
     cfg = data.default_config()
+    cfg.preprocessing = method
     if data_dir:
         cfg.data_dir = data_dir
     cfg.test_split = f"test[:{num_images}]"

@@ -141,11 +141,16 @@ def restore_or_create(
 
 
 def export_npz(
-    path: str, params: Any, computes: dict | None = None, labels: list[str] | None = None
+    path: str,
+    params: Any,
+    computes: dict | None = None,
+    labels: list[str] | None = None,
+    method: str | None = None,
 ) -> None:
     """`params` (sharded, possibly over several processes) -> a published-layout .npz,
-    written by process 0, with the model's numerics `computes` (`numerics.of_model`) and
-    its head's class names `labels`. Every process must call it (the arrays are gathered)."""
+    written by process 0, with the model's numerics `computes` (`numerics.of_model`), its
+    head's class names `labels` and the preprocessing `method` it was trained with. Every
+    process must call it (the arrays are gathered)."""
     host = distributed.to_host(params)
     if distributed.is_lead():
-        save_npz(path, host, computes, labels)
+        save_npz(path, host, computes, labels, method)

@@ -242,7 +242,8 @@ def _run(
         if config.export_npz:
             computes = numerics.of_model(model)  # a run fine-tuned from timm or HF keeps them
             names = data.class_names(config.dataset)  # infer names the classes with them
-            _export(workdir.final_npz, state.params, saver, computes, names)
+            method = config.dataset.preprocessing  # infer and evaluate resize as it trained
+            _export(workdir.final_npz, state.params, saver, computes, names, method)
         summary = {
             "model": config.model.name,
             "steps": int(jax.device_get(state.step)),
@@ -354,10 +355,11 @@ def _export(
     checkpoints: Checkpoints,
     computes: dict | None = None,
     labels: list[str] | None = None,
+    method: str | None = None,
 ) -> None:
     """export_npz, with the run's one message when the file cannot be written."""
     try:
-        export_npz(path, params, computes, labels)
+        export_npz(path, params, computes, labels, method)
     except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
         raise OSError(
             f"could not write {path}: {store.explain(e, path)}. Nothing half-written was "
@@ -397,7 +399,12 @@ def fewshot_evaluator(config: ml_collections.ConfigDict) -> fewshot_lib.FewShotE
     if not names:
         return None
     datasets = fewshot_lib.dataset_configs(
-        names, f.source or None, f.data_dir or None, f.train_split, f.test_split
+        names,
+        f.source or None,
+        f.data_dir or None,
+        f.train_split,
+        f.test_split,
+        preprocessing=config.dataset.preprocessing,  # the probe sees what training sees
     )
     return fewshot_lib.FewShotEvaluator(
         datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size

@@ -36,7 +36,7 @@ from flax import traverse_util
 from vit_jax.base import store
 from vit_jax.data import images
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import hf, npz, numerics, safetensors_io, timm
+from vit_jax.weights import hf, npz, numerics, preprocessing, safetensors_io, timm
 from vit_jax.weights import labels as labels_lib
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.load import Loaded
@@ -71,7 +71,7 @@ def load(
     if num_classes is not None and num_classes != (m.num_classes or 0):
         m = m.clone(num_classes=num_classes or None)
         params = adapt(params, m, size, reset_head=True, source=str(path))
-        return Loaded(m, params, size, None)
+        return Loaded(m, params, size, None, loaded.preprocessing)
     return loaded
 
 
@@ -84,9 +84,13 @@ def convert(
     num_classes: int | None = None,
     patch_size: int | None = None,
     labels: Sequence[str] | str | os.PathLike | None = None,
+    preprocessing: str | None = None,
     **overrides: Any,
 ) -> Converted:
     """Read `path` (any format read), write it as `fmt` at `out`.
+
+    `preprocessing`: the resize the weights expect, recorded in the output (npz, timm,
+    hf); None keeps the input's (preprocessing.py).
 
     `labels`: the head's class names, one per output, or the path of a text file with
     one a line (as `python -m vit_jax.infer --labels`); None keeps the input's own (the
@@ -108,7 +112,8 @@ def convert(
         labels = images.class_names(m.num_classes or 0, str(labels))
     elif labels is None:
         labels = loaded.labels
-    return write(loaded.params, m, loaded.image_size, fmt, out, labels)
+    method = preprocessing or loaded.preprocessing
+    return write(loaded.params, m, loaded.image_size, fmt, out, labels, method)
 
 
 def write(
@@ -118,11 +123,13 @@ def write(
     fmt: str,
     out: str | os.PathLike,
     labels: Sequence[str] | None = None,
+    method: str | None = None,
 ) -> Converted:
     """Write a model's parameters (original layout) as `fmt` at `out` with `labels`, the
     head's class names (None: none; an hf export then names a 1000-class head with
-    ImageNet's, any other LABEL_i). The directory that holds `out` is created if it does
-    not exist."""
+    ImageNet's, any other LABEL_i), and `method`, the preprocessing the weights expect
+    (npz, timm and hf files record it; see preprocessing.py). The directory that holds
+    `out` is created if it does not exist."""
     out = str(out)
     where = out if store.is_remote(out) else os.path.abspath(out)  # in the printed lines
     if not store.is_remote(out):
@@ -136,7 +143,7 @@ def write(
     if labels is not None:
         labels = labels_lib.checked(labels, model.num_classes or 0, "the class names")
     if fmt == "npz":
-        npz.save_npz(out, params, computes, labels)
+        npz.save_npz(out, params, computes, labels, method)
         how = f"vit_jax.weights.load_model({out!r})"
         if numerics.is_original(computes):
             how += "  # or the original code's np.load"
@@ -145,12 +152,14 @@ def write(
         how = timm.recipe(model, size, where)
         meta = {"format": "pt", "num_heads": str(model.num_heads)}
         meta.update(numerics.to_timm_metadata(computes), **labels_lib.to_timm_metadata(labels))
+        meta.update(preprocessing.to_timm_metadata(method))
         safetensors_io.write(out, tensors, meta)
     elif fmt == "hf":
         tensors = {k: np.asarray(v, np.float32) for k, v in hf.to_hf(params).items()}
         if labels is None and model.num_classes == 1000:
             labels = images.imagenet_class_names()
         cfg = hf.config(model, size, labels)  # before writing: it checks the labels
+        cfg.update(preprocessing.to_hf_config(method))
         hf.write_dir(out, tensors, cfg, hf.preprocessor_config(size))
         d, fetch = where, ""
         if store.is_remote(out):  # from_pretrained reads a local directory: a copy of it
@@ -162,12 +171,21 @@ def write(
             )
             d = "d"
         q = d if d == "d" else repr(d)
+        resize = (
+            "# PIL's resize, as vit_jax computes (transformers prefers torchvision's where\n"
+            "# torchvision is installed, which rounds differently)\n"
+        )
+        if method == "tf_bilinear":
+            resize = (
+                "# PIL's antialiased resize: transformers has none without antialiasing, and\n"
+                "# these weights were trained on tf.image.resize's (vit_jax --preprocessing=\n"
+                "# tf_bilinear): probabilities differ slightly from vit_jax.infer's\n"
+            )
         how = fetch + (
             "import transformers\n"
             f"model = transformers.ViTForImageClassification.from_pretrained({q})\n"
-            "# PIL's resize, as vit_jax computes (transformers prefers torchvision's where\n"
-            "# torchvision is installed, which rounds differently)\n"
-            f"processor = transformers.AutoImageProcessor.from_pretrained({q}, backend='pil')\n"
+            + resize
+            + f"processor = transformers.AutoImageProcessor.from_pretrained({q}, backend='pil')\n"
             "classify = transformers.pipeline(\n"
             f"    'image-classification', model=model, image_processor=processor\n"
             ")\n"

@@ -50,13 +50,15 @@ def load_pretrained(
 
 @dataclasses.dataclass(frozen=True)
 class Loaded:
-    """A checkpoint ready for a model: the model, its parameters, the resolution, and the
-    head's class names where the file names them (None otherwise, and without a head)."""
+    """A checkpoint ready for a model: the model, its parameters, the resolution, the
+    head's class names where the file names them (None otherwise, and without a head), and
+    the preprocessing its weights expect (`vit_jax.data.pixels.METHODS`)."""
 
     model: VisionTransformer
     params: dict
     image_size: tuple[int, int]
     labels: list[str] | None = None
+    preprocessing: str = "tf_bilinear"
 
 
 def load_model(
@@ -130,4 +132,4 @@ def load(
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     params = adapt(params, model, size, False, str(path), patch_size)
     names = labels.checked(source.labels, classes, str(path)) if classes else None
-    return Loaded(model, params, size, names)
+    return Loaded(model, params, size, names, source.preprocessing)

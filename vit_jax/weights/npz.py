@@ -31,7 +31,7 @@ from flax import traverse_util
 
 from vit_jax.base import files, store
 from vit_jax.weights import labels as labels_lib
-from vit_jax.weights import numerics
+from vit_jax.weights import numerics, preprocessing
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 
@@ -147,14 +147,16 @@ def load_npz(path: str | os.PathLike) -> dict:
     return read_npz(path)[0]
 
 
-def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, Any], list[str] | None]:
+def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, Any], list[str] | None, str]:
     """`load_npz`'s tree, the numerics the file's model computes (GELU form, LayerNorm
-    epsilon: the original's unless the file says otherwise, see numerics.py) and its
-    head's class names (None where the file names none, see labels.py)."""
+    epsilon: the original's unless the file says otherwise, see numerics.py), its
+    head's class names (None where the file names none, see labels.py) and the resize
+    its weights expect (preprocessing.py)."""
     arrays = _read(path)
     computes = numerics.from_npz(arrays, str(path))
     names = labels_lib.from_npz(arrays, str(path))
-    return traverse_util.unflatten_dict(canonical(arrays), sep="/"), computes, names
+    method = preprocessing.from_npz(arrays, str(path))
+    return traverse_util.unflatten_dict(canonical(arrays), sep="/"), computes, names, method
 
 
 def read_numerics(path: str | os.PathLike) -> dict[str, Any]:
@@ -172,13 +174,15 @@ def save_npz(
     params: dict,
     computes: dict | None = None,
     labels: list[str] | None = None,
+    method: str | None = None,
 ) -> None:
     """Write `params` in the original published layout (per-block names, float32).
 
     `computes`: the model's numerics (`numerics.of_model`); other than the original's
     (tanh GELU, LayerNorm eps 1e-6) they are stored with the arrays, so that loading the
     file computes the same function (see numerics.py). `labels`: the head's class names,
-    stored with them (labels.py).
+    stored with them (labels.py). `method`: the preprocessing the weights were trained
+    with, stored unless it is the published files' tf_bilinear (preprocessing.py).
 
     The file is written whole to a temporary name and then renamed, so a crash
     never leaves a half-written checkpoint at `path`; a failed write (a full disk)
@@ -193,5 +197,6 @@ def save_npz(
         arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
     arrays.update(numerics.to_npz(computes))
     arrays.update(labels_lib.to_npz(labels))
+    arrays.update(preprocessing.to_npz(method))
     with files.atomic_write(path) as f:
         np.savez(f, **arrays)

@@ -5,7 +5,8 @@ Hugging Face directory, local or remote.
 original-layout parameter tree that `adapt.adapt` fits to a model, so every command that
 takes --checkpoint (and `init_from`) reads every format; `read_source` also returns what
 the file says beyond its parameters: the numerics its model computes (GELU form,
-LayerNorm epsilon; numerics.py) and its head's class names (labels.py).
+LayerNorm epsilon; numerics.py), its head's class names (labels.py) and the resize its
+weights expect (preprocessing.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ import os
 
 from vit_jax.base import store
 from vit_jax.models import get_model
-from vit_jax.weights import architecture, hf, labels, npz, numerics, remote, safetensors_io, timm
+from vit_jax.weights import (
+    architecture,
+    hf,
+    labels,
+    npz,
+    numerics,
+    preprocessing,
+    remote,
+    safetensors_io,
+    timm,
+)
 from vit_jax.weights.errors import CheckpointError
 
 __all__ = [
@@ -63,11 +74,13 @@ def detect_format(path: str | os.PathLike) -> str:
 class Source:
     """What a checkpoint file holds: the parameters in the original layout, the numerics
     its model computes ({'gelu': 'tanh' or 'exact', 'layer_norm_eps': float}, as the file
-    says or its format implies) and its head's class names (None: the file names none)."""
+    says or its format implies), its head's class names (None: the file names none) and
+    the preprocessing its weights expect (as the file says or its format implies)."""
 
     params: dict
     numerics: dict
     labels: list[str] | None = None
+    preprocessing: str = preprocessing.PUBLISHED
 
 
 def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> dict:
@@ -96,7 +109,8 @@ def read_source(path: str | os.PathLike, num_heads: int | None = None) -> Source
     if fmt == "hf":
         params, cfg = hf.read_dir(path)
         computes = numerics.from_hf_config(cfg, str(path / hf.CONFIG))
-        return Source(params, computes, labels.from_hf_config(cfg))
+        method = preprocessing.from_hf_config(cfg, str(path / hf.CONFIG))
+        return Source(params, computes, labels.from_hf_config(cfg), method)
     tensors, meta = safetensors_io.read(path)
     if any(k.startswith(("vit.", "embeddings.")) for k in tensors):
         raise CheckpointError(
@@ -109,7 +123,8 @@ def read_source(path: str | os.PathLike, num_heads: int | None = None) -> Source
     size = architecture.native_image_size(params, model.token_stride)
     timm.check(tensors, model, size, str(path))
     computes = numerics.from_timm_metadata(meta, str(path))
-    return Source(params, computes, labels.from_timm_metadata(meta, str(path)))
+    method = preprocessing.from_timm_metadata(meta, str(path))
+    return Source(params, computes, labels.from_timm_metadata(meta, str(path)), method)
 
 
 def read_numerics(path: str | os.PathLike) -> dict:
