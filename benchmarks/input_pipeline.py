@@ -81,9 +81,8 @@ def batches(cfg, case: str, seed: int = 0):
     common = dict(global_batch=batch, image_size=size, process_index=0, process_count=1)
     if case != "eval384":
         yield from data.train_iterator(cfg, seed=seed, **common)
-    while True:
-        with data.eval_iterator(cfg, cfg.train_split, **common) as it:
-            yield from it
+    while True:  # tf.data's eval_iterator (the baseline) is a generator, Grain's closes
+        yield from data.eval_iterator(cfg, cfg.train_split, **common)
 
 
 def worker(args) -> None:

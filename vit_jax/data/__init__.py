@@ -13,7 +13,8 @@ process reads only its share. Layout:
   folder_source.py  image-folder scanning, decoding, corrupt files
   tfds_source.py    TFDS datasets through tfds.data_source (ArrayRecord)
   tables.py         the random-access tables of the three sources
-  pixels.py         the one preprocessing: decode, resize (PIL bilinear), [-1, 1]
+  pixels.py         the one preprocessing: decode, crop, resize (tf_bilinear or
+                    pil_antialias), [-1, 1]
   augment.py        Inception crop, flip, mixup, label smoothing, seeded per step
   randaugment.py    big_vision's RandAugment (the AugReg recipes), NumPy and PIL
   order.py          which example sits at each position of a process's share

@@ -108,17 +108,18 @@ class TrainBatch:
             h, w = images.shape[1:3]
             boxes = [augment.crop_window(h, w, u, area) for u in draws]
             images = pixels.resize_batch(images, np.asarray(boxes), self.size, method)
-        else:
-            images, labels = [], []
-            for i, u in zip(index, draws, strict=True):
+            if cfg.flip:
+                mirror = draws[:, -1] < 0.5
+                images[mirror] = images[mirror, :, ::-1]
+        else:  # each example resized into its slot of the batch, flipped there
+            dtype = np.float32 if method == "tf_bilinear" else np.uint8
+            images, labels = np.empty([len(index), *self.size, 3], dtype), []
+            for j, (i, u) in enumerate(zip(index, draws, strict=True)):
                 window = functools.partial(augment.crop_window, u=u, min_area=area)
-                image, label = tables.load(table, int(i), self.size, method, window)
-                images.append(image)
-                labels.append(label)
-            images, labels = np.stack(images), np.asarray(labels)
-        if cfg.flip:
-            mirror = draws[:, -1] < 0.5
-            images[mirror] = images[mirror, :, ::-1]
+                labels.append(tables.load(table, int(i), self.size, method, window, images[j])[1])
+                if cfg.flip and u[-1] < 0.5:
+                    pixels.mirror(images[j])
+            labels = np.asarray(labels)
         if cfg.randaugment is not None:  # after crop, resize and flip, as big_vision
             images = pixels.to_uint8(images)
             images = np.repeat(images, 3, -1) if images.shape[-1] == 1 else images
@@ -126,7 +127,7 @@ class TrainBatch:
                 rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slot)
                 images[j] = randaugment.randaugment(images[j], rng, *cfg.randaugment)
         batch = {
-            "image": pixels.normalize(images),
+            "image": pixels.normalize(images, in_place=True),
             "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
         }
         if cfg.mixup > 0:
@@ -156,7 +157,7 @@ class EvalBatch:
         if table.images is None:
             for j, i in enumerate(real):
                 image, label = tables.load(table, int(i), self.size, method)
-                images[j] = pixels.normalize(image)
+                images[j] = pixels.normalize(image, in_place=True)
                 labels[j, label] = 1.0
         elif len(real):  # in memory, one size: resized as one batch
             h, w = table.images.shape[1:3]

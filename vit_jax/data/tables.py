@@ -54,15 +54,16 @@ class Table:
         return self.size
 
 
-def load(table: Table, i: int, size, method: str, window=None) -> tuple[np.ndarray, int]:
-    """Example i as pixels (`pixels.decode_crop_resize`: window, size, method) and its label.
+def load(table: Table, i: int, size, method: str, window=None, out=None) -> tuple[np.ndarray, int]:
+    """Example i as pixels (`pixels.decode_crop_resize`: window, size, method; written into
+    `out` when given) and its label.
 
     Raises:
         The table's `corrupt` error, naming the example, for an image that does not decode.
     """
     try:
         image, label = table.example(i)
-        return pixels.decode_crop_resize(image, size, method, window), label
+        return pixels.decode_crop_resize(image, size, method, window, out), label
     except (ValueError, OSError) as e:
         raise table.corrupt(i, str(e)) from None
 

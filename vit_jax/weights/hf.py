@@ -171,16 +171,18 @@ def config(model: VisionTransformer, image_size: tuple[int, int], labels=None) -
 
 
 def preprocessor_config(image_size: tuple[int, int]) -> dict:
-    """`preprocessor_config.json` for transformers' ViTImageProcessor: the preprocessing of
-    `vit_jax.data.images.load_image` (RGB, PIL bilinear resize to `image_size` without a crop,
-    x / 255 then (x - 0.5) / 0.5, i.e. [-1, 1]), so that `pipeline('image-classification')`
-    feeds the model what `python -m vit_jax.infer` does."""
+    """`preprocessor_config.json` for transformers' ViTImageProcessor: the pil_antialias
+    preprocessing of `vit_jax.data.images.load_image` (RGB, PIL bilinear resize to
+    `image_size` without a crop, x / 255 then (x - 0.5) / 0.5, i.e. [-1, 1]), so that
+    `pipeline('image-classification')` feeds the model what `python -m vit_jax.infer
+    --preprocessing=pil_antialias` does. transformers has no resize without antialiasing,
+    so a tf_bilinear model (config.json's vit_jax_preprocessing) gets PIL's pixels there."""
     return {
         "image_processor_type": "ViTImageProcessor",
         "do_convert_rgb": True,
         "do_resize": True,
         "size": {"height": image_size[0], "width": image_size[1]},
-        "resample": 2,  # PIL.Image.Resampling.BILINEAR, as images.load_image
+        "resample": 2,  # PIL.Image.Resampling.BILINEAR, as pixels' pil_antialias
         "do_rescale": True,
         "rescale_factor": 1 / 255,
         "do_normalize": True,
