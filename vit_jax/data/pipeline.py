@@ -102,7 +102,7 @@ class TrainBatch:
             seed=self.seed,
         )
         draws = augment.step_draws(self.seed, step, self.global_batch)[slots]  # [b, DRAWS]
-        method, area = cfg.preprocessing, cfg.crop_min_area
+        method, area, normalized = cfg.preprocessing, cfg.crop_min_area, False
         if table.images is not None:  # in memory, one size: crop + resize as one batch
             images, labels = table.images[index], table.labels[index]
             h, w = images.shape[1:3]
@@ -111,15 +111,20 @@ class TrainBatch:
             if cfg.flip:
                 mirror = draws[:, -1] < 0.5
                 images[mirror] = images[mirror, :, ::-1]
-        else:  # each example resized into its slot of the batch, flipped there
+        else:  # each example resized into its slot of the batch, flipped there, and
+            # normalised while in cache (float pixels, no RandAugment to come)
             dtype = np.float32 if method == "tf_bilinear" else np.uint8
+            hot = dtype == np.float32 and cfg.randaugment is None
             images, labels = np.empty([len(index), *self.size, 3], dtype), []
             for j, (i, u) in enumerate(zip(index, draws, strict=True)):
                 window = functools.partial(augment.crop_window, u=u, min_area=area)
                 labels.append(tables.load(table, int(i), self.size, method, window, images[j])[1])
                 if cfg.flip and u[-1] < 0.5:
                     pixels.mirror(images[j])
+                if hot:
+                    pixels.normalize(images[j], in_place=True)
             labels = np.asarray(labels)
+            normalized = hot
         if cfg.randaugment is not None:  # after crop, resize and flip, as big_vision
             images = pixels.to_uint8(images)
             images = np.repeat(images, 3, -1) if images.shape[-1] == 1 else images
@@ -127,7 +132,7 @@ class TrainBatch:
                 rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slot)
                 images[j] = randaugment.randaugment(images[j], rng, *cfg.randaugment)
         batch = {
-            "image": pixels.normalize(images, in_place=True),
+            "image": images if normalized else pixels.normalize(images, in_place=True),
             "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
         }
         if cfg.mixup > 0:
@@ -150,14 +155,19 @@ class EvalBatch:
         table = tables.open_table(self.cfg, self.split)
         start = self.lo + number * self.batch_size
         stop = min(start + self.batch_size, self.hi)
-        images = np.zeros([self.batch_size, *self.size, 3], np.float32)
+        images = np.empty([self.batch_size, *self.size, 3], np.float32)
+        images[max(stop - start, 0) :] = 0.0  # the padding
         labels = np.zeros([self.batch_size, table.num_classes], np.float32)
         real = np.arange(start, stop)
         method = self.cfg.preprocessing
         if table.images is None:
             for j, i in enumerate(real):
-                image, label = tables.load(table, int(i), self.size, method)
-                images[j] = pixels.normalize(image, in_place=True)
+                if method == "tf_bilinear":  # resized into its slot, normalised there
+                    label = tables.load(table, int(i), self.size, method, out=images[j])[1]
+                    pixels.normalize(images[j], in_place=True)
+                else:
+                    image, label = tables.load(table, int(i), self.size, method)
+                    images[j] = pixels.normalize(image)
                 labels[j, label] = 1.0
         elif len(real):  # in memory, one size: resized as one batch
             h, w = table.images.shape[1:3]
