@@ -110,10 +110,19 @@ def worker(args) -> None:
 
 
 def bound(case: str, folder: str, preprocessing: str, repeats: int = 3) -> float:
-    """Images/s of the per-image work alone, on one core (this process, pinned)."""
+    """Images/s of the per-image work alone, on one core (this process, pinned for the
+    time it takes: the workers started after it inherit the process's cores)."""
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {sorted(cores)[0]})
+    try:
+        return _bound(case, folder, preprocessing, repeats)
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+def _bound(case: str, folder: str, preprocessing: str, repeats: int) -> float:
     import functools
 
-    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     from vit_jax.data import augment, pixels, tables
 
     _, size, batch = CASES[case]
