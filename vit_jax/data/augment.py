@@ -72,6 +72,9 @@ def mixup(batch: dict[str, np.ndarray], seed: int, step: int, alpha: float) -> N
     by one (a test checks it), and a shuffled batch is as likely in either order.
     """
     lam = np.float32(generator(seed, MIXUP_SALT, step).beta(alpha, alpha))
-    for key in ("image", "label"):
+    for key in ("image", "label"):  # lam * x + (1 - lam) * roll(x), in place
         x = batch[key]  # [b, ...]
-        batch[key] = lam * x + (np.float32(1.0) - lam) * np.roll(x, 1, axis=0)
+        rolled = np.roll(x, 1, axis=0)
+        rolled *= np.float32(1.0) - lam
+        x *= lam
+        x += rolled

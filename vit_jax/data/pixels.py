@@ -62,12 +62,12 @@ DECODE_ERRORS = (
 
 
 @functools.cache
-def _cv2():
+def cv2():
     """OpenCV, imported where first used (a config import need not load it)."""
-    import cv2  # noqa: PLC0415
+    import cv2 as module  # noqa: PLC0415
 
-    cv2.setNumThreads(1)  # the pipeline's own threads run images in parallel
-    return cv2
+    module.setNumThreads(1)  # the pipeline's own threads run images in parallel
+    return module
 
 
 Window = tuple[int, int, int, int]  # (y0, x0, height, width)
@@ -210,9 +210,9 @@ def resize(
     if (ch, cw) == tuple(size):  # either resize of a same-size window is the window
         target[...] = crop
     elif method == "tf_bilinear":
-        cv2 = _cv2()
+        cv = cv2()
         into = target[..., 0] if c == 1 else target
-        got = cv2.resize(crop.astype(np.float32), (size[1], size[0]), into, 0, 0, cv2.INTER_LINEAR)
+        got = cv.resize(crop.astype(np.float32), (size[1], size[0]), into, 0, 0, cv.INTER_LINEAR)
         if not np.shares_memory(got, target):  # OpenCV made its own (another layout)
             into[...] = got
     else:  # cropped first: PIL's resize(box=...) lets the filter read past the box's edges
@@ -255,11 +255,11 @@ def decode_crop_resize(
 
 def mirror(image: np.ndarray) -> np.ndarray:
     """Flips [H, W, c] left to right, in place (no copy of the image)."""
-    cv2 = _cv2()
+    cv = cv2()
     return (
-        cv2.flip(image, 1, image)
+        cv.flip(image, 1, image)
         if image.shape[-1] != 1
-        else cv2.flip(image[..., 0], 1, image[..., 0])
+        else cv.flip(image[..., 0], 1, image[..., 0])
     )
 
 
