@@ -205,6 +205,7 @@ def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     assert weights.load_npz(npz)["pre_logits"]["kernel"].shape == (32, 32)
     ft = tiny_config(total_steps=10, checkpoint_every=0, eval_every=0, image_size=42, init_from=npz)
     ft.dataset.classes = (5, 6, 7)
+    ft.dataset.preprocessing = "pil_antialias"  # recorded in final.npz, which infer reads
     model = state_lib.build_model(ft.model, 3)
     assert model.representation_size is None
     params = state_lib.initial_params(train.start_of(ft), model, 42)
@@ -217,6 +218,8 @@ def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     assert summary["steps"] == 10
     assert summary["accuracy"] == pytest.approx(accuracy_of(f"{tmp_path}/ft/final.npz", ft))
     assert summary["train_loss"] < np.log(3) + 0.05  # started at chance: zero head
+    assert weights.load(f"{tmp_path}/ft/final.npz").preprocessing == "pil_antialias"
+    assert weights.load(npz).preprocessing == "tf_bilinear"  # the default, recorded as nothing
 
 
 @needs_embedded_data
