@@ -200,6 +200,23 @@ def pretrained(tmp_path_factory):
 
 
 @needs_embedded_data
+def test_the_loop_prints_what_the_compiler_says_of_its_own_step(pretrained):
+    """After the first step, one line from the loop's own compiled step (no second
+    compile): the bytes per device and FLOPs that the planner's separate compile of the
+    same step for the same devices gives."""
+    from vit_jax.base import text
+    from vit_jax.training import planner
+
+    (line,) = [x for x in pretrained[2].splitlines() if x.startswith("compiled step: ")]
+    plan = planner.plan_on(pretrain_config(), jax.devices(), "cpu", num_classes=5)
+    assert plan.compiled and plan.total_bytes > plan.temp_bytes > 0 and plan.flops > 0
+    assert line.startswith(f"compiled step: {text.size(plan.total_bytes)} per device (")
+    assert f"({text.size(plan.temp_bytes)} temporaries), " in line
+    assert f"{plan.flops / 1e9:.3g} GFLOP per device per step" in line
+    assert line.endswith("(the cpu backend gives no step-time estimate)")
+
+
+@needs_embedded_data
 def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     npz = os.path.join(pretrained[0], "final.npz")
     assert weights.load_npz(npz)["pre_logits"]["kernel"].shape == (32, 32)

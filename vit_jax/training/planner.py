@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax.base import quiet_tf
+from vit_jax.base import quiet_tf, text
 from vit_jax.parallel import sharding
 from vit_jax.training import optim, steps
 from vit_jax.training.state import Start, abstract_state, build_model
@@ -237,9 +237,24 @@ def plan_on(
             hbm_bytes=hbm, flops=0.0, step_seconds=0.0, compiled=False,
             compile_seconds=time.perf_counter() - began,
         )  # fmt: skip
+    temp, total, flops, seconds = compiled_figures(compiled)
+    return Plan(
+        **known,
+        temp_bytes=temp,
+        total_bytes=total,
+        hbm_bytes=chip.hbm_bytes,
+        flops=flops,
+        step_seconds=seconds,
+        compile_seconds=time.perf_counter() - began,
+    )
+
+
+def compiled_figures(compiled: Any) -> tuple[int, int, float, float]:
+    """(temporaries, total bytes per device, FLOPs per device, the compiler's step-time
+    estimate in seconds, 0 where it gives none) of a compiled step."""
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
     total = (
         memory.argument_size_in_bytes
         + memory.output_size_in_bytes
@@ -247,15 +262,33 @@ def plan_on(
         + memory.temp_size_in_bytes
         + memory.generated_code_size_in_bytes
     )
-    return Plan(
-        **known,
-        temp_bytes=memory.temp_size_in_bytes,
-        total_bytes=total,
-        hbm_bytes=chip.hbm_bytes,
-        flops=float(cost.get("flops", 0.0)),
-        step_seconds=float(cost.get("optimal_seconds", 0.0)),
-        compile_seconds=time.perf_counter() - began,
+    seconds = cost.get("optimal_seconds") or 0.0
+    return memory.temp_size_in_bytes, total, float(cost.get("flops", 0.0)), float(seconds)
+
+
+def own_plan_line(step: Any, state: Any, batch: Any) -> str | None:
+    """One line of what the compiler says of the loop's own step on this host's devices,
+    after its first call (whose executable the lowering finds again: no second compile):
+    bytes per device, FLOPs per step, and its step-time estimate where the backend gives
+    one (TPU). None where the backend reports no memory analysis."""
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            (state, batch))  # fmt: skip
+    try:
+        temp, total, flops, seconds = compiled_figures(step.lower(*abstract).compile())
+    except Exception:  # noqa: BLE001 - a backend without the analyses: say nothing
+        return None
+    kind = jax.devices()[0].device_kind
+    hbm = CHIPS[kind].hbm_bytes if kind in CHIPS else 0
+    of = f" of {text.size(hbm)}" if hbm else ""
+    amount = f"{flops / 1e12:.3g} TFLOP" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP"
+    line = (
+        f"compiled step: {text.size(total)} per device{of} ({text.size(temp)} temporaries), "
+        f"{amount} per device per step"
     )
+    if seconds:
+        images = batch["image"].shape[0] / seconds
+        return line + f"; the compiler predicts {seconds * 1e3:.0f} ms a step ({images:,.0f} img/s)"
+    return line + f" (the {jax.default_backend()} backend gives no step-time estimate)"
 
 
 _OOM = re.compile(

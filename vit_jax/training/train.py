@@ -29,7 +29,7 @@ from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.models import count_params
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
-from vit_jax.training import optim, preemption, progress, steps
+from vit_jax.training import optim, planner, preemption, progress, steps
 from vit_jax.training.events import EventWriter
 from vit_jax.training.guard import FiniteGuard
 from vit_jax.training.state import (
@@ -291,7 +291,8 @@ def train_loop(
         )
     for step in range(start + 1, config.total_steps + 1):
         local = agree.into(next(batches), loop.stop.requested)
-        state, m = loop.train_step(state, sharding.global_batch(local, mesh))
+        batch = sharding.global_batch(local, mesh)
+        state, m = loop.train_step(state, batch)
         if where is not None:
             where.step = step
         if step == start + 1:  # compiled: neither the speed nor the ETA counts that step
@@ -299,6 +300,10 @@ def train_loop(
             took = speed.compiled(step)
             if lead and not cadence.due("log", step):
                 print(f"step {step}: compiled and ran in {console.duration(took)}", flush=True)
+            own = planner.own_plan_line(loop.train_step, state, batch)
+            if lead and own:
+                print(own, flush=True)
+        del batch
         stopping = agree.lagged(loop.stop.requested, m)  # the same on every process
         log, ev, save = (cadence.due(what, step) for what in ("log", "eval", "save"))
         few = loop.fewshot is not None and cadence.due("fewshot", step) and not stopping
