@@ -21,7 +21,9 @@ temporary name and renamed when complete.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from vit_jax.base import files, quiet_tf, store
@@ -105,8 +107,43 @@ def export_saved_model(
         raise ImportError(
             "the saved_model export needs TensorFlow: pip install 'vit_jax[tf]'"
         ) from e
-    with quiet_tf.quiet_stderr():  # saving loads more of TensorFlow's libraries
+    with quiet_tf.quiet_stderr(), _stablehlo_tensorflow_reads():  # saving loads more of TF
         _write_saved_model(tf, jax2tf, params, model, size, out)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split("."))
+
+
+@contextlib.contextmanager
+def _stablehlo_tensorflow_reads() -> Iterator[None]:
+    """While it is open, JAX serializes StableHLO at the older of its own target and the
+    version the installed TensorFlow reads.
+
+    JAX writes StableHLO for consumers up to ~4 weeks behind it; the TensorFlow that pip
+    resolves beside it can be older (measured: JAX 0.12 on Python 3.12 targets 1.18.0,
+    TensorFlow 2.21 reads up to 1.13.7, and a polymorphic batch's shape checks then fail
+    to deserialize when served: 'unregistered operation vhlo.custom_call_v2'). StableHLO
+    serializes to an older version or refuses, so the export either loads or fails here.
+    JAX exposes no option for the target: the hook is its `hlo` module's function.
+    """
+    from jax._src.lib.mlir.dialects import hlo  # noqa: PLC0415
+
+    try:
+        from tensorflow.compiler.mlir.stablehlo import stablehlo  # noqa: PLC0415
+
+        theirs = stablehlo.get_current_version()
+    except (ImportError, AttributeError):  # another TensorFlow layout: JAX's own target
+        yield
+        return
+    jax_target = hlo.get_version_from_compatibility_requirement
+    hlo.get_version_from_compatibility_requirement = lambda requirement: min(
+        jax_target(requirement), theirs, key=_version
+    )
+    try:
+        yield
+    finally:
+        hlo.get_version_from_compatibility_requirement = jax_target
 
 
 def _write_saved_model(
