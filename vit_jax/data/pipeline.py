@@ -113,7 +113,7 @@ class TrainBatch:
                 images[mirror] = images[mirror, :, ::-1]
         else:  # each example resized into its slot of the batch, flipped there, and
             # normalised while in cache (float pixels, no RandAugment to come)
-            dtype = np.float32 if method == "tf_bilinear" else np.uint8
+            dtype = pixels.dtype_of(method)
             hot = dtype == np.float32 and cfg.randaugment is None
             images, labels = np.empty([len(index), *self.size, 3], dtype), []
             for j, (i, u) in enumerate(zip(index, draws, strict=True)):
@@ -162,7 +162,7 @@ class EvalBatch:
         method = self.cfg.preprocessing
         if table.images is None:
             for j, i in enumerate(real):
-                if method == "tf_bilinear":  # resized into its slot, normalised there
+                if pixels.dtype_of(method) == np.float32:  # resized into its slot, normalised there
                     label = tables.load(table, int(i), self.size, method, out=images[j])[1]
                     pixels.normalize(images[j], in_place=True)
                 else:

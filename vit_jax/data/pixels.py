@@ -80,6 +80,11 @@ def check_method(method: str) -> str:
     return method
 
 
+def dtype_of(method: str) -> type:
+    """The type of `method`'s resized pixels: float32 (tf_bilinear) or uint8 (pil_antialias)."""
+    return np.float32 if check_method(method) == "tf_bilinear" else np.uint8
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """Any PIL mode -> RGB, as PIL's `convert('RGB')`: the alpha channel (and a palette's
     transparency) is dropped, the colour under it kept. That is what the pipelines the
@@ -205,8 +210,7 @@ def resize(
     h, w, c = image.shape
     y0, x0, ch, cw = (0, 0, h, w) if window is None else (int(v) for v in window)
     crop = image[y0 : y0 + ch, x0 : x0 + cw]
-    dtype = np.float32 if check_method(method) == "tf_bilinear" else np.uint8
-    target = np.empty([size[0], size[1], c], dtype) if out is None else out
+    target = np.empty([size[0], size[1], c], dtype_of(method)) if out is None else out
     if (ch, cw) == tuple(size):  # either resize of a same-size window is the window
         target[...] = crop
     elif method == "tf_bilinear":
