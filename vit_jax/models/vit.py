@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import resnet
-from vit_jax.models.layers import GELUS, Encoder
+from vit_jax.models.layers import EXACT_ELEMENTARY, GELUS, Encoder
 from vit_jax.models.posemb import KINDS
 
 CLASSIFIERS = ("token", "gap", "unpooled")
@@ -184,7 +184,7 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"unknown classifier {self.classifier!r}: use one of {CLASSIFIERS}")
         if self.posemb not in KINDS:
             raise ValueError(f"unknown posemb {self.posemb!r}: use one of {KINDS}")
-        if self.gelu not in GELUS:
+        if self.gelu not in (*GELUS, EXACT_ELEMENTARY):  # the last for exports only
             raise ValueError(f"unknown gelu {self.gelu!r}: use one of {GELUS}")
         if not 0 < self.layer_norm_eps < 1:
             raise ValueError(

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from vit_jax.base import files, quiet_tf, store
+from vit_jax.models import layers
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -151,6 +152,8 @@ def _write_saved_model(
 ) -> None:
     h, w = size
     c = model.channels
+    if model.gelu == "exact":  # erf without the CHLO composite TF cannot load (layers.py)
+        model = model.clone(gelu=layers.EXACT_ELEMENTARY)
     fn = jax2tf.convert(
         lambda p, x: model.apply({"params": p}, x, train=False),
         polymorphic_shapes=[None, f"(b, {h}, {w}, {c})"],
