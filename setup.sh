@@ -32,6 +32,11 @@ $PIP -e ".[all]"
 # timm for the format tests and the printed timm lines; with torch and torchvision in
 # place its other dependencies are light (pyyaml, huggingface_hub, safetensors).
 $PIP timm || missing "timm not installed; the timm format tests will skip"
+# NVIDIA DALI (~1 GB, Linux only) for the tests of dataset.decoder='dali', which run its
+# CPU decoder; on a GPU host the same install decodes with nvJPEG.
+if [ "$(uname -s)" = Linux ]; then
+  $PIP -e ".[dali]" || missing "nvidia-dali-cuda120 not installed; the DALI tests will skip"
+fi
 # The registry's CUDA torch brings Triton (a GPU kernel compiler, unused on the CPU). Triton
 # and TensorFlow each carry LLVM: a process that loads both aborts ("LLVM ERROR:
 # inconsistency in registered CommandLine options"), and the export tests load both.

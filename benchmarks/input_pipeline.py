@@ -7,6 +7,9 @@ Grain pipeline of an earlier commit, and against the bound of its own per-image 
     python benchmarks/input_pipeline.py --preprocessing=pil_antialias  # the other resize
     python benchmarks/input_pipeline.py --augreg --cases=jpeg224,idx32 --cores=1
                                     # each AugReg setting (mixup + RandAugment) per core
+    python benchmarks/input_pipeline.py --dali --cases=jpeg224,eval384 --baseline=none
+                                    # + dataset.decoder=dali (nvJPEG on a GPU host; on
+                                    #   one without, DALI's CPU decoder on those cores)
 
 Cases: the embedded Fashion-MNIST idx files (in memory, 28x28 gray) at 32 and 56 px,
 global batch 256; a folder of JPEGs (300x400, generated) at 224 px with Inception crop
@@ -92,8 +95,10 @@ def worker(args) -> None:
     _, size, batch = CASES[args.case]
     cfg = config(args.case, args.folder, args.preprocessing)
     if args.impl in ("grain", "before"):
-        cfg.threads = args.cores if args.mode == "threads" else 1
+        cfg.threads = args.cores if args.mode in ("threads", "dali") else 1
         cfg.workers = args.cores if args.mode == "workers" else 0
+    if args.mode == "dali":
+        cfg.decoder = "dali"
     if args.setting:
         from vit_jax.configs import augreg
 
@@ -198,6 +203,7 @@ def main() -> None:
         "--preprocessing", default="tf_bilinear", help="tf_bilinear or pil_antialias"
     )
     parser.add_argument("--augreg", action="store_true", help="time each AugReg setting")
+    parser.add_argument("--dali", action="store_true", help="also dataset.decoder=dali")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--setting", default="", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="grain", help=argparse.SUPPRESS)
@@ -228,6 +234,8 @@ def main() -> None:
                 row = dict(case=case, cores=n, bound=one_core * n)
                 for mode in ("threads", "workers"):
                     row[mode] = run_worker(args, "grain", case, n, mode, here)
+                if args.dali and CASES[case][0] == "folder":
+                    row["dali"] = run_worker(args, "grain", case, n, "dali", here)
                 if before:
                     row["before"] = run_worker(args, "before", case, n, "threads", before)
                 if old:
@@ -242,7 +250,7 @@ def main() -> None:
     print("ratios: Grain (the better of threads and workers) over tf.data and over the bound")
     header = (
         f"{'case':<8} {'cores':>5} {'tf.data':>8} {'before':>8} {'threads':>8} {'workers':>8} "
-        f"{'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"
+        f"{'bound':>8} {'vs tf.data':>10} {'vs bound':>9}" + (f" {'dali':>8}" if args.dali else "")
     )
     print(header + "\n" + "-" * len(header))
     for r in rows:
@@ -253,6 +261,7 @@ def main() -> None:
         print(
             f"{r['case']:<8} {r['cores']:>5} {tf_cell} {before} {r['threads']:>8.0f} "
             f"{r['workers']:>8.0f} {r['bound']:>8.0f} {ratio} {best / r['bound']:>9.2f}"
+            + (f" {r['dali']:>8.0f}" if "dali" in r else (f" {'-':>8}" if args.dali else ""))
         )
 
 

@@ -62,6 +62,11 @@ def one_hot(labels: np.ndarray, num_classes: int, smoothing: float = 0.0) -> np.
     return target * np.float32(1.0 - smoothing) + np.float32(smoothing / num_classes)
 
 
+def mixup_weight(seed: int, step: int, alpha: float) -> np.float32:
+    """The mixup weight of a step, ~ Beta(alpha, alpha)."""
+    return np.float32(generator(seed, MIXUP_SALT, step).beta(alpha, alpha))
+
+
 def mixup(batch: dict[str, np.ndarray], seed: int, step: int, alpha: float) -> None:
     """Mixes each example with its neighbour in the batch, in place; weight ~ Beta(alpha, alpha).
 
@@ -71,7 +76,7 @@ def mixup(batch: dict[str, np.ndarray], seed: int, step: int, alpha: float) -> N
     folded rule makes of the reversed batch with weight 1 - lam, reversed and rotated
     by one (a test checks it), and a shuffled batch is as likely in either order.
     """
-    lam = np.float32(generator(seed, MIXUP_SALT, step).beta(alpha, alpha))
+    lam = mixup_weight(seed, step, alpha)
     for key in ("image", "label"):  # lam * x + (1 - lam) * roll(x), in place
         x = batch[key]  # [b, ...]
         rolled = np.roll(x, 1, axis=0)

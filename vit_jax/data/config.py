@@ -9,6 +9,7 @@ from vit_jax.base.problems import Problem, integer, is_int, number, one_of, rais
 from vit_jax.data import pixels, randaugment, splits
 
 SOURCES = ("idx", "folder", "tfds")
+DECODERS = ("host", "dali")
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
 # The recipe pretrains on the first five Fashion-MNIST classes, fine-tunes on the others.
 FASHION_MNIST_HALVES = ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
@@ -50,6 +51,9 @@ def default_config() -> ml_collections.ConfigDict:
         skip_corrupt: Skip images that do not decode (folder source; counted and
             logged) instead of raising an error that names the file.
         cache: Keep decoded images in memory (folder and tfds sources; idx always is).
+        decoder: Where images are decoded, cropped and resized: 'host' (this process's
+            CPU cores) or 'dali' (NVIDIA DALI: nvJPEG on each local GPU, DALI's CPU
+            decoder without one; files only, no RandAugment; vit_jax/data/dali.py).
         threads: Threads that prepare batches ahead of the loop in this process; 0 means
             one per CPU core.
         workers: Grain worker processes that prepare batches (each with one thread);
@@ -73,6 +77,7 @@ def default_config() -> ml_collections.ConfigDict:
             "label_smoothing": 0.0,
             "skip_corrupt": False,
             "cache": False,
+            "decoder": "host",
             "threads": 0,
             "workers": 0,
         }
@@ -85,6 +90,9 @@ def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[P
     out: list[Problem] = []
     one_of(out, f"{prefix}source", cfg.source, SOURCES)
     one_of(out, f"{prefix}preprocessing", cfg.preprocessing, pixels.METHODS)
+    one_of(out, f"{prefix}decoder", cfg.get("decoder", "host"), DECODERS)
+    if cfg.get("decoder") == "dali":
+        out.extend(_dali_problems(cfg, prefix))
     if cfg.source == "tfds" and remote_tfds(cfg.data_dir):
         out.append(Problem(f"{prefix}data_dir", cfg.data_dir, REMOTE_TFDS))
     if cfg.source == "folder" and not cfg.data_dir:
@@ -132,6 +140,22 @@ def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[P
     number(out, f"{prefix}label_smoothing", cfg.label_smoothing, 0, 1, high_open=True)
     for field in ("threads", "workers"):
         integer(out, f"{prefix}{field}", cfg[field], 0)
+    return out
+
+
+def _dali_problems(cfg: ml_collections.ConfigDict, prefix: str) -> list[Problem]:
+    """What decoder 'dali' does not take: it decodes files, with the tf_bilinear resize."""
+    out, host = [], "; or set dataset.decoder=host"
+    if cfg.source == "idx" or cfg.cache:
+        field, value = ("source", cfg.source) if cfg.source == "idx" else ("cache", cfg.cache)
+        why = "decoder 'dali' decodes image files; these images are in memory already" + host
+        out.append(Problem(f"{prefix}{field}", value, why))
+    if cfg.get("randaugment") is not None:
+        why = "RandAugment runs on the host (PIL/NumPy), not in DALI: unset it" + host
+        out.append(Problem(f"{prefix}randaugment", cfg.randaugment, why))
+    if cfg.preprocessing != "tf_bilinear":
+        why = "DALI resizes as tf.image.resize does: set dataset.preprocessing=tf_bilinear" + host
+        out.append(Problem(f"{prefix}preprocessing", cfg.preprocessing, why))
     return out
 
 

@@ -91,8 +91,10 @@ class TrainBatch:
     process_index: int
     process_count: int
 
-    def __call__(self, step: int) -> Batch:
-        cfg, table = self.cfg, tables.open_table(self.cfg, self.split)
+    def share(self, step: int) -> tuple[tables.Table, np.ndarray, slice, np.ndarray]:
+        """(the table, the table indices [b] of this process's examples, the slots of the
+        global batch they fill, their augmentation uniforms float64 [b, DRAWS])."""
+        table = tables.open_table(self.cfg, self.split)
         index, slots = order.train_share(
             len(table),
             step,
@@ -101,7 +103,11 @@ class TrainBatch:
             process_count=self.process_count,
             seed=self.seed,
         )
-        draws = augment.step_draws(self.seed, step, self.global_batch)[slots]  # [b, DRAWS]
+        return table, index, slots, augment.step_draws(self.seed, step, self.global_batch)[slots]
+
+    def __call__(self, step: int) -> Batch:
+        cfg = self.cfg
+        table, index, slots, draws = self.share(step)
         method, area, normalized = cfg.preprocessing, cfg.crop_min_area, False
         if table.images is not None:  # in memory, one size: crop + resize as one batch
             images, labels = table.images[index], table.labels[index]
@@ -248,9 +254,31 @@ class Batches(Iterator[Batch]):
             self._grain.close()
 
 
-def _batches(make: Callable[[int], Batch], indices: range, cfg: ml_collections.ConfigDict):
+def _batches(make: TrainBatch | EvalBatch, indices: range, cfg: ml_collections.ConfigDict):
     threads = cfg.threads or os.cpu_count() or 1
+    if cfg.decoder == "dali":
+        return _dali_batches(make, indices, threads)
     return Batches(make, indices, threads, cfg.workers)
+
+
+def _dali_batches(make: TrainBatch | EvalBatch, indices: range, threads: int):
+    """The batches of `make` decoded by NVIDIA DALI (vit_jax/data/dali.py): on each local
+    GPU where JAX has them, else on this CPU."""
+    from vit_jax.data import dali  # noqa: PLC0415 -- only with decoder 'dali'
+
+    if not dali.available():
+        raise ImportError(dali.INSTALL)
+    import jax  # noqa: PLC0415
+
+    devices = None
+    if jax.default_backend() == "gpu":  # the order of the mesh's batch rows (make_mesh)
+        devices = sorted(jax.local_devices(), key=lambda d: d.id)
+    if isinstance(make, TrainBatch):
+        plan, batch = functools.partial(dali.train_plan, make), make.global_batch
+        batch //= make.process_count
+    else:
+        plan, batch = functools.partial(dali.eval_plan, make), make.batch_size
+    return dali.DaliBatches(plan, indices, make.size, batch, devices, threads)
 
 
 def train_iterator(

@@ -165,6 +165,29 @@ def _jpeg(data: bytes, method: str) -> np.ndarray | None:
     return out if upright is None else np.ascontiguousarray(upright(out))
 
 
+def upright_size(data: bytes) -> tuple[int, int]:
+    """(h, w) of an image file's bytes once made upright, from its header alone: what
+    an Inception crop needs when the decode happens elsewhere (NVIDIA DALI).
+
+    Raises:
+        ValueError: The data is not an image PIL can read.
+    """
+    if data[:2] == b"\xff\xd8":
+        import simplejpeg  # noqa: PLC0415
+
+        try:
+            h, w = simplejpeg.decode_jpeg_header(data)[:2]
+            return (w, h) if _orientation(data) >= 5 else (h, w)
+        except (ValueError, IndexError, RuntimeError):
+            pass  # PIL names what is wrong
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            w, h = image.size
+            return (w, h) if image.getexif().get(0x0112, 1) >= 5 else (h, w)
+    except DECODE_ERRORS as e:
+        raise ValueError(str(e) or type(e).__name__) from None
+
+
 def decode(source: str | os.PathLike | bytes, method: str = "pil_antialias") -> np.ndarray:
     """An image file (path) or its bytes -> uint8 [h, w, 3], upright and RGB; a JPEG
     decoded as `method`'s pipeline decodes it (tf_bilinear: TensorFlow's integer-fast
