@@ -49,7 +49,9 @@ fi
 # CPU), the version this JAX pins for jax[tpu], in a directory of its own
 # (~700 MB): installed in the environment, every `import jax` that starts the default
 # backends on a host without TPUs prints libtpu's warnings. The tests put it on PYTHONPATH.
-LIBTPU_DIR="${VIT_JAX_LIBTPU_DIR:-$HOME/.cache/vit_jax/libtpu}"
+# One directory per Python: each resolves its own JAX, which pins its own libtpu.
+PYV=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+LIBTPU_DIR="${VIT_JAX_LIBTPU_DIR:-$HOME/.cache/vit_jax/libtpu-py$PYV}"
 LIBTPU=$(python3 -c "import importlib.metadata as m, re; print(next(re.sub(r';.*', '', r).replace(' ', '') for r in m.requires('jax') if r.startswith('libtpu')))" 2>/dev/null || echo libtpu)
 have_libtpu() {  # the pinned libtpu is in LIBTPU_DIR already
   python3 -c "import importlib.metadata as m, sys; from packaging.requirements import Requirement as R

@@ -4,13 +4,14 @@ independent count: parameters x bytes x optimizer slots, 6 x parameters x tokens
 plus the attention term.
 
 libtpu lives apart from the environment (setup.sh installs it in VIT_JAX_LIBTPU_DIR,
-default ~/.cache/vit_jax/libtpu): the commands run in subprocesses with it on
+default ~/.cache/vit_jax/libtpu-pyX.Y, one per Python): the commands run in subprocesses with it on
 PYTHONPATH, as a user with `pip install "vit_jax[plan]"` runs them."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import jax
 import numpy as np
@@ -23,7 +24,10 @@ from vit_jax.training import optim, planner, steps
 from vit_jax.training.state import Start, abstract_state, build_model
 
 LIBTPU_DIR = os.environ.get(
-    "VIT_JAX_LIBTPU_DIR", os.path.join(os.path.expanduser("~"), ".cache", "vit_jax", "libtpu")
+    "VIT_JAX_LIBTPU_DIR",
+    os.path.join(
+        os.path.expanduser("~"), ".cache", "vit_jax", "libtpu-py{}.{}".format(*sys.version_info)
+    ),
 )
 needs_libtpu = pytest.mark.skipif(
     not os.path.isdir(os.path.join(LIBTPU_DIR, "libtpu")),
