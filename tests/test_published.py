@@ -186,10 +186,9 @@ def test_http_path_is_fetched_once_into_the_cache(monkeypatch, tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("VIT_JAX_CACHE", str(tmp_path / "cache"))
-    checked = []
-    monkeypatch.setattr(remote, "check_network", checked.append)
     url = f"http://127.0.0.1:{server.server_port}/x/m.npz"
     try:
+        remote.check_network(url)  # the URL's own port, not 443
         local = Path(remote.resolve(url))
         with pytest.raises(FileNotFoundError, match="other.npz: no such remote file"):
             remote.resolve(url.replace("m.npz", "other.npz"))
@@ -199,5 +198,20 @@ def test_http_path_is_fetched_once_into_the_cache(monkeypatch, tmp_path):
     assert local == tmp_path / "cache" / f"127.0.0.1:{server.server_port}" / "x" / "m.npz"
     assert local.read_bytes() == (served / "x" / "m.npz").read_bytes()
     assert Path(remote.resolve(url)) == local  # the server is gone: the cached copy
-    assert checked == [url, url.replace("m.npz", "other.npz")]
     np.testing.assert_array_equal(weights.read_checkpoint(url)["cls"], params["cls"])
+
+
+def test_check_network_tries_the_urls_own_port():
+    """Reachability is the URL's own port: a closed one on loopback is named, an open one
+    passes (a fixed 443 failed every http:// server on another port)."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(OSError, match=f"cannot reach 127.0.0.1 for http://127.0.0.1:{port}/m"):
+        remote.check_network(f"http://127.0.0.1:{port}/m.npz", timeout=2)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        remote.check_network(f"http://127.0.0.1:{sock.getsockname()[1]}/m.npz", timeout=2)

@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -63,9 +64,10 @@ def resolve(path: str | os.PathLike) -> store.Path:
 
 def check_network(address: str, timeout: float = 5.0) -> None:
     """Raise OSError when the host of `address` cannot be reached."""
-    host = address.split("://", 1)[1].split("/", 1)[0]
+    parts = urllib.parse.urlsplit(address)
+    host, port = parts.hostname, parts.port or (80 if parts.scheme == "http" else 443)
     try:
-        socket.create_connection((host, 443), timeout=timeout).close()
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError as e:
         raise OSError(
             f"cannot reach {host} for {address} ({e}): this machine has no network access. "
