@@ -8,6 +8,8 @@ windows, flips, labels, mixup and padding are the host pipeline's; a resumed ite
 yields what the uninterrupted one does; the per-device path gives the same batch and
 hands the loop arrays it keeps where they are."""
 
+import gc
+import os
 import sys
 import threading
 
@@ -172,16 +174,31 @@ def test_each_eval_example_once_and_the_iterator_ends(tmp_path):
     np.testing.assert_array_equal(labels, [0] * 5 + [1] * 5)
 
 
+def _native_threads() -> int:
+    return len(os.listdir("/proc/self/task"))  # DALI's threads are not Python's
+
+
 def test_close_stops_every_thread(tmp_path):
+    """No thread outlives close(), or the iterator dropped unclosed: Python's (the plans')
+    and native ones counted by the OS (DALI's pools are shared by its pipelines, started
+    once: the first iterator, before the count, starts them)."""
     cfg = _dali(_cfg(_folder(tmp_path)))
-    before = set(threading.enumerate())
-    it = data.train_iterator(
-        cfg, global_batch=4, image_size=SIZE, seed=0, process_index=0, process_count=1
-    )
+    kw = dict(global_batch=4, image_size=SIZE, seed=0, process_index=0, process_count=1)
+    with data.train_iterator(cfg, **kw) as it:  # DALI's first start loads its libraries
+        next(it)
+    before, native = set(threading.enumerate()), _native_threads()
+    it = data.train_iterator(cfg, **kw)
     next(it)
+    assert _native_threads() > native  # the plans' threads, while it works
     it.close()
     it.close()  # idempotent
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert _native_threads() <= native  # (an unrelated thread may have ended meanwhile)
+    it = data.train_iterator(cfg, **kw)
+    next(it)
+    del it
+    gc.collect()
+    assert _native_threads() <= native  # (an unrelated thread may have ended meanwhile)
 
 
 def test_a_corrupt_file_is_named(tmp_path):

@@ -334,6 +334,10 @@ class DaliBatches(Iterator[dict[str, Any]]):
     def __enter__(self) -> DaliBatches:
         return self
 
+    def __del__(self) -> None:  # dropped unclosed: stop DALI's threads and the plans'
+        if getattr(self, "_pipes", None):
+            self.close()
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
