@@ -38,7 +38,7 @@ from vit_jax.data import augment, pixels, tables
 
 INSTALL = (
     "dataset.decoder='dali' needs NVIDIA DALI: pip install nvidia-dali-cuda120 (CUDA 12; "
-    "nvidia-dali-cuda130 for CUDA 13), or set --config.dataset.decoder=host"
+    "nvidia-dali-cuda130 for CUDA 13), or set dataset.decoder='host'"
 )
 
 

@@ -33,7 +33,7 @@ class CorruptImageError(ValueError):
 def corrupt_error(path: str, detail: str) -> CorruptImageError:
     return CorruptImageError(
         f"image {path} does not decode ({detail}). Replace or delete the file, or set "
-        "--config.dataset.skip_corrupt=True to leave unreadable files out (they are counted "
+        "dataset.skip_corrupt=True to leave unreadable files out (they are counted "
         "and logged)."
     )
 

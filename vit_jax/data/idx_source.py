@@ -17,7 +17,7 @@ from vit_jax.base import store
 
 INSTALL_HINT = (
     "apt-get install dataset-fashion-mnist (Debian/Ubuntu), or download the four idx "
-    "files from the Fashion-MNIST project and pass --config.dataset.data_dir=DIR"
+    "files from the Fashion-MNIST project and set dataset.data_dir=DIR"
 )
 PREFIXES = {"train": "train", "test": "t10k"}
 # idx type code -> numpy dtype (big-endian as stored).

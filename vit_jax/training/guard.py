@@ -58,5 +58,5 @@ class FiniteGuard:
         where = self.checkpoints.newest_intact_sentence()  # whole, with its record
         raise FloatingPointError(
             f"{what}. {where}: lower the learning rate, clip gradients "
-            "(--config.optimizer.grad_clip) or set --config.skip_nonfinite=True, and run it again"
+            "(config.optimizer.grad_clip) or set config.skip_nonfinite=True, and run it again"
         )
