@@ -165,3 +165,40 @@ def test_fit_bisects_to_the_largest_multiple_that_fits(monkeypatch):
     assert seen[:3] == [64, 128, 256]
     good, bad, n = planner.fit(tiny_config(batch_size=1024), [None] * 8, "v3-8")
     assert (good.batch_size, bad.batch_size) == (200, 208) and n <= 8
+
+
+@pytest.mark.parametrize("estimate", [-90.46, float("nan"), float("inf"), None, 0.0])
+def test_an_estimate_that_is_not_a_positive_time_is_none(estimate):
+    """libtpu's cost model gave ViT-B/16 at 384 px on v4-8 -90 s (measured): the plan says
+    it has no estimate rather than printing negative images/s and core-days."""
+    from types import SimpleNamespace
+
+    from vit_jax.training import planner
+
+    memory = SimpleNamespace(
+        argument_size_in_bytes=10, output_size_in_bytes=10, alias_size_in_bytes=10,
+        temp_size_in_bytes=5, generated_code_size_in_bytes=1,
+    )  # fmt: skip
+    cost = {"flops": 2e12} if estimate is None else {"flops": 2e12, "optimal_seconds": estimate}
+    compiled = SimpleNamespace(memory_analysis=lambda: memory, cost_analysis=lambda: [cost])
+    assert planner.compiled_figures(compiled) == (5, 16, 2e12, 0.0)
+    cost["optimal_seconds"] = 0.25
+    assert planner.compiled_figures(compiled)[3] == 0.25
+
+
+def test_a_plan_without_an_estimate_says_so():
+    from vit_jax import plan as command
+    from vit_jax.training import planner
+
+    p = planner.Plan(
+        topology="v4-8", device_kind="TPU v4", devices=8, batch_size=512,
+        mesh={"data": 8, "fsdp": 1}, remat=False, param_bytes=2**30, optimizer_bytes=2**30,
+        batch_bytes=2**20, temp_bytes=2**33, total_bytes=2**34, hbm_bytes=16 * 2**30,
+        flops=2.17e13, step_seconds=0.0, total_steps=20_000, cores_per_device=1,
+        compiled=True, compile_seconds=175.0,
+    )  # fmt: skip
+    lines = command.table(p).splitlines()
+    assert lines[-1].split(None, 2)[2] == (
+        "no estimate: the compiler's cost model gave none for this step"
+    )
+    assert not any(k in "\n".join(lines) for k in ("images/s", "core-days", "utilisation"))
