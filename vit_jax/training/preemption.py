@@ -46,6 +46,27 @@ def stopped(step: int, signal_name: str, checkpoint: str | None) -> Stopped:
     return Stopped(f"stopped at step {step} by {signal_name}; {what}", _status(signal_name))
 
 
+def stop_if_asked(loop: Any, state: Any, agree: Agreement | None = None) -> None:
+    """Stops the run (`Stopped`) when a signal came outside the steps: during start-up or
+    the last step's evaluation; the step reached is saved already, if any. `loop`: the
+    training loop's (train.Loop: its mesh, stop request, saver and writer)."""
+    agree = agree or Agreement(loop.mesh)
+    if name := agree.now(loop.stop.requested):
+        stop(loop, int(jax.device_get(state.step)), name, saved=False)
+
+
+def stop(loop: Any, step: int, signal_name: str, saved: bool) -> None:
+    """Waits for the save of `step`, flushes the event file, and raises `Stopped` naming
+    the checkpoint (`saved`: the loop saved `step` for this stop)."""
+    loop.saver.wait()
+    if loop.writer is not None:
+        loop.writer.flush()
+    checkpoint = f"{loop.saver.directory}/{step}"
+    if not saved and step not in loop.saver.steps():
+        checkpoint = None
+    raise stopped(step, signal_name, checkpoint)
+
+
 def _status(name: str) -> int:
     return EXIT_STATUS.get(name, EXIT_STATUS["SIGTERM"])
 

@@ -236,7 +236,7 @@ def _run(
             )
         )
         state, metrics, evals = train_loop(loop, state, batches, where)
-        _stop_if_asked(loop, state)  # before the final evaluation and export
+        preemption.stop_if_asked(loop, state)  # before the final evaluation and export
         if "accuracy" not in evals:  # resumed after the last step: evaluate it again
             evals.update(evaluate(loop, state.params))
         if config.export_npz:
@@ -282,7 +282,7 @@ def train_loop(
     guard = FiniteGuard(loop.saver, config.skip_nonfinite, start, skipped)
     metrics, evals = {}, {}
     agree = preemption.Agreement(mesh)
-    _stop_if_asked(loop, state, agree)  # a signal during start-up
+    preemption.stop_if_asked(loop, state, agree)  # a signal during start-up
     if lead and start < config.total_steps:
         print(
             f"training {config.model.name} ({count_params(state.params):,} parameters) for "
@@ -330,28 +330,9 @@ def train_loop(
         if ev or few or save:  # the throughput clock counts training steps only
             speed.pause(step)
         if stopping:
-            _stop(loop, step, stopping, saved=True)
+            preemption.stop(loop, step, stopping, saved=True)
     loop.saver.wait()
     return state, metrics, evals
-
-
-def _stop_if_asked(loop: Loop, state: TrainState, agree: Any = None) -> None:
-    """Stops the run (`preemption.Stopped`) when a signal came outside the steps: during
-    start-up or the last step's evaluation; the step reached is saved already, if any."""
-    agree = agree or preemption.Agreement(loop.mesh)
-    if name := agree.now(loop.stop.requested):
-        _stop(loop, int(jax.device_get(state.step)), name, saved=False)
-
-
-def _stop(loop: Loop, step: int, signal_name: str, saved: bool) -> None:
-    """Waits for the save of `step` and raises `preemption.Stopped` naming it."""
-    loop.saver.wait()
-    if loop.writer is not None:
-        loop.writer.flush()
-    checkpoint = f"{loop.saver.directory}/{step}"
-    if not saved and step not in loop.saver.steps():
-        checkpoint = None
-    raise preemption.stopped(step, signal_name, checkpoint)
 
 
 def _export(
