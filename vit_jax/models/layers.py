@@ -10,6 +10,7 @@ converts to and from the published per-block names.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -53,33 +54,45 @@ def gelu(x: jax.Array, form: str) -> jax.Array:
     return (x * 0.5 * (1.0 + erf)).astype(x.dtype)
 
 
-class MlpBlock(nn.Module):
-    """Dense -> GELU -> Dense, with dropout after each. `gelu`: 'tanh' (the original
-    ViT's approximation, jax.nn.gelu(approximate=True)) or 'exact' (erf: PyTorch's
-    nn.GELU(), timm's and transformers' 'gelu')."""
+@dataclasses.dataclass(frozen=True)
+class BlockOptions:
+    """What every encoder block computes with: the VisionTransformer's fields, handed down
+    whole (`VisionTransformer.block_options`) rather than re-declared by each module."""
 
     mlp_dim: int
+    num_heads: int
+    gelu: str  # one of GELUS (or EXACT_ELEMENTARY in an export)
+    layer_norm_eps: float
     dropout: float = 0.0
-    train: bool = False
-    gelu: str = "tanh"
+    attention_dropout: float = 0.0
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
 
+
+class MlpBlock(nn.Module):
+    """Dense -> GELU -> Dense, with dropout after each. `opts.gelu`: 'tanh' (the original
+    ViT's approximation, jax.nn.gelu(approximate=True)) or 'exact' (erf: PyTorch's
+    nn.GELU(), timm's and transformers' 'gelu')."""
+
+    opts: BlockOptions
+    train: bool = False
+
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
+        o = self.opts
         dense = lambda n, name: nn.Dense(
             n,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
+            dtype=o.dtype,
+            param_dtype=o.param_dtype,
             kernel_init=xavier,
             bias_init=tiny_normal,
             name=name,
         )
         d = x.shape[-1]
-        x = gelu(dense(self.mlp_dim, "Dense_0")(x), self.gelu)  # [B, N, F]
-        x = nn.Dropout(self.dropout)(x, deterministic=not self.train)
+        x = gelu(dense(o.mlp_dim, "Dense_0")(x), o.gelu)  # [B, N, F]
+        x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
         x = dense(d, "Dense_1")(x)  # [B, N, D]
-        return nn.Dropout(self.dropout)(x, deterministic=not self.train)
+        return nn.Dropout(o.dropout)(x, deterministic=not self.train)
 
 
 class SelfAttention(nn.Module):
@@ -91,26 +104,23 @@ class SelfAttention(nn.Module):
     in float32 whatever the compute dtype.
     """
 
-    num_heads: int
-    dropout: float = 0.0
+    opts: BlockOptions
     train: bool = False
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
-        d = x.shape[-1]
-        if d % self.num_heads:
-            raise ValueError(f"width {d} is not divisible by num_heads={self.num_heads}")
-        hd = d // self.num_heads
+        o, d = self.opts, x.shape[-1]
+        if d % o.num_heads:
+            raise ValueError(f"width {d} is not divisible by num_heads={o.num_heads}")
+        hd = d // o.num_heads
         proj = lambda name: nn.DenseGeneral(
-            (self.num_heads, hd),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
+            (o.num_heads, hd),
+            dtype=o.dtype,
+            param_dtype=o.param_dtype,
             kernel_init=xavier,
             name=name,
         )
-        q = proj("query")(x) / jnp.sqrt(hd).astype(self.dtype)  # [B, N, H, hd]
+        q = proj("query")(x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
         k = proj("key")(x)
         v = proj("value")(x)
         # Heads first, so that both attention products are plain batched matrix
@@ -119,13 +129,14 @@ class SelfAttention(nn.Module):
         logits = jnp.einsum("bhqd,bhkd->bhqk", q, k)  # [B, H, N, N]
         attn = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
         self.sow("intermediates", "attention", attn)
-        attn = nn.Dropout(self.dropout)(attn, deterministic=not self.train).astype(self.dtype)
+        attn = nn.Dropout(o.attention_dropout)(attn, deterministic=not self.train)
+        attn = attn.astype(o.dtype)
         y = jnp.einsum("bhqk,bhkd->bhqd", attn, v).transpose(0, 2, 1, 3)  # [B, N, H, hd]
         return nn.DenseGeneral(
             d,
             axis=(-2, -1),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
+            dtype=o.dtype,
+            param_dtype=o.param_dtype,
             kernel_init=xavier,
             name="out",
         )(y)  # [B, N, D]
@@ -143,44 +154,23 @@ def drop_path(module: nn.Module, y: jax.Array, rate: jax.Array | float) -> jax.A
 class Encoder1DBlock(nn.Module):
     """Pre-LN block: x + MSA(LN(x)), then x + MLP(LN(x))."""
 
-    mlp_dim: int
-    num_heads: int
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
+    opts: BlockOptions
     stochastic_depth: bool = False  # whether `droppath` rates apply (in training)
     train: bool = False
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
-    gelu: str = "tanh"
-    layer_norm_eps: float = 1e-6
 
     @nn.compact
     def __call__(self, x: jax.Array, droppath: jax.Array | float = 0.0) -> jax.Array:  # [B, N, D]
+        o = self.opts
         ln = lambda name: nn.LayerNorm(
-            epsilon=self.layer_norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, name=name
+            epsilon=o.layer_norm_eps, dtype=o.dtype, param_dtype=o.param_dtype, name=name
         )
         y = ln("LayerNorm_0")(x)
-        y = SelfAttention(
-            self.num_heads,
-            self.attention_dropout,
-            self.train,
-            self.dtype,
-            self.param_dtype,
-            name="MultiHeadDotProductAttention_1",
-        )(y)
-        y = nn.Dropout(self.dropout)(y, deterministic=not self.train)
+        y = SelfAttention(o, self.train, name="MultiHeadDotProductAttention_1")(y)
+        y = nn.Dropout(o.dropout)(y, deterministic=not self.train)
         drop = self.train and self.stochastic_depth
         x = x + (drop_path(self, y, droppath) if drop else y)
         y = ln("LayerNorm_2")(x)
-        y = MlpBlock(
-            self.mlp_dim,
-            self.dropout,
-            self.train,
-            self.gelu,
-            self.dtype,
-            self.param_dtype,
-            name="MlpBlock_3",
-        )(y)
+        y = MlpBlock(o, self.train, name="MlpBlock_3")(y)
         x = x + (drop_path(self, y, droppath) if drop else y)
         self.sow("intermediates", "output", x)
         return x
@@ -196,43 +186,26 @@ class _ScanBlock(Encoder1DBlock):
 class Encoder(nn.Module):
     """Position embeddings, `depth` blocks, final LayerNorm ('encoder_norm')."""
 
+    opts: BlockOptions
     depth: int
-    mlp_dim: int
-    num_heads: int
     grid: tuple[int, int]
     num_prefix: int = 1  # leading tokens without a grid position (the class token)
     posemb: str = "learned"
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
     stochastic_depth: float = 0.0
     remat: bool = False
     scan: bool = False
     train: bool = False
-    dtype: Dtype = jnp.float32
-    param_dtype: Dtype = jnp.float32
-    gelu: str = "tanh"
-    layer_norm_eps: float = 1e-6
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, prefix + gh*gw, D]
+        o = self.opts
         x = PositionEmbedding(
-            self.posemb, self.grid, self.num_prefix, self.param_dtype, name="posembed_input"
-        )(x).astype(self.dtype)
-        x = nn.Dropout(self.dropout)(x, deterministic=not self.train)
+            self.posemb, self.grid, self.num_prefix, o.param_dtype, name="posembed_input"
+        )(x).astype(o.dtype)
+        x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
         # Stochastic depth grows linearly with depth, from 0 at the first block.
         rates = np.linspace(0.0, self.stochastic_depth, self.depth, dtype=np.float32)
-        kw = dict(
-            mlp_dim=self.mlp_dim,
-            num_heads=self.num_heads,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            train=self.train,
-            stochastic_depth=self.stochastic_depth > 0,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            gelu=self.gelu,
-            layer_norm_eps=self.layer_norm_eps,
-        )
+        kw = dict(opts=o, stochastic_depth=self.stochastic_depth > 0, train=self.train)
         if self.scan:
             body = nn.remat(_ScanBlock) if self.remat else _ScanBlock
             stack = nn.scan(
@@ -247,8 +220,5 @@ class Encoder(nn.Module):
             for i in range(self.depth):
                 x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]))
         return nn.LayerNorm(
-            epsilon=self.layer_norm_eps,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            name="encoder_norm",
+            epsilon=o.layer_norm_eps, dtype=o.dtype, param_dtype=o.param_dtype, name="encoder_norm"
         )(x)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import resnet
-from vit_jax.models.layers import EXACT_ELEMENTARY, GELUS, Encoder
+from vit_jax.models.layers import EXACT_ELEMENTARY, GELUS, BlockOptions, Encoder
 from vit_jax.models.posemb import KINDS
 
 CLASSIFIERS = ("token", "gap", "unpooled")
@@ -109,6 +109,20 @@ class VisionTransformer(nn.Module):
         return self.patch_size * 4 * 2 ** max(len(self.resnet_stages) - 1, 0)
 
     @property
+    def block_options(self) -> BlockOptions:
+        """The fields every encoder block computes with, handed down whole."""
+        return BlockOptions(
+            mlp_dim=self.mlp_dim,
+            num_heads=self.num_heads,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            gelu=self.gelu,
+            layer_norm_eps=float(self.layer_norm_eps),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+        )
+
+    @property
     def has_class_token(self) -> bool:
         return self.classifier == "token"
 
@@ -135,22 +149,15 @@ class VisionTransformer(nn.Module):
                 [jnp.tile(cls.astype(x.dtype), (b, 1, 1)), x], axis=1
             )  # [B, 1+N, D]
         x = Encoder(
-            depth=self.depth,
-            mlp_dim=self.mlp_dim,
-            num_heads=self.num_heads,
-            grid=(gh, gw),
+            self.block_options,
+            self.depth,
+            (gh, gw),
             num_prefix=int(self.has_class_token),
             posemb=self.posemb,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
             stochastic_depth=self.stochastic_depth,
             remat=self.remat,
             scan=self.scan,
             train=train,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            gelu=self.gelu,
-            layer_norm_eps=float(self.layer_norm_eps),
             name="Transformer",
         )(x)
         if self.classifier == "token":
