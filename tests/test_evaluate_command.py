@@ -180,3 +180,21 @@ def test_an_image_folder_needs_only_the_evaluated_split(five_class_head, tmp_pat
     assert n == result["examples"] == 15 and result["top1"] == hits / n
     assert run_command(command, *args) == 1
     assert "--source=folder needs --data_dir=DIR" in capsys.readouterr().err
+
+
+def test_the_library_names_arguments_not_flags(five_class_head):
+    """classify.evaluate, called as a library: the narrow-head error names the dataset's
+    'classes' and the label_map argument; flags are the command's words alone."""
+    from vit_jax.evaluation import classify
+
+    if not os.path.exists(f"{DEFAULT_IDX_DIR}/t10k-labels-idx1-ubyte.gz"):
+        pytest.skip("the embedded Fashion-MNIST (apt-get install dataset-fashion-mnist)")
+    _, model, params = five_class_head
+    dataset = {"source": "idx", "name": "fashion_mnist"}
+    with pytest.raises(classify.NarrowHead) as error:
+        classify.evaluate(model, params, dataset, "test[:10]", 28, progress=False)
+    message = str(error.value)
+    assert "--" not in message
+    assert "pass dataset classes=ID,... with the 5 dataset class ids" in message
+    assert "the recipe's pretrain/final.npz: dataset classes=(0, 1, 2, 3, 4)" in message
+    assert message.endswith("or label_map with the head class of each dataset class")

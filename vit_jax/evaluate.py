@@ -65,6 +65,20 @@ def define_flags() -> None:
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
 
 
+def parse_classes(items: list[str]) -> tuple[int, ...]:
+    """['5', '6', '7'] (the --classes list) -> (5, 6, 7); a ValueError for anything else."""
+    try:
+        classes = tuple(int(c) for c in items)
+    except ValueError:
+        classes = ()
+    if not classes or min(classes) < 0 or len(set(classes)) != len(classes):
+        raise ValueError(
+            f"--classes={','.join(items)}: expected distinct dataset class ids >= 0 in the "
+            "head's order, e.g. --classes=5,6,7,8,9"
+        )
+    return classes
+
+
 def main() -> None:
     from vit_jax.base import store
     from vit_jax.evaluation import classify
@@ -86,16 +100,21 @@ def main() -> None:
     if f.data_dir:
         dataset["data_dir"] = f.data_dir
     if f.classes:
-        dataset["classes"] = classify.parse_classes(f.classes)
+        dataset["classes"] = parse_classes(f.classes)
     label_map = classify.read_label_map(f.labels) if f.labels else None
     loaded = cli.load_model(head=True)
     dataset["preprocessing"] = loaded.preprocessing
     model, params, size = loaded.model, loaded.params, loaded.image_size
     if not model.num_classes:
         raise ValueError(f"{f.checkpoint} has no classification head: nothing to evaluate")
-    result = classify.evaluate(
-        model, params, dataset, f.split, size, f.batch_size, label_map, f.progress, loaded.labels
-    )
+    try:
+        result = classify.evaluate(
+            model, params, dataset, f.split, size, f.batch_size, label_map, f.progress,
+            loaded.labels,
+        )  # fmt: skip
+    except classify.NarrowHead as e:  # said in flags
+        ids = lambda c: f"--classes={c if isinstance(c, str) else ','.join(map(str, c))}"  # noqa: E731
+        raise ValueError(e.advice(ids, "--labels")) from None
     title = cli.model_title(f.model, f.checkpoint, size)
     classes = result["classes"]
     subset = f" classes {','.join(map(str, classes))}" if classes else ""

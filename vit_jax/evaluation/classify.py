@@ -7,7 +7,7 @@ class order differs from the dataset's (e.g. an ImageNet-21k head on a subset) t
 `label_map`: entry i is the head class of the dataset's class i. A head trained on a
 class subset (the config's `dataset.classes`, e.g. the recipe's classes 5-9) is evaluated
 on the same subset, relabelled 0..K-1 in the listed order as training does: pass
-`{'classes': (5, 6, 7, 8, 9)}` in `dataset` (`--classes=5,6,7,8,9`).
+`{'classes': (5, 6, 7, 8, 9)}` in `dataset`.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def evaluate(
     if label_map is not None and (min(label_map) < 0 or max(label_map) >= k_head):
         raise ValueError(f"the label map names head classes outside 0..{k_head - 1}")
     if label_map is None and k_data > k_head:
-        raise ValueError(_narrow_head_message(cfg, k_data, k_head))
+        raise NarrowHead(cfg, k_data, k_head)
     n = data.num_examples(cfg, split)
     batches = data.eval_iterator(
         cfg,
@@ -148,40 +148,35 @@ def match_by_name(
     return kept, None if label_map == list(range(len(head))) else label_map
 
 
-def _narrow_head_message(cfg: Any, k_data: int, k_head: int) -> str:
-    """Which flag evaluates a head trained on a class subset (or in another order)."""
-    first, second = data_config.FASHION_MNIST_HALVES
-    subset = "" if cfg.classes is None else f" (--classes={_ids(cfg.classes)})"
-    recipe = ""
-    if cfg.name == "fashion_mnist" and cfg.classes is None and k_head == len(first):
-        recipe = (
-            f"; the recipe's pretrain/final.npz: --classes={_ids(first)}, its "
-            f"finetune/ and scratch/ final.npz: --classes={_ids(second)}"
+class NarrowHead(ValueError):
+    """A dataset with more classes than the head: which classes (or which label map) to
+    pass. Its message names the arguments; `advice(classes, labels)` says it in another
+    vocabulary (the evaluate command's flags)."""
+
+    def __init__(self, cfg: Any, k_data: int, k_head: int):
+        self.name, self.classes, self.k_data, self.k_head = cfg.name, cfg.classes, k_data, k_head
+        first, second = data_config.FASHION_MNIST_HALVES  # the recipe's two heads
+        recipe = cfg.name == "fashion_mnist" and cfg.classes is None and k_head == len(first)
+        self.recipe = (first, second) if recipe else None
+        super().__init__(self.advice(lambda ids: f"dataset classes={ids}", "label_map"))
+
+    def advice(self, classes: Any, labels: str) -> str:
+        """The message, with `classes(ids)` naming how the classes are passed and `labels`
+        how a label map is."""
+        subset = "" if self.classes is None else f" ({classes(tuple(self.classes))})"
+        recipe = ""
+        if self.recipe:
+            first, second = self.recipe
+            recipe = (
+                f"; the recipe's pretrain/final.npz: {classes(first)}, its "
+                f"finetune/ and scratch/ final.npz: {classes(second)}"
+            )
+        return (
+            f"{self.name}{subset} has {self.k_data} classes, the checkpoint's head "
+            f"{self.k_head}: pass {classes('ID,...')} with the {self.k_head} dataset class ids "
+            f"the head was trained on, in its order (the training config's dataset.classes"
+            f"{recipe}), or {labels} with the head class of each dataset class"
         )
-    return (
-        f"{cfg.name}{subset} has {k_data} classes, the checkpoint's head {k_head}: pass "
-        f"--classes=ID,... with the {k_head} dataset class ids the head was trained on, in "
-        f"its order (the training config's dataset.classes{recipe}), or --labels with the "
-        "head class of each dataset class"
-    )
-
-
-def _ids(classes: Sequence[int]) -> str:
-    return ",".join(str(c) for c in classes)
-
-
-def parse_classes(items: Sequence[str]) -> tuple[int, ...]:
-    """['5', '6', '7'] (the --classes list) -> (5, 6, 7); a ValueError for anything else."""
-    try:
-        classes = tuple(int(c) for c in items)
-    except ValueError:
-        classes = ()
-    if not classes or min(classes) < 0 or len(set(classes)) != len(classes):
-        raise ValueError(
-            f"--classes={','.join(items)}: expected distinct dataset class ids >= 0 in the "
-            "head's order, e.g. --classes=5,6,7,8,9"
-        )
-    return classes
 
 
 def read_label_map(spec: str) -> list[int]:
