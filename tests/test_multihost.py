@@ -36,7 +36,9 @@ def free_port() -> int:
 
 # What process 0 says when its coordinator cannot bind the port (gRPC's words; JAX then
 # ends the process, by SIGSEGV in jax 0.10).
-BIND_FAILED = re.compile(r"Failed to add port|[Aa]ddress already in use")
+# How the coordinator says it could not bind its port: JAX 0.10 "Failed to add port" or
+# "Address already in use"; JAX 0.12 (Python >= 3.12) "Failed to start RPC server".
+BIND_FAILED = re.compile(r"Failed to add port|[Aa]ddress already in use|Failed to start RPC server")
 
 
 def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), overrides=RUN):
