@@ -509,3 +509,18 @@ def test_two_hosts_sharing_only_the_bucket_are_killed_and_resume_bit_exactly(gcs
         final_npz(f"{workdir}/final.npz", str(tmp_path / "pair.npz")),
         final_npz(f"{reference}/final.npz", str(tmp_path / "reference.npz")),
     )
+
+
+def test_a_number_in_a_path_or_port_is_not_a_status():
+    """A bare 401 or 403 in a URL's port or a checkpoint step is not the store's answer:
+    a missing bucket behind port 40123 once read as missing credentials (a flaky CI run:
+    the emulator's port is random)."""
+    missing = FileNotFoundError("b/run/checkpoints/401 at http://127.0.0.1:40123/b: not found")
+    assert store.explain(missing, "gs://b/run").startswith("no such bucket or object")
+    denied = OSError("Forbidden: http://127.0.0.1:40123/upload/storage/v1/b/x/o")
+    assert store.explain(denied, "gs://x/run").startswith("permission denied")
+    assert store.explain(OSError("HTTP 401: login required"), "gs://x").startswith("no credentials")
+    assert store.explain(OSError("Error 503 (backend)"), "gs://x").startswith("the store did not")
+    assert store.explain(OSError("403 Forbidden"), "s3://x").startswith("permission denied")
+    for raised in (gcsfs.retry.HttpError({"code": 404, "message": "No such object: 401"}),):
+        assert store.explain(raised, "gs://b/401").startswith("no such bucket or object")

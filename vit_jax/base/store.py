@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from typing import Any
 
 from etils import epath
@@ -148,6 +149,27 @@ def move(source: str | os.PathLike, dest: str | os.PathLike) -> None:
         os.replace(source, dest)
 
 
+# An HTTP status in an error's text: after a word that announces one ("HTTP 404", "code
+# 401", "status: 403", "Error 503"), or before its reason ("401 Unauthorized"). A bare
+# number is not one: "401" in a port (127.0.0.1:40123) or a checkpoint step
+# (checkpoints/401) once made a missing bucket read as missing credentials.
+_STATUS = re.compile(
+    r"(?:\b(?:http|status|code|error)\W{0,3}(\d{3})\b)"
+    r"|(?:\b(\d{3}) (?:unauthorized|forbidden|not found|service unavailable)\b)"
+)
+
+
+def _status(error: BaseException, lowered: str) -> int | None:
+    """The HTTP status of a store's error: its `code`/`status` attribute (gcsfs, aiohttp),
+    else one its text names as a status (`_STATUS`); None without one."""
+    for name in ("code", "status"):
+        value = getattr(error, name, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    found = _STATUS.search(lowered)
+    return int(found[1] or found[2]) if found else None
+
+
 def explain(error: BaseException, p: str | os.PathLike) -> str:
     """What a failed store operation on `p` means, in a few words with the way out."""
     text = f"{type(error).__name__}: {error}"
@@ -159,17 +181,19 @@ def explain(error: BaseException, p: str | os.PathLike) -> str:
             if cause in str(error):
                 return cause
         return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-    if any(w in lowered for w in ("credential", "default credentials", "401", "unauthorized")):
+    status = _status(error, lowered)
+    if status == 401 or any(w in lowered for w in ("credential", "unauthorized")):
         return (
             "no credentials for the store: run `gcloud auth application-default login` "
             "(or set GOOGLE_APPLICATION_CREDENTIALS; AWS_* for s3://)"
         )
-    if isinstance(error, PermissionError) or "403" in text or "forbidden" in lowered:
+    if isinstance(error, PermissionError) or status == 403 or "forbidden" in lowered:
         return "permission denied: the account needs read and write access to the bucket"
-    if isinstance(error, FileNotFoundError) or "nosuchbucket" in lowered or "404" in text:
+    if isinstance(error, FileNotFoundError) or "nosuchbucket" in lowered or status == 404:
         return "no such bucket or object: check the bucket name (create the bucket first)"
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
         return "No space left on device"
-    if any(w in lowered for w in ("connect", "timeout", "unreachable", "503", "unavailable")):
+    down = ("connect", "timeout", "unreachable", "unavailable")
+    if status == 503 or any(w in lowered for w in down):
         return "the store did not answer (no network, or it is down): try again when it does"
     return text.splitlines()[0][:200]
