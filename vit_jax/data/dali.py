@@ -89,9 +89,9 @@ def train_plan(make: Any, step: int) -> Plan:
     flips = (draws[:, -1] < 0.5) & bool(cfg.flip)
     label = augment.one_hot(np.asarray(labels), table.num_classes, cfg.label_smoothing)
     mix = None
-    if cfg.mixup > 0:  # the labels mix here, the images where they are (`mix_images`)
+    if cfg.mixup > 0:  # the labels mix here, the images where they lie (DaliBatches)
         mix = augment.mixup_weight(make.seed, step, cfg.mixup)
-        label = mix * label + (np.float32(1.0) - mix) * np.roll(label, 1, axis=0)
+        augment.mix(label, mix)
     windows = np.asarray(windows, np.int32)
     return Plan(data, windows, flips.astype(np.int32), label, table, index, mix=mix)
 
@@ -107,9 +107,7 @@ def _blank() -> np.ndarray:
 
 def eval_plan(make: Any, number: int) -> Plan:
     """Batch `number` of a `pipeline.EvalBatch`, as a Plan (padding: a blank, mask 0)."""
-    table = tables.open_table(make.cfg, make.split)
-    start = make.lo + number * make.batch_size
-    stop = min(start + make.batch_size, make.hi)
+    table, start, stop = make.rows(number)
     b, real = make.batch_size, max(stop - start, 0)
     data, windows = [], np.zeros([b, 4], np.int32)
     label = np.zeros([b, table.num_classes], np.float32)
@@ -212,10 +210,8 @@ def _pipeline(
 
 
 def _mix(x, mix):
-    """Mixup of the images as augment.mixup: lam * x + (1 - lam) * roll(x, 1) over the
-    process's rows (NumPy, or jax under jit)."""
-    if isinstance(x, np.ndarray):
-        return mix * x + (np.float32(1.0) - mix) * np.roll(x, 1, axis=0)
+    """augment.mix on a jax.Array over the process's devices (under jit): lam * x +
+    (1 - lam) * roll(x, 1) over the process's rows."""
     import jax.numpy as jnp  # noqa: PLC0415
 
     return mix * x + (1.0 - mix) * jnp.roll(x, 1, axis=0)
@@ -305,23 +301,21 @@ class DaliBatches(Iterator[dict[str, Any]]):
             pipe.schedule_run()
         self._plans.drop(self._k)
         self._k += 1
-        batch = {"label": plan.label}
-        if self._devices is None:
+        if self._devices is None:  # NumPy: the host pipeline's own mixup, in place
             images = parts[0]
             if plan.mix is not None:
-                images = _mix(images, plan.mix)
+                augment.mix(images, plan.mix)
+            if plan.mask is not None:
+                images *= plan.mask[:, None, None, None]
         else:
             images = _assemble(parts, self._devices)
             if plan.mix is not None:
                 images = _jit(_mix)(images, plan.mix)
+            if plan.mask is not None:
+                images = _jit(_zero_padding)(images, plan.mask)
+        batch = {"image": images, "label": plan.label}
         if plan.mask is not None:
             batch["mask"] = plan.mask
-            images = (
-                _zero_padding(images, plan.mask)
-                if self._devices is None
-                else _jit(_zero_padding)(images, plan.mask)
-            )
-        batch["image"] = images
         return batch
 
     def close(self) -> None:

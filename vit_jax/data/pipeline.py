@@ -157,10 +157,14 @@ class EvalBatch:
     hi: int
     batch_size: int
 
-    def __call__(self, number: int) -> Batch:
-        table = tables.open_table(self.cfg, self.split)
+    def rows(self, number: int) -> tuple[tables.Table, int, int]:
+        """(the table, the first and past-the-last example of batch `number`); the batch's
+        slots from stop - start on are padding."""
         start = self.lo + number * self.batch_size
-        stop = min(start + self.batch_size, self.hi)
+        return tables.open_table(self.cfg, self.split), start, min(start + self.batch_size, self.hi)
+
+    def __call__(self, number: int) -> Batch:
+        table, start, stop = self.rows(number)
         images = np.empty([self.batch_size, *self.size, 3], np.float32)
         images[max(stop - start, 0) :] = 0.0  # the padding
         labels = np.zeros([self.batch_size, table.num_classes], np.float32)
