@@ -90,8 +90,8 @@ def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[P
     out: list[Problem] = []
     one_of(out, f"{prefix}source", cfg.source, SOURCES)
     one_of(out, f"{prefix}preprocessing", cfg.preprocessing, pixels.METHODS)
-    one_of(out, f"{prefix}decoder", cfg.get("decoder", "host"), DECODERS)
-    if cfg.get("decoder") == "dali":
+    one_of(out, f"{prefix}decoder", cfg.decoder, DECODERS)
+    if cfg.decoder == "dali":
         out.extend(_dali_problems(cfg, prefix))
     if cfg.source == "tfds" and remote_tfds(cfg.data_dir):
         out.append(Problem(f"{prefix}data_dir", cfg.data_dir, REMOTE_TFDS))
