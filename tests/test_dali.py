@@ -174,31 +174,37 @@ def test_each_eval_example_once_and_the_iterator_ends(tmp_path):
     np.testing.assert_array_equal(labels, [0] * 5 + [1] * 5)
 
 
-def _native_threads() -> int:
-    return len(os.listdir("/proc/self/task"))  # DALI's threads are not Python's
+def _dali_threads() -> int:
+    """DALI's own threads (the OS names them '[DALI]...'; Python does not see them)."""
+    tasks = os.listdir("/proc/self/task")
+    names = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read())
+        except FileNotFoundError:  # ended while listed
+            pass
+    return sum(n.startswith("[DALI]") for n in names)
 
 
 def test_close_stops_every_thread(tmp_path):
     """No thread outlives close(), or the iterator dropped unclosed: Python's (the plans')
-    and native ones counted by the OS (DALI's pools are shared by its pipelines, started
-    once: the first iterator, before the count, starts them)."""
+    and DALI's own (its executors, thread pools and input workers, per pipeline)."""
     cfg = _dali(_cfg(_folder(tmp_path)))
     kw = dict(global_batch=4, image_size=SIZE, seed=0, process_index=0, process_count=1)
-    with data.train_iterator(cfg, **kw) as it:  # DALI's first start loads its libraries
-        next(it)
-    before, native = set(threading.enumerate()), _native_threads()
+    before, native = set(threading.enumerate()), _dali_threads()
     it = data.train_iterator(cfg, **kw)
     next(it)
-    assert _native_threads() > native  # the plans' threads, while it works
+    assert _dali_threads() > native  # DALI runs threads of its own while it works
     it.close()
     it.close()  # idempotent
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
-    assert _native_threads() <= native  # (an unrelated thread may have ended meanwhile)
+    assert _dali_threads() == native
     it = data.train_iterator(cfg, **kw)
     next(it)
     del it
     gc.collect()
-    assert _native_threads() <= native  # (an unrelated thread may have ended meanwhile)
+    assert _dali_threads() == native
 
 
 def test_a_corrupt_file_is_named(tmp_path):
