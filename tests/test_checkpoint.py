@@ -1,5 +1,9 @@
 """Published .npz checkpoints: every layout, exact logits against NumPy, resizing, errors."""
 
+import os
+from pathlib import Path
+
+import jax
 import numpy as np
 import pytest
 from helpers import (
@@ -37,6 +41,54 @@ GAP = dict(
     overrides=dict(patch_size=8, classifier="gap", representation_size=24),
     native=32,
 )
+
+
+# Logits of the fixtures above, each saved as a published .npz and loaded as a user loads
+# it, recorded by the code before issue 27 reshaped the modules (at e47987d), one set per
+# JAX version (another compiler rounds its own way). VIT_JAX_RECORD_LOGITS=1 adds this
+# JAX's set from the code in the working tree, for a JAX that has none.
+RECORDED = Path(__file__).parent / "recorded_logits.npz"
+
+
+def published_logits(tmp: Path) -> dict[str, np.ndarray]:
+    """{case_size: logits [4, 5]} of PLAIN, HYBRID and GAP at their size and at 48 px."""
+    out = {}
+    for name, case in {"plain": PLAIN, "hybrid": HYBRID, "gap": GAP}.items():
+        model = get_model(case["name"], 5, **case["overrides"])
+        path = tmp / f"{name}.npz"
+        weights.save_npz(path, quiet_params(model, case["native"]))
+        for size in (case["native"], 48):
+            loaded, params, _ = weights.load_model(path, image_size=(size, size))
+            out[f"{name}_{size}"] = np.asarray(logits(loaded, params, images(size)))
+    return out
+
+
+def test_published_files_load_to_the_recorded_logits(tmp_path):
+    """The same files load to the same logits, bit for bit, as before the reshaping; on a
+    JAX without a recorded set, within FIDELITY_ATOL of the newest one recorded."""
+    got = published_logits(tmp_path)
+    recorded = {}
+    if RECORDED.exists() or not os.environ.get("VIT_JAX_RECORD_LOGITS"):
+        with np.load(RECORDED) as f:
+            recorded = {k: f[k] for k in f.files}
+    mine = {
+        k.split("/", 1)[1]: v for k, v in recorded.items() if k.startswith(jax.__version__ + "/")
+    }
+    if os.environ.get("VIT_JAX_RECORD_LOGITS") and not mine:
+        recorded |= {f"{jax.__version__}/{k}": v for k, v in got.items()}
+        np.savez(RECORDED, **recorded)
+        mine = got
+    versions = sorted(
+        {k.split("/")[0] for k in recorded}, key=lambda v: tuple(map(int, v.split(".")))
+    )
+    assert {k.split("/", 1)[1] for k in recorded} == set(got)
+    for key, value in got.items():
+        if mine:
+            np.testing.assert_array_equal(value, mine[key], err_msg=key)
+        else:
+            want = recorded[f"{versions[-1]}/{key}"]
+            np.testing.assert_allclose(value, want, atol=FIDELITY_ATOL, rtol=0, err_msg=key)
+    assert np.abs(got["plain_32"]).max() > 0.5  # not near-zeros
 
 
 @pytest.mark.parametrize("case", [PLAIN, HYBRID, GAP], ids=["plain", "hybrid", "gap_prelogits"])
@@ -422,7 +474,8 @@ def test_a_non_square_1d_grid_needs_the_image_size(tmp_path):
     model = get_model("testing", 5)
     path = tmp_path / "wide.npz"
     weights.save_npz(path, random_params(model, (32, 48)))  # 6 patch tokens: not square
-    with pytest.raises(CheckpointError, match="6 patch tokens, not a square grid.*--image_size"):
+    square = r"6 patch tokens, not a square grid.*image_size=\(H, W\)"
+    with pytest.raises(CheckpointError, match=square):
         weights.load_model(path)
     _, params, size = weights.load_model(path, image_size=(32, 48))
     assert size == (32, 48)
