@@ -191,3 +191,19 @@ def test_input_pipeline_prints_grain_bound_and_augreg_costs():
         assert float(r[4]) == pytest.approx(float(r[3]), abs=1)
         assert float(r[5]) == pytest.approx(float(r[3]) / none, abs=0.01)
         assert float(r[6]) == pytest.approx(1000 / float(r[4]), rel=0.01, abs=0.1)
+
+
+def test_code_lines_counts_code_only():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import code_lines
+    finally:
+        sys.path.pop(0)
+    source = (
+        '"""Module doc,\ntwo lines."""\n\n# a comment\nimport os  # trailing\n\n\n'
+        'def f():\n    """Doc."""\n    x = """not a\n    docstring"""\n    return (1 +\n            2)\n'
+    )
+    assert code_lines.code_lines(source) == 6  # import, def, x = (2 lines), return (2 lines)
+    out = run("code_lines.py", "--by-file")
+    total = int(out.splitlines()[-1].split()[0])
+    assert total == sum(int(line.split()[0]) for line in out.splitlines()[:-1]) > 5000
