@@ -9,7 +9,9 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import ROOT
 
@@ -229,3 +231,67 @@ def test_after_the_error_line_nothing(debug):
         ]
     else:  # VIT_JAX_DEBUG=1 shows everything: the traceback and what came after
         assert "Traceback" in done.stderr and "save failed" in done.stderr
+
+
+# ---------------------------------------------------------------- the library names no flags
+
+
+def command_flags() -> set[str]:
+    """Every flag a command defines (`flags.DEFINE_*("name", ...)`), cli.py's shared ones too."""
+    names = set()
+    for path in [*Path(ROOT, "vit_jax").glob("*.py")]:
+        names |= set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", path.read_text()))
+    return names - {"config"}  # --config=PRESET names a config, which the configs parse
+
+
+def flags_spoken(path) -> list[str]:
+    """`--flag` of a command in the string literals of a module (docstrings aside)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    skip = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+    texts = []  # (line, text): a literal, or an f-string's literal parts as one text
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            parts = [v for v in node.values if isinstance(v, ast.Constant)]
+            skip |= {id(v) for v in parts}
+            texts.append((node.lineno, "{}".join(v.value for v in parts)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            texts.append((node.lineno, node.value))
+    pattern = re.compile(r"--(" + "|".join(sorted(command_flags())) + r")\b")
+    return [
+        f"{path.name}:{line}: {m[0]}"
+        for line, text in texts
+        if not text.startswith("tfds build ")  # TFDS's own command line
+        for m in pattern.finditer(text)
+    ]
+
+
+def test_the_library_names_arguments_not_flags():
+    """A library caller has no flags: the modules under vit_jax/'s folders name arguments and
+    config fields; cli.in_flags says them as flags for the commands."""
+    library = [p for p in Path(ROOT, "vit_jax").rglob("*.py") if p.parent.name != "vit_jax"]
+    assert sorted(s for p in library for s in flags_spoken(p)) == []
+
+
+def test_a_planted_flag_is_found(tmp_path):
+    planted = tmp_path / "m.py"
+    planted.write_text('"""Doc --model=X is fine."""\nx = f"pass --model={1} or --numerics"\n')
+    assert flags_spoken(planted) == ["m.py:2: --model", "m.py:2: --numerics"]
+
+
+def test_in_flags_says_the_library_arguments_as_flags():
+    from vit_jax import cli
+    from vit_jax.weights import timm
+
+    with pytest.raises(timm.CheckpointError) as e:
+        timm.from_timm({"patch_embed.proj.weight": np.zeros((100, 3, 4, 4))})
+    message = str(e.value)
+    assert "(name=NAME) or its heads (num_heads=H)" in message
+    assert "(--model=NAME) or its heads (--override=num_heads=H)" in cli.in_flags(message)

@@ -78,9 +78,11 @@ def test_label_map_and_top5():
     assert got == {"examples": 2, "top1": 1, "top5": 1}
     got = classify.counts(_Fixed(), None, [batch], label_map=[5, 0, 2])  # 5: top-5 only
     assert got == {"examples": 2, "top1": 1, "top5": 2}
-    assert classify.read_label_map("3, 1,2") == [3, 1, 2]
-    with pytest.raises(ValueError, match="head class indices"):
-        classify.read_label_map("cat,dog")
+    from vit_jax.evaluate import parse_labels  # the command's flag parsing
+
+    assert parse_labels("3, 1,2") == [3, 1, 2]
+    with pytest.raises(ValueError, match="--labels=cat,dog: expected head class indices"):
+        parse_labels("cat,dog")
 
 
 # ---------------------------------------------------------------- heads trained on a class subset

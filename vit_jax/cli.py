@@ -78,7 +78,7 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
             except USER_ERRORS as e:
                 if debug():
                     raise
-                fail(str(e))
+                fail(in_flags(str(e)))
             except KeyboardInterrupt as e:
                 if debug():
                     raise
@@ -226,6 +226,29 @@ def parse_flags(argv: list[str]) -> list[str]:
             raise
         fail(flag_error_message(e, argv[0]))
         raise  # not reached: fail exits
+
+
+# The library's messages name its arguments; a command's user sets them with flags. One
+# table says each in flags (the commands that load a checkpoint share these flags).
+FLAGS_OF_ARGUMENTS = {
+    "name=NAME": "--model=NAME",
+    "num_heads=H": "--override=num_heads=H",
+    "posemb='sincos_2d'": "--override=posemb=sincos_2d",
+    "image_size=(H, W)": "--image_size=H,W",
+    "num_classes=K": "--num_classes=K",
+    "format='npz'": "--format=npz",
+    "format='onnx'": "--format=onnx",
+    "format='timm'": "--format=timm",
+    "paths=[PATH, ...]": "--image=PATH (repeat for more)",
+    "out=DIR": "--out=DIR",
+}
+
+
+def in_flags(message: str) -> str:
+    """A library message with the arguments it names said as the commands' flags."""
+    for argument, flag in FLAGS_OF_ARGUMENTS.items():
+        message = message.replace(argument, flag)
+    return message
 
 
 def fail(message: str) -> None:

@@ -79,6 +79,21 @@ def parse_classes(items: list[str]) -> tuple[int, ...]:
     return classes
 
 
+def parse_labels(spec: str) -> list[int]:
+    """--labels: '3,1,2' or a file with one head class index a line -> [3, 1, 2]."""
+    from vit_jax.base import store
+
+    path = store.path(spec)
+    text = path.read_text() if path.is_file() else spec.replace(",", "\n")
+    try:
+        return [int(t) for t in text.split()]
+    except ValueError:
+        raise ValueError(
+            f"--labels={spec}: expected head class indices, one per dataset class "
+            "(comma-separated, or a file with one a line)"
+        ) from None
+
+
 def main() -> None:
     from vit_jax.base import store
     from vit_jax.evaluation import classify
@@ -101,7 +116,7 @@ def main() -> None:
         dataset["data_dir"] = f.data_dir
     if f.classes:
         dataset["classes"] = parse_classes(f.classes)
-    label_map = classify.read_label_map(f.labels) if f.labels else None
+    label_map = parse_labels(f.labels) if f.labels else None
     loaded = cli.load_model(head=True)
     dataset["preprocessing"] = loaded.preprocessing
     model, params, size = loaded.model, loaded.params, loaded.image_size

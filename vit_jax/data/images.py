@@ -116,7 +116,7 @@ def check_images_exist(paths: Sequence[str]) -> None:
       FileNotFoundError: Naming the missing files.
     """
     if not paths:
-        raise ValueError("no images given: pass --image=PATH (repeat for more)")
+        raise ValueError("no images given: pass paths=[PATH, ...]")
     missing = [p for p in paths if not store.path(p).is_file()]
     if missing:
         raise FileNotFoundError("image not found: " + ", ".join(missing))

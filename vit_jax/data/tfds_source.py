@@ -81,7 +81,7 @@ def open_builder(name: str, data_dir: str | None):
         raise ValueError(
             f"TFDS dataset {builder.name!r} in {builder.data_dir} is prepared as {file_format}, "
             "which has no random access; the input pipeline reads ArrayRecord. Prepare it "
-            f"again with `{prepare_command(builder)}`, into another --data_dir or after "
+            f"again with `{prepare_command(builder)}`, into another dataset.data_dir or after "
             f"removing {builder.data_dir} (TensorFlow is not needed to read it then)."
         )
     return builder

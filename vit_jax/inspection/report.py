@@ -75,7 +75,7 @@ def analyse_images(
       (distance [L, B, H] in pixels, rollout maps [B, gh, gw]).
     """
     if len(images) == 0:
-        raise ValueError("no images to inspect: pass --image=PATH, or leave it out for a sample")
+        raise ValueError("no images to inspect: images is empty (sample_images makes some)")
     fn = _analysis_fn(model, model.grid(np.shape(images)[1:3]))
     distance, maps = predict.map_batches(fn, params, images, batch_size)
     return distance.transpose(1, 0, 2), maps

@@ -169,8 +169,7 @@ def num_classes_of(config: ml_collections.ConfigDict) -> int:
         name = "fashion_mnist"
     if name not in NUM_CLASSES:
         raise ValueError(
-            f"the planner does not know how many classes {name!r} has: pass num_classes "
-            "(the command's --num_classes)"
+            f"the planner does not know how many classes {name!r} has: pass num_classes=K"
         )
     return NUM_CLASSES[name]
 

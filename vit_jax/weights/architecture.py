@@ -130,7 +130,7 @@ def native_image_size(params: dict, token_stride: int) -> tuple[int, int]:
             raise CheckpointError(
                 f"the checkpoint's position embeddings hold {n} patch tokens, not a square "
                 "grid, so its resolution cannot be read from them: pass the image size "
-                "(--image_size=H,W)"
+                "(image_size=(H, W))"
             )
         gh = gw = side
     elif "pos_embedding_row" in pe:
@@ -138,6 +138,6 @@ def native_image_size(params: dict, token_stride: int) -> tuple[int, int]:
     else:
         raise CheckpointError(
             "the checkpoint has no learned position embeddings to tell its resolution "
-            "from: pass the image size (--image_size=N)"
+            "from: pass the image size (image_size=(H, W))"
         )
     return gh * token_stride, gw * token_stride

@@ -178,8 +178,8 @@ def write(
         if method == "tf_bilinear":
             resize = (
                 "# PIL's antialiased resize: transformers has none without antialiasing, and\n"
-                "# these weights were trained on tf.image.resize's (vit_jax --preprocessing=\n"
-                "# tf_bilinear): probabilities differ slightly from vit_jax.infer's\n"
+                "# these weights were trained on tf.image.resize's (vit_jax's preprocessing\n"
+                "# 'tf_bilinear'): probabilities differ slightly from vit_jax.infer's\n"
             )
         how = fetch + (
             "import transformers\n"

@@ -91,17 +91,18 @@ def to_hf(params: dict) -> dict[str, Any]:
     flat = traverse_util.flatten_dict(params, sep="/")
     if "conv_root/kernel" in flat:
         raise CheckpointError(
-            "a hybrid (ResNet stem) has no transformers ViT equivalent: use --format=timm or npz"
+            "a hybrid (ResNet stem) has no transformers ViT equivalent: use format='timm' or "
+            "format='npz'"
         )
     if "cls" not in flat:
         raise CheckpointError(
             "the model pools without a class token ('gap'); transformers' ViT always uses "
-            "one: use --format=timm or npz"
+            "one: use format='timm' or format='npz'"
         )
     if "pre_logits/kernel" in flat:
         raise CheckpointError(
             "the checkpoint has a representation layer (pre_logits); transformers' ViT has "
-            "none: convert with --num_classes=K for a new head (the layer is dropped)"
+            "none: convert with num_classes=K for a new head (the layer is dropped)"
         )
     out: dict[str, Any] = {}
     for key, a in flat.items():

@@ -112,7 +112,7 @@ def load(
         raise CheckpointError(
             f"{path} has no learned position embeddings: it was trained with posemb "
             "'none' or 'sincos_2d', which the file cannot tell apart; name it "
-            "(--override=posemb=sincos_2d, or posemb='sincos_2d' in the library)"
+            "(posemb='sincos_2d')"
         )
     if arch["posemb"] is None:
         del arch["posemb"]

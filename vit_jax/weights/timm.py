@@ -76,8 +76,8 @@ _TOP = {
 }
 _PRE_LOGITS = (
     "the checkpoint has a representation layer (pre_logits) under its head; timm's "
-    "VisionTransformer has none. Convert with --num_classes=K for a new head "
-    "(the layer is dropped), or use the npz format"
+    "VisionTransformer has none. Convert with num_classes=K for a new head "
+    "(the layer is dropped), or with format='npz'"
 )
 _GN = {"scale": "weight", "bias": "bias"}
 
@@ -170,12 +170,12 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
         if num_heads is None:
             raise CheckpointError(
                 f"width {d} is no published size, so the number of attention heads is "
-                "unknown: name the model (--model=NAME or --override=num_heads=H)"
+                "unknown: name the model (name=NAME) or its heads (num_heads=H)"
             )
     if d % num_heads:
         raise CheckpointError(
             f"the file's width {d} is not divisible by {num_heads} heads: is it the model "
-            "you meant? (--model=NAME, or --override=num_heads=H)"
+            "you meant? (name=NAME, or num_heads=H)"
         )
     inverse = {v: k for k, v in _TOP.items()}
     block = {v: k for k, v in _BLOCK.items()}
@@ -237,7 +237,7 @@ def check(
         timm_shapes(model, size),
         source,
         "timm VisionTransformer",
-        "Is the file a timm ViT of this size? Pass --model=NAME for a size the file cannot tell.",
+        "Is the file a timm ViT of this size? Pass name=NAME for a size the file cannot tell.",
     )
 
 
@@ -285,7 +285,8 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
     if model.posemb not in ("learned", "none"):
         raise CheckpointError(
             f"position embeddings {model.posemb!r} have no timm VisionTransformer "
-            "equivalent (it learns one [1, N, D] table or has none): use --format=npz or onnx"
+            "equivalent (it learns one [1, N, D] table or has none): use format='npz' or "
+            "format='onnx'"
         )
     h, w = image_size
     pool = {"token": "'token'", "gap": "'avg'", "unpooled": "''"}[model.classifier]
