@@ -5,13 +5,14 @@ runs on emulated CPU devices before XLA's CPU collectives deadlock and abort.
 
 Each mode runs in a child process with 8 emulated CPU devices and --hogs threads of
 NumPy matrix products beside it (a loaded machine: the other tests, the input pipeline),
-and evaluates batches as the training loop did before and does now:
+and evaluates batches in the two ways the training loop once chose between:
 
 independent  each batch: host data -> global arrays, a jitted step that reduces over
              the batch (an all-reduce), its sums added to a running total outside the
              step: many steps in flight, none depending on another
-chained      each step takes the running sums as an input (steps.eval_step): every
-             device runs the steps in dispatch order
+chained      each step takes the running sums as an input (the training loop's
+             evaluation did, before it fetched each batch's outputs before sending the
+             next: evaluation/batched.py): every device runs the steps in dispatch order
 
 A child that XLA aborts (its rendezvous waits 40 s for devices that took up another
 step: 'Termination timeout ... only 6 of them arrived') is reported with the time it

@@ -4,6 +4,7 @@ top-1 / top-5 accuracy of a classifier.
   linear.py   closed-form regularised least squares to {-1, 1}^K targets (NumPy)
   fewshot.py  pre-logits features of a dataset split; FewShotEvaluator for training loops
   classify.py top-1 / top-5 accuracy of a classifier checkpoint on a dataset split
+  batched.py  one batched apply over an eval iterator: few-shot, classify, the training loop
 
 The commands are `python -m vit_jax.fewshot` (vit_jax/fewshot.py: few-shot) and
 `python -m vit_jax.evaluate` (vit_jax/evaluate.py: classification accuracy).

@@ -19,6 +19,7 @@ import numpy as np
 
 from vit_jax.base import console
 from vit_jax.data import config as data_config
+from vit_jax.evaluation.batched import over_batches
 from vit_jax.models import predict
 from vit_jax.models.vit import VisionTransformer
 
@@ -37,10 +38,8 @@ def counts(
     apply = predict.logits_fn(model)
     lut = None if label_map is None else np.asarray(label_map, np.int64)
     out = {"examples": 0, **{f"top{k}": 0 for k in ks}}
-    for batch in batches:
-        keep = np.asarray(batch.get("mask", np.ones(len(batch["image"])))) > 0
-        logits = np.asarray(apply(params, batch["image"]))[keep]  # [b, K_head]
-        label = np.argmax(batch["label"], -1)[keep]
+    for logits, label in over_batches(lambda p, b: apply(p, b["image"]), params, batches):
+        # logits [b, K_head] and labels [b] of the real examples
         if lut is not None:
             if label.size and label.max() >= len(lut):
                 raise ValueError(
@@ -51,7 +50,7 @@ def counts(
         order = np.argsort(-logits, axis=-1, kind="stable")  # ties: lower index first
         for k in ks:
             out[f"top{k}"] += int(np.sum(order[:, :k] == label[:, None]))
-        out["examples"] += int(keep.sum())
+        out["examples"] += len(label)
     return out
 
 
@@ -177,18 +176,3 @@ class NarrowHead(ValueError):
             f"the head was trained on, in its order (the training config's dataset.classes"
             f"{recipe}), or {labels} with the head class of each dataset class"
         )
-
-
-def read_label_map(spec: str) -> list[int]:
-    """'3,1,2' or a file with one head class index a line -> [3, 1, 2]."""
-    from vit_jax.base import store
-
-    path = store.path(spec)
-    text = path.read_text() if path.is_file() else spec.replace(",", "\n")
-    try:
-        return [int(t) for t in text.split()]
-    except ValueError:
-        raise ValueError(
-            f"--labels={spec}: expected head class indices, one per dataset class "
-            "(comma-separated, or a file with one a line)"
-        ) from None

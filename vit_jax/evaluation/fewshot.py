@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from vit_jax.evaluation.batched import over_batches
 from vit_jax.evaluation.linear import fewshot_accuracy
 from vit_jax.models import predict
 from vit_jax.models.vit import VisionTransformer
@@ -84,37 +85,21 @@ def extract_features(
       batches: dicts {'image': [b, H, W, C], 'label': one-hot [b, K], 'mask': [b]}
         as `vit_jax.data.eval_iterator` yields them; examples with mask 0 (padding)
         are dropped. Without a 'mask' every example counts.
-      mesh: if given, each batch is this process's share of a global batch, laid out
-        over the mesh with `vit_jax.parallel.sharding.global_batch`, and the features of all
-        processes are gathered back. None: single-process, batches used as they are.
+      mesh: if given, each batch is this process's share of a global batch, and the
+        features of all processes are gathered back (`batched.over_batches`). None:
+        single-process, batches used as they are.
 
     Returns:
       (features [n, D] float32, labels [n] int64), in batch order.
     """
-    fn = predict.features_fn(model)
-    feats, labels = [], []
-    for batch in batches:
-        mask = batch.get("mask", np.ones(len(batch["image"]), np.float32))
-        label = np.argmax(batch["label"], axis=-1)
-        if mesh is None:
-            out = fn(params, batch["image"])
-        else:
-            from jax.experimental import multihost_utils
-
-            from vit_jax.parallel import sharding
-
-            local = {"image": batch["image"], "label": label, "mask": mask}
-            arrays = sharding.global_batch(local, mesh)
-            out = fn(params, arrays["image"])
-            out, label, mask = multihost_utils.process_allgather(
-                (out, arrays["label"], arrays["mask"]), tiled=True
-            )
-        keep = np.asarray(mask) > 0
-        feats.append(np.asarray(out, np.float32)[keep])
-        labels.append(np.asarray(label, np.int64)[keep])
-    if not feats:
+    features = predict.features_fn(model)
+    parts = list(over_batches(lambda p, b: features(p, b["image"]), params, batches, mesh))
+    if not parts:
         raise ValueError("no batches to extract features from: is the split empty?")
-    return np.concatenate(feats), np.concatenate(labels)
+    return (
+        np.concatenate([np.asarray(f, np.float32) for f, _ in parts]),
+        np.concatenate([labels for _, labels in parts]),
+    )
 
 
 class FewShotEvaluator:

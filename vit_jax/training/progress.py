@@ -48,6 +48,25 @@ class Cadence:
             return True
         return every > 0 and step % every == 0
 
+    def after(self, step: int, stopping: str | None = None, fewshot: bool = True) -> Due:
+        """What follows `step`. A stop (`stopping`, the agreed signal) saves the step now
+        and leaves its evaluations to the rerun; `fewshot` False: no few-shot evaluator."""
+        log, ev, save = (self.due(what, step) for what in ("log", "eval", "save"))
+        few = fewshot and self.due("fewshot", step) and not stopping
+        return Due(log, ev and not stopping, few, save or bool(stopping), stopping)
+
+
+@dataclasses.dataclass(frozen=True)
+class Due:
+    """What the loop does after one step, in this order: check and log the metrics,
+    evaluate, few-shot, save; then stop, where `stopping` names the signal."""
+
+    log: bool
+    eval: bool
+    fewshot: bool
+    save: bool
+    stopping: str | None = None
+
 
 class StopRequest:
     """SIGTERM and Ctrl-C (SIGINT) during a run, as a request the loop honours between

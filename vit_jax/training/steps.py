@@ -15,14 +15,13 @@ The jit contract (built by `compile_steps`):
              gradient norm are finite), skipped (steps skipped so far for non-finite
              gradients, with config.skip_nonfinite: counted in the optimizer state);
              'stop', the largest signal number of the batch, where it has one.
-  eval_step(params, batch, sums) -> sums + the batch's: replicated f32 scalars
-    {'correct', 'loss', 'count'} (start from `zero_sums`; DONATED); batch also carries
-    'mask' f32[B] (0 for padding). Each evaluation step takes the sums of the step
-    before, as each train step takes the state of the one before: the steps then run in
-    dispatch order on every device. Independent steps with an all-reduce each, several
-    in flight at once, can deadlock XLA's CPU collectives (some devices enter one
-    step's all-reduce, the others another's; XLA aborts the process after 40 s: seen
-    with 8 emulated CPU devices on a loaded 2-core machine).
+  eval_step(params, batch) -> per-example f32[B] {'correct', 'loss'} (the training
+    loss), split as the batch. The loop runs it with `evaluation.batched.over_batches`,
+    which drops the padding and fetches each batch's outputs before it sends the next:
+    independent steps with collectives, several in flight at once, can deadlock XLA's
+    CPU collectives (some devices enter one step's collective, the others another's; XLA
+    aborts the process after 40 s: seen with 8 emulated CPU devices on a loaded 2-core
+    machine).
 
 A resumed run is bit-identical to an uninterrupted one: the state (step, dropout key,
 optimizer state with its skipped count) is all in the checkpoint, the input pipeline is
@@ -141,29 +140,15 @@ def train_step(
 
 
 def eval_step(
-    params: Any,
-    batch: dict,
-    sums: dict[str, jax.Array],
-    *,
-    model: VisionTransformer,
-    loss_name: str = "softmax_xent",
+    params: Any, batch: dict, *, model: VisionTransformer, loss_name: str = "softmax_xent"
 ) -> dict[str, jax.Array]:
-    """`sums` plus the batch's correct predictions, loss (the training loss) and real
-    examples (padding masked out)."""
-    logits = predict.logits(model, params, batch["image"])
-    mask = batch["mask"]
+    """Each example's correct prediction (1 or 0) and loss (the training loss): [B] each."""
+    logits = predict.logits(model, params, batch["image"])  # [B, K]
     correct = jnp.argmax(logits, -1) == jnp.argmax(batch["label"], -1)
     return {
-        "correct": sums["correct"] + jnp.sum(correct * mask),
-        "loss": sums["loss"] + jnp.sum(LOSSES[loss_name](logits, batch["label"]) * mask),
-        "count": sums["count"] + jnp.sum(mask),
+        "correct": correct.astype(jnp.float32),
+        "loss": LOSSES[loss_name](logits, batch["label"]),
     }
-
-
-def zero_sums(mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
-    """The sums an evaluation starts from, replicated over `mesh`."""
-    zeros = {k: jnp.zeros((), jnp.float32) for k in ("correct", "loss", "count")}
-    return jax.device_put(zeros, sharding.replicated(mesh))
 
 
 def compile_steps(
@@ -195,9 +180,8 @@ def compile_steps(
     )
     evaluate = jax.jit(
         functools.partial(eval_step, model=model, loss_name=loss_name),
-        in_shardings=(state_shardings.params, batch, rep),
-        out_shardings=rep,
-        donate_argnums=2,
+        in_shardings=(state_shardings.params, batch),
+        out_shardings=batch,
     )
     return step, evaluate
 

@@ -26,6 +26,7 @@ from vit_jax import data
 from vit_jax.base import console, store
 from vit_jax.configs import check
 from vit_jax.evaluation import fewshot as fewshot_lib
+from vit_jax.evaluation.batched import over_batches
 from vit_jax.models import count_params
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
@@ -54,7 +55,7 @@ class Loop:
     mesh: jax.sharding.Mesh
     model: VisionTransformer
     train_step: Any  # jitted (state, batch) -> (state, metrics); see steps.py
-    eval_step: Any  # jitted (params, batch, sums) -> sums
+    eval_step: Any  # jitted (params, batch) -> per-example correct and loss
     saver: Checkpoints  # saves with their integrity records; .manager is Orbax's
     writer: EventWriter | None = None  # TensorBoard scalars, on the lead process
     fewshot: fewshot_lib.FewShotEvaluator | None = None
@@ -269,70 +270,78 @@ def train_loop(
     `batches` yields this process's share of each step's batch from the state's step on;
     `where.step` follows the steps run (for the message of an interrupted run)."""
     config, mesh = loop.config, loop.mesh
-    start, lead = int(jax.device_get(state.step)), distributed.is_lead()
+    start = int(jax.device_get(state.step))
     cadence = progress.Cadence(
-        config.total_steps,
-        config.log_every,
-        config.eval_every,
-        config.checkpoint_every,
+        config.total_steps, config.log_every, config.eval_every, config.checkpoint_every,
         config.fewshot.every or config.eval_every,
-    )
+    )  # fmt: skip
     speed = progress.Throughput(config.total_steps, config.batch_size, jax.device_count(), start)
-    skipped = int(jax.device_get(optim.skipped_steps(state.opt_state)))
-    guard = FiniteGuard(loop.saver, config.skip_nonfinite, start, skipped)
-    metrics, evals = {}, {}
+    guard = FiniteGuard(loop.saver, config.skip_nonfinite, start,
+                        int(jax.device_get(optim.skipped_steps(state.opt_state))))  # fmt: skip
     agree = preemption.Agreement(mesh)
     preemption.stop_if_asked(loop, state, agree)  # a signal during start-up
-    if lead and start < config.total_steps:
-        print(
-            f"training {config.model.name} ({count_params(state.params):,} parameters) for "
-            f"{config.total_steps - start} steps; compiling the first step...",
-            flush=True,
-        )
+    _announce(loop, state, start)
+    metrics, evals = {}, {}
     for step in range(start + 1, config.total_steps + 1):
-        local = agree.into(next(batches), loop.stop.requested)
-        batch = sharding.global_batch(local, mesh)
+        batch = sharding.global_batch(agree.into(next(batches), loop.stop.requested), mesh)
         state, m = loop.train_step(state, batch)
         if where is not None:
             where.step = step
         if step == start + 1:  # compiled: neither the speed nor the ETA counts that step
             jax.block_until_ready(m)
-            took = speed.compiled(step)
-            if lead and not cadence.due("log", step):
-                print(f"step {step}: compiled and ran in {console.duration(took)}", flush=True)
-            own = planner.own_plan_line(loop.train_step, state, batch)
-            if lead and own:
-                print(own, flush=True)
+            _compiled(loop, step, speed.compiled(step), state, batch, cadence.due("log", step))
         del batch
-        stopping = agree.lagged(loop.stop.requested, m)  # the same on every process
-        log, ev, save = (cadence.due(what, step) for what in ("log", "eval", "save"))
-        few = loop.fewshot is not None and cadence.due("fewshot", step) and not stopping
-        ev, save = ev and not stopping, save or bool(stopping)  # save it, evaluate later
-        if log or save:  # before any save: nothing non-finite is ever written
+        due = cadence.after(step, agree.lagged(loop.stop.requested, m), loop.fewshot is not None)
+        if due.log or due.save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items() if k != "stop"}
-            if log:  # timed here: the step is done, the checks below are not training
+            if due.log:  # timed here: the step is done, the checks below are not training
                 metrics.update(speed.update(step))
-            if save and not config.skip_nonfinite:  # skipped steps keep a finite state
+            if due.save and not config.skip_nonfinite:  # skipped steps keep a finite state
                 metrics["finite"] = min(metrics["finite"], float(record.all_finite(state)))
             guard.check(metrics, step)
-        if log:
+        if due.log:
             _write(loop.writer, step, config.total_steps, metrics)
-        if ev:
+        if due.eval:
             evals.update(evaluate(loop, state.params))
             _write(loop.writer, step, config.total_steps, metrics, evals)
-        if few:
+        if due.fewshot:
             evals.update(loop.fewshot.run(loop.model, state.params, mesh))
             _write_fewshot(loop.writer, step, evals)
-        if save:
-            loop.saver.save(step, state)
-            if lead:
-                print(f"step {step}: saving checkpoint {loop.saver.directory}/{step}", flush=True)
-        if ev or few or save:  # the throughput clock counts training steps only
+        if due.save:
+            _save(loop, step, state)
+        if due.eval or due.fewshot or due.save:  # the throughput clock counts training steps
             speed.pause(step)
-        if stopping:
-            preemption.stop(loop, step, stopping, saved=True)
+        if due.stopping:
+            preemption.stop(loop, step, due.stopping, saved=True)
     loop.saver.wait()
     return state, metrics, evals
+
+
+def _announce(loop: Loop, state: TrainState, start: int) -> None:
+    """'training MODEL (N parameters) for S steps; compiling the first step...'"""
+    total = loop.config.total_steps
+    if distributed.is_lead() and start < total:
+        print(f"training {loop.config.model.name} ({count_params(state.params):,} parameters) "
+              f"for {total - start} steps; compiling the first step...", flush=True)  # fmt: skip
+
+
+def _compiled(
+    loop: Loop, step: int, took: float, state: TrainState, batch: dict, logged: bool
+) -> None:
+    """After the first step: how long it took to compile and run (where no log line says
+    it), and what the compiler says of the step (planner.own_plan_line)."""
+    if distributed.is_lead() and not logged:
+        print(f"step {step}: compiled and ran in {console.duration(took)}", flush=True)
+    own = planner.own_plan_line(loop.train_step, state, batch)
+    if distributed.is_lead() and own:
+        print(own, flush=True)
+
+
+def _save(loop: Loop, step: int, state: TrainState) -> None:
+    """Starts the save of `step` (Orbax writes it in the background) and says so."""
+    loop.saver.save(step, state)
+    if distributed.is_lead():
+        print(f"step {step}: saving checkpoint {loop.saver.directory}/{step}", flush=True)
 
 
 def _export(
@@ -368,14 +377,16 @@ def evaluate(loop: Loop, params: Any) -> dict[str, float]:
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    total = steps.zero_sums(loop.mesh)  # each step adds to the sums of the one before
     show = distributed.is_lead() and config.progress_bars
+    correct = loss = count = 0.0
     with batches:
-        for local in console.bar(batches, -(-n // config.eval_batch_size), f"eval {split}", show):
-            total = loop.eval_step(params, sharding.global_batch(local, loop.mesh), total)
-    total = jax.device_get(total)
-    count = max(float(total["count"]), 1.0)
-    return {"accuracy": float(total["correct"]) / count, "loss": float(total["loss"]) / count}
+        bar = console.bar(batches, -(-n // config.eval_batch_size), f"eval {split}", show)
+        for out, _ in over_batches(loop.eval_step, params, bar, loop.mesh):
+            correct += float(out["correct"].sum())
+            loss += float(out["loss"].sum())
+            count += len(out["loss"])
+    count = max(count, 1.0)
+    return {"accuracy": float(correct) / count, "loss": float(loss) / count}
 
 
 def fewshot_evaluator(config: ml_collections.ConfigDict) -> fewshot_lib.FewShotEvaluator | None:
