@@ -50,10 +50,8 @@ def library_files(ref: str | None) -> dict[str, str]:
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     names = [n for n in names if n.endswith(".py") and n.count("/") >= 2]
-    show = lambda n: subprocess.run(  # noqa: E731
-        ["git", "show", f"{ref}:{n}"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
-    return {n: show(n) for n in names}
+    git = dict(cwd=ROOT, capture_output=True, text=True, check=True)
+    return {n: subprocess.run(["git", "show", f"{ref}:{n}"], **git).stdout for n in names}
 
 
 def main() -> None:

@@ -201,7 +201,8 @@ def test_code_lines_counts_code_only():
         sys.path.pop(0)
     source = (
         '"""Module doc,\ntwo lines."""\n\n# a comment\nimport os  # trailing\n\n\n'
-        'def f():\n    """Doc."""\n    x = """not a\n    docstring"""\n    return (1 +\n            2)\n'
+        'def f():\n    """Doc."""\n    x = """not a\n    docstring"""\n'
+        "    return (1 +\n            2)\n"
     )
     assert code_lines.code_lines(source) == 6  # import, def, x = (2 lines), return (2 lines)
     out = run("code_lines.py", "--by-file")

@@ -262,8 +262,9 @@ def flags_spoken(path) -> list[str]:
             parts = [v for v in node.values if isinstance(v, ast.Constant)]
             skip |= {id(v) for v in parts}
             texts.append((node.lineno, "{}".join(v.value for v in parts)))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
-            texts.append((node.lineno, node.value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in skip:
+                texts.append((node.lineno, node.value))
     pattern = re.compile(r"--(" + "|".join(sorted(command_flags())) + r")\b")
     return [
         f"{path.name}:{line}: {m[0]}"

@@ -32,7 +32,7 @@ from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
 from vit_jax.training import optim, preemption, train
 from vit_jax.training import state as state_lib
-from vit_jax.training.progress import Cadence, console_line, duration
+from vit_jax.training.progress import Cadence, Due, console_line, duration
 from vit_jax.workdir.checkpoints import Checkpoints
 
 
@@ -321,6 +321,14 @@ def test_cadence():
     assert [s for s in range(1, 101) if c.due("log", s)] == [1] + list(range(10, 101, 10))
     assert [s for s in range(1, 101) if c.due("eval", s)] == [30, 60, 90, 100]
     assert [s for s in range(1, 101) if c.due("save", s)] == [100]
+    # What follows a step, in one decision: a stop saves now and evaluates nothing.
+    c = Cadence(total_steps=100, log_every=10, eval_every=30, save_every=50, fewshot_every=60)
+    assert c.after(30) == Due(log=True, eval=True, fewshot=False, save=False)
+    assert c.after(60) == Due(log=True, eval=True, fewshot=True, save=False)
+    assert c.after(60, fewshot=False) == Due(log=True, eval=True, fewshot=False, save=False)
+    assert c.after(31, "SIGTERM") == Due(False, False, False, save=True, stopping="SIGTERM")
+    assert c.after(60, "SIGINT") == Due(True, False, False, save=True, stopping="SIGINT")
+    assert c.after(100) == Due(log=True, eval=True, fewshot=True, save=True)
     assert duration(3725) == "1h02m05s" and duration(59) == "59s"
     line = console_line(
         5, 10, {"loss": 1.5, "lr": 1e-3, "img_per_sec_per_device": 99.6, "eta_seconds": 61}

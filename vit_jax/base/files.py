@@ -59,7 +59,9 @@ def check_new(path: str | os.PathLike) -> None:
     """
     path = store.path(path)
     if path.exists() and not (path.is_dir() and not any(path.iterdir())):
-        raise FileExistsError(f"{path} exists and is not an empty directory: choose another (out=DIR)")
+        raise FileExistsError(
+            f"{path} exists and is not an empty directory: choose another (out=DIR)"
+        )
 
 
 @contextlib.contextmanager
