@@ -88,7 +88,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
     """
     check.check(config)  # every field that cannot make sense, before the workdir is touched
     wd = Workdir.at(workdir)
-    done = wd.finished(plan_of(config))
+    plan = plan_of(config)
+    done = wd.finished(plan)
     if done is not None:
         if distributed.is_lead():
             print(_finished_lines(wd, done), flush=True)
@@ -98,7 +99,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
     try:
         wd.check_writable()  # before the lock, which writes into it
         with lock.held(wd.root, distributed.is_lead()), progress.StopRequest() as stop:
-            return _run(config, wd, where, stop)
+            return _run(config, plan, wd, where, stop)
     except lock.WorkdirLocked:
         raise  # another run's workdir: touch nothing
     except preemption.Stopped:
@@ -198,13 +199,17 @@ def _fewshot_lines(step: int, evals: dict) -> list[str]:
 
 
 def _run(
-    config: ml_collections.ConfigDict, workdir: Workdir, where: Where, stop: progress.StopRequest
+    config: ml_collections.ConfigDict,
+    plan: Plan,
+    workdir: Workdir,
+    where: Where,
+    stop: progress.StopRequest,
 ) -> dict[str, Any]:
     start_time = time.time()
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
     model = build_model(config.model, data.num_classes(config.dataset), config.init_from or None)
     tx, lr_fn = optim.for_config(config)
-    plan, start = plan_of(config), start_of(config)
+    start = start_of(config)
     abstract = abstract_state(start, model, tx)
     state_bytes, npz_bytes = tree_bytes(abstract), 4 * count_params(abstract.params)
     workdir.check_free_space(plan, state_bytes, npz_bytes)
