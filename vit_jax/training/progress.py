@@ -1,4 +1,5 @@
-"""When to log, evaluate and save; throughput, readable console lines; summary.json.
+"""When to log, evaluate and save; throughput; the run's console lines and TensorBoard
+scalars; summary.json.
 
 Why not clu.periodic_actions (ReportProgress, PeriodicCallback): importing it imports
 TensorFlow, and the loop needs one decision per step for all four actions in a fixed
@@ -20,6 +21,7 @@ from typing import Any
 
 from vit_jax.base import files
 from vit_jax.base.console import duration
+from vit_jax.evaluation import fewshot as fewshot_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +176,53 @@ def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
     if "eta_seconds" in metrics:
         parts.append(f"ETA {duration(metrics['eta_seconds'])}")
     return " | ".join(parts)
+
+
+def finished_lines(workdir: Any, summary: dict[str, Any]) -> str:
+    """'WORKDIR: finished at step 20 (summary.json); nothing to do' and its results."""
+    step = summary.get("steps")
+    lines = [f"{workdir}: finished at step {step} (summary.json); nothing to do"]
+    if summary.get("accuracy") is not None:
+        lines.append(eval_line(step, summary["accuracy"], summary.get("eval_loss")))
+    return "\n".join(lines + fewshot_lines(step, summary))
+
+
+def eval_line(step: int, accuracy: float, loss: float | None) -> str:
+    """'step 400: test accuracy 0.7758, loss 0.5990' (the loss left out where unknown)."""
+    loss_part = f", loss {loss:.4f}" if isinstance(loss, float) else ""
+    return f"step {step}: test accuracy {accuracy:.4f}{loss_part}"
+
+
+def fewshot_lines(step: int, evals: dict) -> list[str]:
+    """'step 400: few-shot fashion_mnist 1/5/10/25-shot 41.2/63.0/70.1/76.5%', a dataset
+    a line, from the few-shot entries of `evals` (or of a stored summary)."""
+    lines = []
+    for name, row in fewshot_lib.by_dataset(evals).items():
+        shots, accs = "/".join(map(str, row)), "/".join(f"{100 * a:.1f}" for a in row.values())
+        lines.append(f"step {step}: few-shot {name} {shots}-shot {accs}%")
+    return lines
+
+
+def write(writer: Any, step: int, total: int, metrics: dict, evals: dict | None = None) -> None:
+    """The console line and TensorBoard scalars of a log step, or of an evaluation."""
+    if writer is None:
+        return
+    if evals is None:
+        print(console_line(step, total, metrics), flush=True)
+        writer.write_scalars(step, {k: v for k, v in metrics.items() if k != "eta_seconds"})
+    else:
+        accuracy, loss = evals["accuracy"], evals["loss"]
+        print(eval_line(step, accuracy, loss), flush=True)
+        writer.write_scalars(step, {"eval/accuracy": accuracy, "eval/loss": loss})
+
+
+def write_fewshot(writer: Any, step: int, evals: dict) -> None:
+    """The few-shot lines (`fewshot_lines`) and their TensorBoard scalars."""
+    if writer is None:
+        return
+    for line in fewshot_lines(step, evals):
+        print(line, flush=True)
+    writer.write_scalars(step, {k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)})
 
 
 def write_summary(path: Any, summary: dict[str, Any]) -> None:

@@ -92,7 +92,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
     done = wd.finished(plan)
     if done is not None:
         if distributed.is_lead():
-            print(_finished_lines(wd, done), flush=True)
+            print(progress.finished_lines(wd, done), flush=True)
         return done
     created = wd.missing_dirs()
     where = Where(wd)
@@ -171,31 +171,6 @@ def start_of(config: ml_collections.ConfigDict) -> Start:
         reset_head=config.reset_head,
         patch_size=config.model.get("patch_size"),
     )
-
-
-def _finished_lines(workdir: Workdir, summary: dict[str, Any]) -> str:
-    """'WORKDIR: finished at step 20 (summary.json); nothing to do' and its results."""
-    step = summary.get("steps")
-    lines = [f"{workdir}: finished at step {step} (summary.json); nothing to do"]
-    if summary.get("accuracy") is not None:
-        lines.append(_eval_line(step, summary["accuracy"], summary.get("eval_loss")))
-    return "\n".join(lines + _fewshot_lines(step, summary))
-
-
-def _eval_line(step: int, accuracy: float, loss: float | None) -> str:
-    """'step 400: test accuracy 0.7758, loss 0.5990' (the loss left out where unknown)."""
-    loss_part = f", loss {loss:.4f}" if isinstance(loss, float) else ""
-    return f"step {step}: test accuracy {accuracy:.4f}{loss_part}"
-
-
-def _fewshot_lines(step: int, evals: dict) -> list[str]:
-    """'step 400: few-shot fashion_mnist 1/5/10/25-shot 41.2/63.0/70.1/76.5%', a dataset
-    a line, from the few-shot entries of `evals` (or of a stored summary)."""
-    lines = []
-    for name, row in fewshot_lib.by_dataset(evals).items():
-        shots, accs = "/".join(map(str, row)), "/".join(f"{100 * a:.1f}" for a in row.values())
-        lines.append(f"step {step}: few-shot {name} {shots}-shot {accs}%")
-    return lines
 
 
 def _run(
@@ -305,13 +280,13 @@ def train_loop(
                 metrics["finite"] = min(metrics["finite"], float(record.all_finite(state)))
             guard.check(metrics, step)
         if due.log:
-            _write(loop.writer, step, config.total_steps, metrics)
+            progress.write(loop.writer, step, config.total_steps, metrics)
         if due.eval:
             evals.update(evaluate(loop, state.params))
-            _write(loop.writer, step, config.total_steps, metrics, evals)
+            progress.write(loop.writer, step, config.total_steps, metrics, evals)
         if due.fewshot:
             evals.update(loop.fewshot.run(loop.model, state.params, mesh))
-            _write_fewshot(loop.writer, step, evals)
+            progress.write_fewshot(loop.writer, step, evals)
         if due.save:
             _save(loop, step, state)
         if due.eval or due.fewshot or due.save:  # the throughput clock counts training steps
@@ -411,25 +386,3 @@ def fewshot_evaluator(config: ml_collections.ConfigDict) -> fewshot_lib.FewShotE
     return fewshot_lib.FewShotEvaluator(
         datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size
     )
-
-
-def _write(writer: Any, step: int, total: int, metrics: dict, evals: dict | None = None) -> None:
-    """The console line and TensorBoard scalars of a log step, or of an evaluation."""
-    if writer is None:
-        return
-    if evals is None:
-        print(progress.console_line(step, total, metrics), flush=True)
-        writer.write_scalars(step, {k: v for k, v in metrics.items() if k != "eta_seconds"})
-    else:
-        accuracy, loss = evals["accuracy"], evals["loss"]
-        print(_eval_line(step, accuracy, loss), flush=True)
-        writer.write_scalars(step, {"eval/accuracy": accuracy, "eval/loss": loss})
-
-
-def _write_fewshot(writer: Any, step: int, evals: dict) -> None:
-    """The few-shot lines (`_fewshot_lines`) and their TensorBoard scalars."""
-    if writer is None:
-        return
-    for line in _fewshot_lines(step, evals):
-        print(line, flush=True)
-    writer.write_scalars(step, {k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)})
