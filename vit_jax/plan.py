@@ -46,6 +46,9 @@ def table(p) -> str:
     """The plan as aligned lines: bytes per device by kind, then speed and cost."""
     if not p.compiled:
         speed = [("step time", "not compiled: XLA refused the step, out of memory")]
+    elif p.scanned:
+        speed = [("FLOPs, step time", "no estimate: with model.scan XLA counts the scanned "
+                  "blocks once; plan with --config.model.scan=False for them")]  # fmt: skip
     elif p.step_seconds <= 0:  # the cost model gave no usable time (planner.compiled_figures)
         speed = [
             ("FLOPs per step", f"{p.flops:.3g} per device"),
