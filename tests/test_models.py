@@ -332,3 +332,22 @@ def test_elementary_exact_gelu_is_exact_gelu_without_erf():
     text = jax.jit(layers.gelu, static_argnums=1).lower(x, layers.EXACT_ELEMENTARY).as_text()
     assert "erf" not in text
     assert "erf" in jax.jit(layers.gelu, static_argnums=1).lower(x, "exact").as_text()
+
+
+def test_param_shapes_traces_a_model_once_per_size():
+    """Reading a checkpoint asks for the model's table twice (to check the file, then to
+    adapt it): the model is traced once, and each caller gets its own dict."""
+    from vit_jax.models import _traced_shapes
+
+    model = get_model("testing", 3)
+    _traced_shapes.cache_clear()
+    first = param_shapes(model, 32)
+    first["head"]["kernel"] = None  # a caller's change stays its own
+    again = param_shapes(model, 32)
+    assert again["head"]["kernel"].shape[-1] == 3
+    assert (_traced_shapes.cache_info().misses, _traced_shapes.cache_info().hits) == (1, 1)
+    assert (
+        param_shapes(model, (32, 48))["Transformer"]["posembed_input"]
+        != again["Transformer"]["posembed_input"]
+    )
+    assert _traced_shapes.cache_info().misses == 2

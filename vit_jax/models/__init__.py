@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -56,11 +57,17 @@ def get_model(name: str | None, num_classes: int | None, **overrides: Any) -> Vi
 
 
 def param_shapes(model: VisionTransformer, image_size: int | tuple[int, int] = 224) -> dict:
-    """The parameter tree of `model` at `image_size` as ShapeDtypeStructs (nothing allocated)."""
+    """The parameter tree of `model` at `image_size` as ShapeDtypeStructs (nothing
+    allocated), a fresh dict each call. The model is traced once per size: reading a
+    checkpoint checks its tensors against the model's table, then adapts them to it."""
     h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+    return unfreeze(_traced_shapes(model, h, w))
+
+
+@functools.lru_cache(maxsize=32)
+def _traced_shapes(model: VisionTransformer, h: int, w: int) -> Any:
     x = jax.ShapeDtypeStruct((1, h, w, model.channels), jnp.float32)
-    shapes = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x)
-    return unfreeze(shapes["params"])
+    return jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), x)["params"]
 
 
 def count_params(params: Any) -> int:
