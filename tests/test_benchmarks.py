@@ -5,6 +5,7 @@ keeps the scripts from rotting as the package changes.
 """
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -208,3 +209,25 @@ def test_code_lines_counts_code_only():
     out = run("code_lines.py", "--by-file")
     total = int(out.splitlines()[-1].split()[0])
     assert total == sum(int(line.split()[0]) for line in out.splitlines()[:-1]) > 5000
+
+
+def test_plan_matrix_resumes_from_its_file_and_prints_rows(tmp_path):
+    """A cell already in --out is not planned again (no libtpu needed): its row is printed
+    from the file, bytes in GiB, images/s per chip (two devices a chip on v3)."""
+    done = tmp_path / "m.jsonl"
+    fits = {"cell": "B/16 224 px, v3-8, data", "compiled": True, "fits": True,
+            "total_bytes": 4.5 * 2**30, "hbm_bytes": 16 * 2**30, "device_kind": "TPU v3",
+            "devices": 8, "flops": 3.55e12, "step_seconds": 0.1, "images_per_second": 2560.0,
+            "utilisation": 0.59, "compile_seconds": 165.0}  # fmt: skip
+    refused = {**fits, "cell": "B/16 224 px, v3-8, fsdp", "compiled": False, "fits": False,
+               "total_bytes": 20 * 2**30, "images_per_second": 0.0}  # fmt: skip
+    done.write_text(json.dumps(fits) + "\n" + json.dumps(refused) + "\n")
+    out = run("plan_matrix.py", "--models=b16", "--sizes=224", "--topologies=v3-8",
+              f"--out={done}")  # fmt: skip
+    rows = out.splitlines()[2:]
+    assert rows == [
+        "| B/16 224 px, v3-8, data | 4.50 of 16.0 GiB | yes | 3.5 TFLOP | 100 ms | 640 | 59% "
+        "| 165 s |",
+        "| B/16 224 px, v3-8, fsdp | 20.00 of 16.0 GiB | no (XLA refused) | - | - | - | - "
+        "| 165 s |",
+    ]
