@@ -271,6 +271,7 @@ def train_loop(
             jax.block_until_ready(m)
             _compiled(loop, step, speed.compiled(step), state, batch, cadence.due("log", step))
         del batch
+        # What follows the step; a stop is the one every process agrees on (lagged).
         due = cadence.after(step, agree.lagged(loop.stop.requested, m), loop.fewshot is not None)
         if due.log or due.save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items() if k != "stop"}
