@@ -7,7 +7,8 @@
 Each cell is one `python -m vit_jax.plan --json` in a subprocess (the run's own train
 step compiled for the topology): 224 px is the paper's pretraining (`pretrain:MODEL,
 imagenet21k`: batch 4096, Adam), 384 px its fine-tuning (`finetune:MODEL,imagenet2012`:
-batch 512, SGD); float32 as the presets. Shardings: 'data' (data parallel, as the
+batch 512, SGD); float32 as the presets. A size is rounded to the model's patch (H/14 at
+384 plans 378 px, 27 x 14). Shardings: 'data' (data parallel, as the
 presets) and 'fsdp' (parameters and optimizer state over every device, with remat).
 Each cell's JSON is appended to --out as it finishes, and cells already there are not
 run again, so a stopped matrix resumes. Prints a Markdown row per cell.
@@ -82,6 +83,8 @@ def main() -> None:
         args.shardings.split(","),
     )  # fmt: skip
     for model, size, topology, sharding in cells:
+        patch = int(model[1:])
+        size = round(size / patch) * patch  # H/14 at 384: 378 (27 x 14), as the check says
         key = f"{model.upper()[0]}/{model[1:]} {size} px, {topology}, {sharding}"
         if key not in done:
             began = time.time()
@@ -93,7 +96,8 @@ def main() -> None:
                 print(f"| {key} | compile over {args.timeout} s: not planned |", flush=True)
                 continue
             if proc.returncode != 0:
-                print(f"| {key} | failed: {proc.stderr.strip().splitlines()[-1:]} |", flush=True)
+                error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+                print(f"| {key} | failed: {(error or ['?'])[0]} |", flush=True)
                 continue
             done[key] = {"cell": key, "wall_seconds": time.time() - began,
                          **json.loads(proc.stdout)}  # fmt: skip

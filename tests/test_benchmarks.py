@@ -231,3 +231,9 @@ def test_plan_matrix_resumes_from_its_file_and_prints_rows(tmp_path):
         "| B/16 224 px, v3-8, fsdp | 20.00 of 16.0 GiB | no (XLA refused) | - | - | - | - "
         "| 165 s |",
     ]
+    # A size that is no multiple of the patch is the nearest one: H/14 at 384 plans 378.
+    with done.open("a") as f:
+        f.write(json.dumps({**fits, "cell": "H/14 378 px, v3-8, data"}) + "\n")
+    out = run("plan_matrix.py", "--models=h14", "--sizes=384", "--topologies=v3-8",
+              "--shardings=data", f"--out={done}")  # fmt: skip
+    assert out.splitlines()[2].startswith("| H/14 378 px, v3-8, data | 4.50 of 16.0 GiB | yes")
