@@ -35,9 +35,10 @@ def cell_args(model: str, size: int, topology: str, sharding: str) -> list[str]:
     else:
         args = [f"--config=finetune:{model},imagenet2012", f"--config.image_size={size}"]
     if sharding == "fsdp":
-        devices = {"v3-8": 8, "v4-8": 8, "v5p-8": 4, "v5e-16": 16}.get(topology)
-        if devices is None:
-            raise SystemExit(f"plan_matrix: FSDP needs the device count of {topology}")
+        # vN-COUNT counts TensorCores (v3, v4: a device each here; v5p: two a device)
+        # or chips (v5e, v6e: a device each)
+        count = int(topology.rsplit("-", 1)[1])
+        devices = count // 2 if topology.startswith("v5p") else count
         args += [f"--config.mesh.fsdp={devices}", "--config.model.remat=True"]
     return [*args, f"--topology={topology}", "--json"]
 
