@@ -205,19 +205,40 @@ def test_a_plan_without_an_estimate_says_so():
 
 
 @needs_libtpu
-def test_a_scanned_stack_gives_memory_but_no_flops_or_time():
-    """XLA's cost analysis counts a scanned loop's body once (measured: ViT-B/16 scanned
-    gave 1/11 of the FLOPs and 1/5 of the time): the plan keeps the compiled step's bytes
-    and says it has no FLOPs or time rather than print a fraction as the whole."""
+@pytest.mark.parametrize("override, loop", [("--config.model.scan=True", "model.scan"),
+                                            ("--config.accum_steps=2", "accum_steps")])  # fmt: skip
+def test_a_step_with_a_loop_gives_memory_but_no_flops_or_time(override, loop):
+    """XLA's cost analysis counts a loop's body once (measured: ViT-B/16 scanned gave 1/11
+    of the FLOPs and 1/5 of the time; two micro-batches half the FLOPs): the plan keeps
+    the compiled step's bytes and says it has no FLOPs or time rather than print a
+    fraction as the whole."""
     plain = plan_json(*SMALL, "--topology=v3-8")
-    scanned = plan_json(*SMALL, "--topology=v3-8", "--config.model.scan=True")
-    assert not plain["scanned"] and plain["flops"] > 0 and plain["step_seconds"] > 0
-    assert scanned["scanned"] and scanned["compiled"] and scanned["fits"]
-    assert (scanned["flops"], scanned["step_seconds"], scanned["images_per_second"]) == (0, 0, 0)
-    assert scanned["param_bytes"] == plain["param_bytes"] > 0
-    assert scanned["temp_bytes"] > 0 and scanned["total_bytes"] > scanned["param_bytes"]
-    proc = python_m("vit_jax.plan", *SMALL, "--topology=v3-8", "--config.model.scan=True",
-                    env=WITH_LIBTPU, timeout=900)  # fmt: skip
+    looped = plan_json(*SMALL, "--topology=v3-8", override)
+    assert not plain["loop"] and plain["flops"] > 0 and plain["step_seconds"] > 0
+    assert looped["loop"] == loop and looped["compiled"] and looped["fits"]
+    assert (looped["flops"], looped["step_seconds"], looped["images_per_second"]) == (0, 0, 0)
+    assert looped["param_bytes"] == plain["param_bytes"] > 0
+    assert looped["temp_bytes"] > 0 and looped["total_bytes"] > looped["param_bytes"]
+    proc = python_m("vit_jax.plan", *SMALL, "--topology=v3-8", override, env=WITH_LIBTPU,
+                    timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "no estimate: with model.scan XLA counts the scanned blocks once" in proc.stdout
+    assert f"no estimate: XLA counts the {loop} loop's body once; plan with --config.{loop}=" in (
+        proc.stdout
+    )
     assert "images/s" not in proc.stdout
+
+
+def test_the_loops_own_line_gives_no_flops_for_a_step_with_a_loop():
+    """The training loop's start-up line (own_plan_line) follows the same rule as a plan."""
+    c, _ = small_model()
+    assert planner.loop_of(c) is None
+    c.accum_steps = 2
+    assert planner.loop_of(c) == "accum_steps"
+    c.model.scan = True
+    assert planner.loop_of(c) == "model.scan"
+    mesh = sharding.make_mesh(-1, 1)
+    step, state, batch = planner.loop_step(c, mesh, 10)  # abstract, with their shardings
+    line = planner.own_plan_line(step, state, batch, "model.scan")
+    assert line.endswith("temporaries); no FLOPs or step time: XLA counts the model.scan "
+                         "loop's body once"), line  # fmt: skip
+    assert "FLOP per device" not in line

@@ -46,9 +46,9 @@ def table(p) -> str:
     """The plan as aligned lines: bytes per device by kind, then speed and cost."""
     if not p.compiled:
         speed = [("step time", "not compiled: XLA refused the step, out of memory")]
-    elif p.scanned:
-        speed = [("FLOPs, step time", "no estimate: with model.scan XLA counts the scanned "
-                  "blocks once; plan with --config.model.scan=False for them")]  # fmt: skip
+    elif p.loop:  # planner.loop_of
+        speed = [("FLOPs, step time", f"no estimate: XLA counts the {p.loop} loop's body "
+                  f"once; plan with --config.{p.loop}={LOOPLESS[p.loop]} for them")]  # fmt: skip
     elif p.step_seconds <= 0:  # the cost model gave no usable time (planner.compiled_figures)
         speed = [
             ("FLOPs per step", f"{p.flops:.3g} per device"),
@@ -79,6 +79,9 @@ def table(p) -> str:
     ]  # fmt: skip
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+LOOPLESS = {"model.scan": "False", "accum_steps": "1"}  # the settings without the loop
 
 
 def advice(p) -> str:

@@ -103,7 +103,7 @@ class Plan:
     cores_per_device: int
     compiled: bool = True  # False: the compiler refused it, out of memory (no FLOPs, no time)
     compile_seconds: float = 0.0  # this host's time to lower and compile the step
-    scanned: bool = False  # model.scan: no FLOPs, no time (XLA counts a loop body once)
+    loop: str = ""  # the field whose loop XLA counts once (loop_of): no FLOPs, no time
 
     @property
     def fits(self) -> bool:
@@ -222,7 +222,7 @@ def plan_on(
         topology=name, device_kind=kind, devices=len(devices), batch_size=config.batch_size,
         mesh=dict(mesh.shape), remat=bool(config.model.remat), param_bytes=param_bytes,
         optimizer_bytes=opt_bytes, batch_bytes=batch_bytes, total_steps=config.total_steps,
-        cores_per_device=chip.cores, scanned=bool(config.model.get("scan")),
+        cores_per_device=chip.cores, loop=loop_of(config) or "",
     )  # fmt: skip
     began = time.perf_counter()
     try:
@@ -239,7 +239,7 @@ def plan_on(
             compile_seconds=time.perf_counter() - began,
         )  # fmt: skip
     temp, total, flops, seconds = compiled_figures(compiled)
-    if known["scanned"]:  # measured: B/16 scanned, 1/11 of the FLOPs, 1/5 of the time
+    if known["loop"]:
         flops, seconds = 0.0, 0.0
     return Plan(
         **known,
@@ -272,11 +272,22 @@ def compiled_figures(compiled: Any) -> tuple[int, int, float, float]:
     return memory.temp_size_in_bytes, total, float(cost.get("flops", 0.0)), seconds
 
 
-def own_plan_line(step: Any, state: Any, batch: Any) -> str | None:
+def loop_of(config: ml_collections.ConfigDict) -> str | None:
+    """The config field that makes the train step a loop ('model.scan': the blocks;
+    'accum_steps': the micro-batches), or None. XLA's cost analysis counts a loop's body
+    once, so such a step's FLOPs and time are a fraction of the step's (measured: B/16
+    scanned gave 1/11 of the FLOPs and 1/5 of the time; accum_steps=2 halves the FLOPs)."""
+    if config.model.get("scan"):
+        return "model.scan"
+    return "accum_steps" if config.accum_steps > 1 else None
+
+
+def own_plan_line(step: Any, state: Any, batch: Any, loop: str | None = None) -> str | None:
     """One line of what the compiler says of the loop's own step on this host's devices,
     after its first call (whose executable the lowering finds again: no second compile):
     bytes per device, FLOPs per step, and its step-time estimate where the backend gives
-    one (TPU). None where the backend reports no memory analysis."""
+    one (TPU); `loop` (`loop_of`): no FLOPs or time, which the compiler counts a part of.
+    None where the backend reports no memory analysis."""
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             (state, batch))  # fmt: skip
     try:
@@ -286,11 +297,11 @@ def own_plan_line(step: Any, state: Any, batch: Any) -> str | None:
     kind = jax.devices()[0].device_kind
     hbm = CHIPS[kind].hbm_bytes if kind in CHIPS else 0
     of = f" of {text.size(hbm)}" if hbm else ""
+    line = f"compiled step: {text.size(total)} per device{of} ({text.size(temp)} temporaries)"
+    if loop:
+        return line + f"; no FLOPs or step time: XLA counts the {loop} loop's body once"
     amount = f"{flops / 1e12:.3g} TFLOP" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP"
-    line = (
-        f"compiled step: {text.size(total)} per device{of} ({text.size(temp)} temporaries), "
-        f"{amount} per device per step"
-    )
+    line += f", {amount} per device per step"
     if seconds:
         images = batch["image"].shape[0] / seconds
         return line + f"; the compiler predicts {seconds * 1e3:.0f} ms a step ({images:,.0f} img/s)"

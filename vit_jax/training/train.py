@@ -313,7 +313,7 @@ def _compiled(
     it), and what the compiler says of the step (planner.own_plan_line)."""
     if distributed.is_lead() and not logged:
         print(f"step {step}: compiled and ran in {console.duration(took)}", flush=True)
-    own = planner.own_plan_line(loop.train_step, state, batch)
+    own = planner.own_plan_line(loop.train_step, state, batch, planner.loop_of(loop.config))
     if distributed.is_lead() and own:
         print(own, flush=True)
 
