@@ -2,9 +2,11 @@
 # Installs vit_jax with everything the main job, the tests and the notebooks need, and
 # the embedded default dataset: Fashion-MNIST from Debian's dataset-fashion-mnist.
 # ".[all]" is the core (~450 MB: jax, flax, optax, orbax, grain, ...: all the main job
-# needs) + data (TFDS datasets without TensorFlow, ~50 MB) + tf (TensorFlow, ~1.3 GB:
-# the SavedModel export, and preparing TFDS datasets in the tests) + plot, notebooks,
-# test, convert and the export runtimes (onnxruntime, transformers; ~250 MB).
+# needs) + data (TFDS datasets without TensorFlow, ~50 MB) + tf (TensorFlow, ~1.3 GB,
+# for the tests alone: test_tfds, test_fewshot and test_inspect prepare TFDS datasets
+# with it, test_pixels holds tf_bilinear to its decode and resize; the
+# library never imports it) + plot, notebooks, test, convert and the export runtimes
+# (onnxruntime, transformers; ~250 MB).
 set -euo pipefail
 cd "$(dirname "$0")"
 PIP="python3 -m pip install -q --disable-pip-version-check"
@@ -32,11 +34,6 @@ $PIP -e ".[all]"
 # timm for the format tests and the printed timm lines; with torch and torchvision in
 # place its other dependencies are light (pyyaml, huggingface_hub, safetensors).
 $PIP timm || missing "timm not installed; the timm format tests will skip"
-# NVIDIA DALI (~1 GB, Linux only) for the tests of dataset.decoder='dali', which run its
-# CPU decoder; on a GPU host the same install decodes with nvJPEG.
-if [ "$(uname -s)" = Linux ]; then
-  $PIP -e ".[dali]" || missing "nvidia-dali-cuda120 not installed; the DALI tests will skip"
-fi
 # The registry's CUDA torch brings Triton (a GPU kernel compiler, unused on the CPU). Triton
 # and TensorFlow each carry LLVM: a process that loads both aborts ("LLVM ERROR:
 # inconsistency in registered CommandLine options"), and the export tests load both.

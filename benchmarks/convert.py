@@ -1,8 +1,8 @@
-"""Time converting a checkpoint to every format, and running the ONNX and SavedModel
-exports (images/s) beside the JAX model.
+"""Time converting a checkpoint to every format, and running the ONNX export (images/s)
+beside the JAX model.
 
     python benchmarks/convert.py [--model=ViT-B_16] [--image_size=224] [--batch=8]
-        [--formats=npz,timm,hf,onnx,saved_model]
+        [--formats=npz,timm,hf,onnx]
 
 The checkpoint is the variant with random parameters written as .npz (the published
 files have the same shapes), so the figures need no download. Each format is converted
@@ -24,7 +24,6 @@ import numpy as np
 from bound import timeit  # this script's directory
 
 from vit_jax import weights
-from vit_jax.base import quiet_tf
 from vit_jax.models import get_model, param_shapes
 from vit_jax.weights import convert
 
@@ -47,7 +46,7 @@ def main() -> None:
     parser.add_argument("--model", default="ViT-B_16")
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--formats", default="npz,timm,hf,onnx,saved_model")
+    parser.add_argument("--formats", default="npz,timm,hf,onnx")
     args = parser.parse_args()
     formats = args.formats.split(",")
     with tempfile.TemporaryDirectory(prefix="convert_bench") as tmp:  # GBs, removed after
@@ -62,7 +61,6 @@ def run_all(name: str, image_size: int, batch: int, formats: list[str], tmp: Pat
         "timm": "m.safetensors",
         "hf": "hf",
         "onnx": "m.onnx",
-        "saved_model": "sm",
     }
     print(f"{name} at {image_size}, {os.cpu_count()} cores")
     print("| format | convert s | size MB |")
@@ -90,10 +88,6 @@ def run_all(name: str, image_size: int, batch: int, formats: list[str], tmp: Pat
 
         session = ort.InferenceSession(str(tmp / "m.onnx"), providers=["CPUExecutionProvider"])
         runs["ONNX (onnxruntime)"] = lambda x: session.run(["logits"], {"images": x})[0]
-    if "saved_model" in formats:
-        tf = quiet_tf.tensorflow()
-        serve = tf.saved_model.load(str(tmp / "sm")).signatures["serving_default"]
-        runs["SavedModel (TensorFlow)"] = lambda x: serve(images=tf.constant(x))["logits"].numpy()
     print(f"\n| runtime | img/s (batch {batch}) | max abs logit diff from JAX |")
     print("|---|---|---|")
     for runtime, run in runs.items():

@@ -7,9 +7,6 @@ Grain pipeline of an earlier commit, and against the bound of its own per-image 
     python benchmarks/input_pipeline.py --preprocessing=pil_antialias  # the other resize
     python benchmarks/input_pipeline.py --augreg --cases=jpeg224,idx32 --cores=1
                                     # each AugReg setting (mixup + RandAugment) per core
-    python benchmarks/input_pipeline.py --dali --cases=jpeg224,eval384 --baseline=none
-                                    # + dataset.decoder=dali (nvJPEG on a GPU host; on
-                                    #   one without, DALI's CPU decoder on those cores)
 
 Cases: the embedded Fashion-MNIST idx files (in memory, 28x28 gray) at 32 and 56 px,
 global batch 256; a folder of JPEGs (300x400, generated) at 224 px with Inception crop
@@ -95,10 +92,8 @@ def worker(args) -> None:
     _, size, batch = CASES[args.case]
     cfg = config(args.case, args.folder, args.preprocessing)
     if args.impl in ("grain", "before"):
-        cfg.threads = args.cores if args.mode in ("threads", "dali") else 1
+        cfg.threads = args.cores if args.mode == "threads" else 1
         cfg.workers = args.cores if args.mode == "workers" else 0
-    if args.mode == "dali":
-        cfg.decoder = "dali"
     if args.setting:
         from vit_jax.configs import augreg
 
@@ -128,7 +123,7 @@ def bound(case: str, folder: str, preprocessing: str, repeats: int = 3) -> float
 def _bound(case: str, folder: str, preprocessing: str, repeats: int) -> float:
     import functools
 
-    from vit_jax.data import augment, pixels, tables
+    from vit_jax.data import augment, tables
 
     _, size, batch = CASES[case]
     cfg = config(case, folder, preprocessing)
@@ -138,20 +133,12 @@ def _bound(case: str, folder: str, preprocessing: str, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        if table.images is not None:  # what the pipeline does for in-memory images
-            h, w = table.images.shape[1:3]
-            boxes = [augment.crop_window(h, w, u, cfg.crop_min_area) for u in draws]
-            images = table.images[index]
-            out = pixels.resize_batch(images, np.asarray(boxes), (size, size), cfg.preprocessing)
-            mirror = draws[:, -1] < 0.5
-            out[mirror] = out[mirror, :, ::-1]
-        else:
-            for i, u in zip(index, draws, strict=True):
-                crop = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
-                window = None if case == "eval384" else crop
-                image, _ = tables.load(table, int(i), (size, size), cfg.preprocessing, window)
-                if case != "eval384" and u[-1] < 0.5:
-                    image = image[:, ::-1]
+        for i, u in zip(index, draws, strict=True):
+            crop = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
+            window = None if case == "eval384" else crop
+            image, _ = tables.load(table, int(i), (size, size), cfg.preprocessing, window)
+            if case != "eval384" and u[-1] < 0.5:
+                image = image[:, ::-1]
         best = min(best, time.perf_counter() - start)
     return batch / best
 
@@ -203,7 +190,6 @@ def main() -> None:
         "--preprocessing", default="tf_bilinear", help="tf_bilinear or pil_antialias"
     )
     parser.add_argument("--augreg", action="store_true", help="time each AugReg setting")
-    parser.add_argument("--dali", action="store_true", help="also dataset.decoder=dali")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--setting", default="", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="grain", help=argparse.SUPPRESS)
@@ -234,8 +220,6 @@ def main() -> None:
                 row = dict(case=case, cores=n, bound=one_core * n)
                 for mode in ("threads", "workers"):
                     row[mode] = run_worker(args, "grain", case, n, mode, here)
-                if args.dali and CASES[case][0] == "folder":
-                    row["dali"] = run_worker(args, "grain", case, n, "dali", here)
                 if before:
                     row["before"] = run_worker(args, "before", case, n, "threads", before)
                 if old:
@@ -250,7 +234,7 @@ def main() -> None:
     print("ratios: Grain (the better of threads and workers) over tf.data and over the bound")
     header = (
         f"{'case':<8} {'cores':>5} {'tf.data':>8} {'before':>8} {'threads':>8} {'workers':>8} "
-        f"{'bound':>8} {'vs tf.data':>10} {'vs bound':>9}" + (f" {'dali':>8}" if args.dali else "")
+        f"{'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"
     )
     print(header + "\n" + "-" * len(header))
     for r in rows:
@@ -261,7 +245,6 @@ def main() -> None:
         print(
             f"{r['case']:<8} {r['cores']:>5} {tf_cell} {before} {r['threads']:>8.0f} "
             f"{r['workers']:>8.0f} {r['bound']:>8.0f} {ratio} {best / r['bound']:>9.2f}"
-            + (f" {r['dali']:>8.0f}" if "dali" in r else (f" {'-':>8}" if args.dali else ""))
         )
 
 

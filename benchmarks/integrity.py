@@ -6,7 +6,7 @@ or an object store, and whether a save in flight slows training down.
 
 Builds the model's TrainState with Adam (parameters and two float32 moments) on one
 device and times, each the median of --repeats:
-  hash          CRC-32 of every shard on the host (`record.checksums`, on a thread pool
+  hash          CRC-32 of every shard on the host (`checkpoints.checksums`, on a thread pool
                 of os.cpu_count() threads), alone
   save, plain   an Orbax save alone (commit-file mode): the blocking part (until training
                 may go on) and the whole (until the checkpoint is complete)
@@ -47,9 +47,11 @@ from bound import machine, timeit  # noqa: E402
 from vit_jax.base import store  # noqa: E402
 from vit_jax.configs.common import base  # noqa: E402
 from vit_jax.parallel import sharding  # noqa: E402
-from vit_jax.training import optim, steps, train  # noqa: E402
+from vit_jax.training import state as state_lib  # noqa: E402
+from vit_jax.training import train  # noqa: E402
 from vit_jax.training.state import build_model, create_state  # noqa: E402
-from vit_jax.workdir import record  # noqa: E402
+from vit_jax.workdir import checkpoints as checkpoints_lib  # noqa: E402
+from vit_jax.workdir import verify  # noqa: E402
 from vit_jax.workdir.checkpoints import COMMIT, Checkpoints  # noqa: E402
 from vit_jax.workdir.workdir import tree_bytes  # noqa: E402
 
@@ -59,10 +61,10 @@ def make_state(model_name: str, image_size: int):
     c.image_size = image_size
     c.optimizer.update(name="adam", lr=1e-3)
     model = build_model(c.model, 1000)
-    tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
+    tx, lr = state_lib.make_optimizer(c.optimizer, c.total_steps)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    state, shardings = create_state(train.start_of(c), model, tx, mesh)
-    step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
+    state, shardings = create_state(state_lib.Start.of(c), model, tx, mesh)
+    step, _ = train.jit_steps(model, tx, lr, mesh, shardings, 1)
     return c, jax.block_until_ready(state), step, mesh
 
 
@@ -102,7 +104,7 @@ def main() -> None:
     config, state, step, mesh = make_state(args.model, args.image_size)
     gib = tree_bytes(state) / 2**30
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        hash_s = timeit(lambda: record.checksums(state, pool),
+        hash_s = timeit(lambda: checkpoints_lib.checksums(state, pool),
                         warmup=0, repeats=args.repeats, min_time=0)  # fmt: skip
     if args.dir and store.is_remote(args.dir):
         root = store.path(args.dir) / f"integrity_bench_{uuid.uuid4().hex[:8]}"
@@ -131,7 +133,7 @@ def main() -> None:
         once = functools.partial(timeit, warmup=0, repeats=1, min_time=0)
         restore_s = {
             "plain": once(lambda: plain.restore(1, args=ocp.args.StandardRestore(target))),
-            "verified": once(lambda: saver.check(1, target)),
+            "verified": once(lambda: verify.check(saver, 1, target)),
         }
         if args.steps:
             size = args.image_size

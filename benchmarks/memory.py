@@ -40,8 +40,8 @@ from bound import machine  # noqa: E402
 from vit_jax.configs import common  # noqa: E402
 from vit_jax.models import count_params  # noqa: E402
 from vit_jax.parallel import sharding  # noqa: E402
-from vit_jax.training import optim, steps, train  # noqa: E402
 from vit_jax.training import state as state_lib  # noqa: E402
+from vit_jax.training import train  # noqa: E402
 from vit_jax.workdir.workdir import tree_bytes  # noqa: E402
 
 GIB = 2**30
@@ -57,8 +57,8 @@ def setup(name: str, image_size: int, variant: dict) -> tuple:
     c.model.update(variant)
     c.optimizer.update(name="adam", weight_decay=0.1)
     model = state_lib.build_model(c.model, 1000)
-    tx, lr_fn = optim.make_optimizer(c.optimizer, c.total_steps)
-    return c, model, tx, lr_fn, state_lib.abstract_state(train.start_of(c), model, tx)
+    tx, lr_fn = state_lib.make_optimizer(c.optimizer, c.total_steps)
+    return c, model, tx, lr_fn, state_lib.abstract_state(state_lib.Start.of(c), model, tx)
 
 
 def state_row(name: str, image_size: int) -> dict:
@@ -88,7 +88,7 @@ def peak_bytes(setup_out: tuple, layout: str, per_device: int) -> int:
     state = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
-    step, _ = steps.compile_steps(model, tx, lr_fn, 1, mesh, shardings)  # as the loop jits it
+    step, _ = train.jit_steps(model, tx, lr_fn, mesh, shardings, 1)  # as the loop jits it
     m = step.lower(state, batch).compile().memory_analysis()
     return (
         m.argument_size_in_bytes

@@ -4,13 +4,13 @@
 
 signal to exit  a child process builds the model's TrainState (Adam: parameters and two
                 float32 moments) on one device, takes steps (a cheap update of the state,
-                so that the figure is the stop's own) under `progress.StopRequest`, and on
+                so that the figure is the stop's own) under `stopping.StopRequest`, and on
                 SIGTERM does what the training loop does: saves the step with its
                 integrity record (`Checkpoints.save`), waits for it, prints the line, exits
                 143. Timed from os.kill to the child's exit (interpreter shutdown
                 included), the median of --repeats; add one train step of your model
                 (the step in flight) for the whole grace period needed
-agreement       `preemption.Agreement` forced on (as in a multi-process run: each step's
+agreement       `stopping.Agreement` forced on (as in a multi-process run: each step's
                 batch carries the signal flags, the step reduces them, the loop reads
                 the step before's) over 8 emulated CPU devices, a tiny model: ms per
                 step with and without, the median over --steps steps
@@ -37,13 +37,13 @@ def child(model_name: str, image_size: int, workdir: str) -> None:
     import jax
     from integrity import make_state  # benchmarks/integrity.py
 
-    from vit_jax.training import preemption, progress
+    from vit_jax.training import stopping
     from vit_jax.workdir.checkpoints import Checkpoints
 
     c, state, _, _ = make_state(model_name, image_size)
     saver = Checkpoints(f"{workdir}/checkpoints", 2, {"model": c.model.to_dict()})
     bump = jax.jit(lambda s: s.replace(step=s.step + 1), donate_argnums=0)
-    with progress.StopRequest() as stop:
+    with stopping.StopRequest() as stop:
         print("ready", flush=True)
         while not stop.requested:
             state = jax.block_until_ready(bump(state))
@@ -51,8 +51,9 @@ def child(model_name: str, image_size: int, workdir: str) -> None:
         step = int(state.step)
         saver.save(step, state)
         saver.wait()
-        print(preemption.stopped(step, stop.requested, f"{saver.directory}/{step}"), flush=True)
-    sys.exit(preemption.EXIT_STATUS[stop.requested])
+        done = stopping.stopped(step, stop.requested, f"{saver.directory}/{step}")
+        print(done, flush=True)
+    sys.exit(done.exit_status)
 
 
 def signal_to_exit(model_name: str, image_size: int, workdir: str) -> tuple[float, str]:
@@ -83,16 +84,16 @@ def agreement(steps: int) -> tuple[float, float]:
 
     from vit_jax.configs import fashion_mnist
     from vit_jax.parallel import sharding
-    from vit_jax.training import optim, preemption, train
-    from vit_jax.training import steps as steps_lib
+    from vit_jax.training import state as state_lib
+    from vit_jax.training import stopping, train
     from vit_jax.training.state import build_model, create_state
 
     c = fashion_mnist.get_config("tiny")
     mesh = sharding.make_mesh(8, 1)
     model = build_model(c.model, 10)
-    tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
-    state, shardings = create_state(train.start_of(c), model, tx, mesh)
-    step_fn, _ = steps_lib.compile_steps(model, tx, lr, 1, mesh, shardings)
+    tx, lr = state_lib.make_optimizer(c.optimizer, c.total_steps)
+    state, shardings = create_state(state_lib.Start.of(c), model, tx, mesh)
+    step_fn, _ = train.jit_steps(model, tx, lr, mesh, shardings)
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -101,7 +102,7 @@ def agreement(steps: int) -> tuple[float, float]:
         "label": np.eye(10, dtype=np.float32)[rng.integers(0, 10, c.batch_size)],
     }
     batch = sharding.global_batch(local, mesh)
-    agree = preemption.Agreement(mesh, force=True)
+    agree = stopping.Agreement(mesh, force=True)
     times: dict[bool, list[float]] = {False: [], True: []}
     flagged = sharding.global_batch(agree.into(local, None), mesh)
     for i in range(2 * steps + 6):  # alternating, so that both see the same machine

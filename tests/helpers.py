@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
 
@@ -69,6 +70,12 @@ def random_params(model, image_size, seed: int = 0, scale: float = 0.3) -> dict:
 # plain ViTs 1e-6). A wrong LayerNorm epsilon (1e-5 or 1e-12 for 1e-6) or GELU form moves
 # the logits of `quiet_params` by 1e-4 or more (test_checkpoint proves that it fails).
 FIDELITY_ATOL = 1e-5
+# TensorFlow's start-up lines on stderr: a command that prints them has imported it.
+TF_NOISE = re.compile(
+    r"All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|oneDNN custom operations are on"
+    r"|This TensorFlow binary is optimized to use available CPU instructions"
+)
 
 
 def quiet_params(model, image_size, seed: int = 0) -> dict:
@@ -226,13 +233,44 @@ def snapshot(workdir):
     return out
 
 
+def cpu_signature() -> str:
+    """What XLA:CPU compiles for on this machine, as a short text: the vendor, the family
+    and model numbers (LLVM picks its target from them, not from the brand string) and the
+    vector extensions, e.g. 'AuthenticAMD 25/1 avx avx2 fma sse4_1 sse4_2'. Two machines
+    that differ here may round a float32 logit differently in its last bits."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            head = f.read().split("\n\n", 1)[0]
+    except OSError:
+        return f"{platform.system()} {platform.machine()} {platform.processor()}".strip()
+    fields = dict(line.split(":", 1) for line in head.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    vector = sorted(f for f in fields.get("flags", "").split()
+                    if f.startswith(("avx", "fma", "amx", "sse4", "f16c")))  # fmt: skip
+    family = f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}"
+    return " ".join([fields.get("vendor_id", platform.machine()), family, *vector])
+
+
+def initial_params(start, model, image_size: int) -> dict:
+    """The parameters a run of `start` (state.Start) begins with: its init_from file's, or
+    the model's own initialisation."""
+    from vit_jax import weights
+
+    if start.init_from:
+        return weights.load_pretrained(start.init_from, model, image_size, start.reset_head,
+                                       start.patch_size)  # fmt: skip
+    x = np.zeros((1, image_size, image_size, model.channels), np.float32)
+    return jax.jit(model.init)(jax.random.key(start.seed), x)["params"]
+
+
 def model_and_optimizer(config, skip_nonfinite: bool = False):
     """(model, tx, lr) of a training config (10 classes), as the training loop builds them."""
-    from vit_jax.training import optim
     from vit_jax.training import state as state_lib
 
     model = state_lib.build_model(config.model, 10)
-    tx, lr = optim.make_optimizer(
+    tx, lr = state_lib.make_optimizer(
         config.optimizer, config.total_steps, skip_nonfinite=skip_nonfinite
     )
     return model, tx, lr
@@ -242,11 +280,11 @@ def training(config, mesh, accum_steps: int = 1, skip_nonfinite: bool = False):
     """A new TrainState of `config` sharded over `mesh`, and its compiled train step:
     (state, step, shardings)."""
     from vit_jax.training import state as state_lib
-    from vit_jax.training import steps, train
+    from vit_jax.training import train
 
     model, tx, lr = model_and_optimizer(config, skip_nonfinite)
-    state, shardings = state_lib.create_state(train.start_of(config), model, tx, mesh)
-    step, _ = steps.compile_steps(model, tx, lr, accum_steps, mesh, shardings)
+    state, shardings = state_lib.create_state(state_lib.Start.of(config), model, tx, mesh)
+    step, _ = train.jit_steps(model, tx, lr, mesh, shardings, accum_steps)
     return state, step, shardings
 
 

@@ -8,7 +8,8 @@ import pytest
 from helpers import needs_embedded_data, run_command, snapshot, tiny_config
 
 from vit_jax import configs, main, recipe
-from vit_jax.configs import augreg, check, common, fashion_mnist, finetune, pretrain
+from vit_jax.configs import augreg, common, fashion_mnist, finetune, pretrain
+from vit_jax.training import check
 from vit_jax.training import train
 
 

@@ -255,23 +255,6 @@ def pil_crop_resize(image: np.ndarray, box, size) -> np.ndarray:
     return out[..., None] if image.shape[-1] == 1 else out
 
 
-def test_batched_resize_equals_pil_bit_for_bit():
-    """The in-memory fast path (Pillow's fixed-point arithmetic in NumPy matmuls) gives
-    PIL's pixels exactly, growing and shrinking, gray and RGB, any crop."""
-    rng = np.random.default_rng(0)
-    for trial in range(60):
-        h, w = rng.integers(1, 40, 2)
-        out = tuple(int(v) for v in rng.integers(1, 60, 2))
-        images = rng.integers(0, 256, (4, h, w, 1 + 2 * (trial % 2)), np.uint8)
-        boxes = []
-        for _ in range(4):
-            ch, cw = rng.integers(1, h + 1), rng.integers(1, w + 1)
-            boxes.append((rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1), ch, cw))
-        batched = pixels.resize_batch(images, np.asarray(boxes), out, "pil_antialias")
-        for image, box, got in zip(images, boxes, batched, strict=True):
-            np.testing.assert_array_equal(got, pil_crop_resize(image, box, out), err_msg=box)
-
-
 def test_crop_window_follows_the_inception_rule():
     """Windows of area in [min_area, 1] x image and aspect ratio in [3/4, 4/3], inside the
     image, placed by the last uniforms; no window fits -> the whole image."""

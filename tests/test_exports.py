@@ -1,4 +1,4 @@
-"""ONNX and SavedModel exports: run by their own runtimes, the logits are this package's."""
+"""The ONNX export: run by onnxruntime, the logits are this package's."""
 
 import jax
 import numpy as np
@@ -8,7 +8,8 @@ from helpers import FIDELITY_ATOL, images, logits
 
 from vit_jax import weights
 from vit_jax.base import files
-from vit_jax.weights import convert, export, hf
+from vit_jax.weights import convert, hf, onnx_export
+from vit_jax.weights.meta import Meta
 
 GAP = dict(
     name="testing", overrides=dict(patch_size=8, classifier="gap", representation_size=24), size=32
@@ -34,11 +35,9 @@ def _exported(case, res, tmp_path, fmt, suffix):
     """(output, resolution, expected logits of images) at the native resolution and `res`:
     the expected ones are the float64 NumPy reference's, position embeddings resized by
     its own zoom, with the model's numerics (recorded in the .npz converted)."""
-    from vit_jax.weights import numerics
-
     model, params, size = make(case, quiet=True)
     src = tmp_path / "src.npz"
-    weights.save_npz(src, params, numerics.of_model(model))
+    weights.save_npz(src, params, Meta.of_model(model))
     for r in (size, res):  # native, then a resolution change
         out = tmp_path / f"m{r}{suffix}"
         convert.convert(src, fmt, out, image_size=r)
@@ -59,26 +58,13 @@ def test_onnx_export_runs_in_onnxruntime(case, res, tmp_path):
             np.testing.assert_allclose(got, ours(x), atol=FIDELITY_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize(
-    "case, res", [*CASES, pytest.param(HYBRID, 48, id="hybrid", marks=pytest.mark.slow)]
-)
-def test_saved_model_serving_default(case, res, tmp_path):
-    tf = pytest.importorskip("tensorflow")
-    for out, r, ours in _exported(case, res, tmp_path, "saved_model", "_sm"):
-        serve = tf.saved_model.load(str(out)).signatures["serving_default"]
-        for n in (1, 3):
-            x = images(r, n=n, seed=n)
-            got = serve(images=tf.constant(x))["logits"].numpy()
-            np.testing.assert_allclose(got, ours(x), atol=FIDELITY_ATOL, rtol=0)
-
-
 def test_onnx_weights_over_the_limit_go_to_a_data_file(tmp_path):
     """ViT-H/14's 2.5 GB do not fit one protobuf: the same path, with the limit at 0."""
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
     model, params, size = make(TINY)
     out = tmp_path / "m.onnx"
-    export.export_onnx(params, model, (size, size), str(out), external_above=0)
+    onnx_export.export_onnx(params, model, (size, size), str(out), external_above=0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "m.onnx.data"]
     weights = sum(np.asarray(v).nbytes for v in jax.tree.leaves(params))
     # Tensors under 1 KB (biases, norms, shapes) stay in the graph; the data file has the rest.
@@ -123,7 +109,7 @@ def test_every_directory_export_keeps_an_existing_output(tmp_path, fmt):
             hf.write_dir(out, {}, {})
         else:
             pytest.importorskip("onnx")
-            export.export_onnx(params, model, (size, size), str(out))
+            onnx_export.export_onnx(params, model, (size, size), str(out))
     assert [p.name for p in out.iterdir()] == ["mine.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
 

@@ -1,6 +1,6 @@
-"""Exports that fail midway leave nothing half-written: the convert command's ONNX and
-SavedModel writers are made to fail after writing part of their output (a full disk), and
-neither --out nor a temporary file or directory beside it is left."""
+"""Exports that fail midway leave nothing half-written: the convert command's ONNX writer
+is made to fail after writing part of its output (a full disk), and neither --out nor a
+temporary file beside it is left."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from format_helpers import TINY, make
 from helpers import run_command
 
 from vit_jax import convert, weights
-from vit_jax.weights import onnx_graph
+from vit_jax.weights import onnx_export
 
 FULL = OSError(errno.ENOSPC, "No space left on device")
 
@@ -50,7 +50,7 @@ def test_onnx_export_that_fails_midway_leaves_nothing(
 
     monkeypatch.setattr(onnx, "save_model", save_then_fail)
     if external:  # every weight into m.onnx.data beside the graph
-        monkeypatch.setattr(onnx_graph, "EXTERNAL_ABOVE", 0)
+        monkeypatch.setattr(onnx_export, "EXTERNAL_ABOVE", 0)
     out = tmp_path / "out"
     out.mkdir()
     fails_midway(tmp_path, capsys, "onnx", str(out / "m.onnx"))
@@ -58,25 +58,3 @@ def test_onnx_export_that_fails_midway_leaves_nothing(
     assert os.listdir(out) == []
 
 
-@pytest.mark.parametrize("exists", [False, True], ids=["new", "empty_directory"])
-def test_saved_model_export_that_fails_midway_leaves_nothing(
-    checkpoint, tmp_path, capsys, monkeypatch, exists
-):
-    pytest.importorskip("tensorflow")
-    from vit_jax.base import quiet_tf
-
-    tf = quiet_tf.tensorflow()
-    save, written = tf.saved_model.save, []
-
-    def save_then_fail(module, path, **kwargs):  # the whole SavedModel, then a failure
-        save(module, path, **kwargs)
-        written.extend(sorted(os.listdir(path)))
-        raise FULL
-
-    monkeypatch.setattr(tf.saved_model, "save", save_then_fail)
-    out = tmp_path / "out" / "model"
-    out.mkdir(parents=True) if exists else out.parent.mkdir()
-    fails_midway(tmp_path, capsys, "saved_model", str(out))
-    assert "saved_model.pb" in written and "variables" in written
-    assert os.listdir(out.parent) == (["model"] if exists else [])
-    assert not exists or os.listdir(out) == []  # the user's empty directory, still empty

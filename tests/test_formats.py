@@ -18,6 +18,7 @@ from helpers import (
 from vit_jax import weights
 from vit_jax.models import get_model
 from vit_jax.weights import CheckpointError, convert, hf, safetensors_io, timm
+from vit_jax.weights.meta import Meta
 
 # ------------------------------------------------------------------ safetensors
 
@@ -206,13 +207,11 @@ def test_timm_printed_recipe_runs_in_timm_with_our_logits(timm_installed, capsys
     number of classes, hybrids with stages and with the root alone, and a model of the
     exact GELU and eps 1e-12 (recorded in its .npz, printed as timm's arguments)."""
     from vit_jax.data.images import parse_image_size
-    from vit_jax.weights import numerics
-
     jobs, ours = [], []
     for name, (case, classes, flags) in TIMM_CASES.items():
         model, params, _ = make(case, num_classes=classes, quiet=True)
         src, out = tmp_path / f"{name}.npz", tmp_path / f"{name}.safetensors"
-        weights.save_npz(src, params, numerics.of_model(model))
+        weights.save_npz(src, params, Meta.of_model(model))
         recipe = _printed_recipe(
             capsys, f"--checkpoint={src}", "--format=timm", f"--out={out}", *flags
         )
@@ -309,12 +308,11 @@ def test_hf_export_loads_in_transformers_with_same_logits(case, numerics, tmp_pa
     model at its native and another resolution: config.json says its GELU form and eps."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from vit_jax.weights import numerics as numerics_lib
 
     case = {**case, "overrides": {**case["overrides"], **numerics}}
     model, params, size = make(case, quiet=True)
     src = tmp_path / "src.npz"
-    weights.save_npz(src, params, numerics_lib.of_model(model))
+    weights.save_npz(src, params, Meta.of_model(model))
     act = {"tanh": "gelu_pytorch_tanh", "exact": "gelu"}[model.gelu]
     for res in (size, size + 2 * model.patch_size):
         out = tmp_path / f"hf{res}"
@@ -593,14 +591,14 @@ def test_hf_config_for_other_layouts():
 
 
 def test_unknown_numerics_in_a_file_are_named(tmp_path):
-    from vit_jax.weights import numerics
+    from vit_jax.weights import meta
 
     with pytest.raises(CheckpointError, match="hidden_act 'relu'.*'gelu' \\(exact\\)"):
-        numerics.from_hf_config({"hidden_act": "relu"}, "x/config.json")
-    assert numerics.from_hf_config({}, "c") == {"gelu": "exact", "layer_norm_eps": 1e-12}
-    assert numerics.from_timm_metadata({"format": "pt"}, "t") == numerics.TIMM_DEFAULT
-    older = numerics.from_timm_metadata({"format": "pt", "num_heads": "3"}, "t")
-    assert older == {"gelu": "tanh", "layer_norm_eps": 1e-6}  # written here before
-    bad = {numerics.NPZ_KEY: np.array('{"gelu": "quick"}')}
-    with pytest.raises(CheckpointError, match="m.npz .vit_jax_numerics. names GELU 'quick'"):
-        numerics.from_npz(bad, "m.npz")
+        Meta.from_hf({"hidden_act": "relu"}, "x/config.json")
+    assert Meta.from_hf({}, "c").numerics == {"gelu": "exact", "layer_norm_eps": 1e-12}
+    assert Meta.from_timm({"format": "pt"}, "t").numerics == meta.TIMM_DEFAULT
+    older = Meta.from_timm({"format": "pt", "num_heads": "3"}, "t")
+    assert older.numerics == {"gelu": "tanh", "layer_norm_eps": 1e-6}  # written here before
+    bad = {"vit_jax_numerics": np.array('{"gelu": "quick"}')}
+    with pytest.raises(CheckpointError, match="m.npz .vit_jax_.*. names GELU 'quick'"):
+        Meta.from_npz(bad, "m.npz")

@@ -21,10 +21,10 @@ from helpers import (
 )
 
 from vit_jax.parallel import sharding
-from vit_jax.training import guard as guard_lib
-from vit_jax.training import optim, train
 from vit_jax.training import state as state_lib
-from vit_jax.workdir import record, workdir
+from vit_jax.training import stopping, train
+from vit_jax.workdir import checkpoints as checkpoints_lib
+from vit_jax.workdir import workdir
 from vit_jax.workdir.checkpoints import Checkpoints
 
 NAN = float("nan")
@@ -33,7 +33,7 @@ NAN = float("nan")
 def restore_all(config, workdir):
     """Every saved step of `workdir` -> its state on host."""
     model, tx, _ = model_and_optimizer(config)
-    abstract = state_lib.abstract_state(train.start_of(config), model, tx)
+    abstract = state_lib.abstract_state(state_lib.Start.of(config), model, tx)
     target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(
             a.shape,
@@ -79,11 +79,11 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
     bad["image"][5] = np.nan  # one bad example poisons the whole step
     state, m = step(state, sharding.global_batch(good, mesh))
     before = jax.device_get(state)
-    assert int(m["skipped"]) == 0 and int(optim.skipped_steps(before.opt_state)) == 0
+    assert int(m["skipped"]) == 0 and int(state_lib.skipped_steps(before.opt_state)) == 0
     state, m = step(state, sharding.global_batch(bad, mesh))
     assert float(m["finite"]) == 0.0 and int(m["skipped"]) == 1 and np.isnan(float(m["loss"]))
     after = jax.device_get(state)
-    assert int(after.step) == 2 and int(optim.skipped_steps(after.opt_state)) == 1  # data move on
+    assert int(after.step) == 2 and int(state_lib.skipped_steps(after.opt_state)) == 1  # data move on
     assert int(after.opt_state.notfinite_count) == 1 and not after.opt_state.last_finite
     kept = (
         (before.params, before.opt_state.inner_state),
@@ -136,7 +136,7 @@ class TrainStateBeforeApplyIfFinite:
 def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
     c = tiny_config(export_npz=False, skip_nonfinite=skip)
     model, tx, _ = model_and_optimizer(c)  # the optimizer state then
-    new = state_lib.new_state(train.start_of(c), model, tx)
+    new = state_lib.new_state(state_lib.Start.of(c), model, tx)
     old = TrainStateBeforeApplyIfFinite(
         new.step + 3, new.params, new.opt_state, new.rng, jax.numpy.ones((), jax.numpy.int32)
     )
@@ -147,7 +147,7 @@ def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
     step_dir = os.path.join(workdir, "checkpoints", "3")
     for recorded in (True, False):  # the record's names, then Orbax's metadata
         if not recorded:
-            os.remove(os.path.join(step_dir, record.NAME))
+            os.remove(os.path.join(step_dir, checkpoints_lib.NAME))
         with pytest.raises(ValueError) as error:
             train.run(c, workdir)
         message = str(error.value)
@@ -158,7 +158,7 @@ def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
 
 
 def test_skipping_stops_after_too_many_in_a_row(tmp_path):
-    guard = guard_lib.FiniteGuard(Checkpoints(tmp_path / "checkpoints", 1), skip=True)
+    guard = stopping.FiniteGuard(Checkpoints(tmp_path / "checkpoints", 1), skip=True)
 
     def check(step, skipped):
         metrics = {"loss": NAN, "grad_norm": NAN, "finite": 0.0, "skipped": skipped}

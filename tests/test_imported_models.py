@@ -11,6 +11,7 @@ from helpers import (
     FIDELITY_ATOL,
     assert_trees_equal,
     flat,
+    initial_params,
     quiet_params,
     run_command,
     tiny_config,
@@ -19,7 +20,8 @@ from helpers import (
 
 from vit_jax import weights
 from vit_jax.models import get_model
-from vit_jax.weights import convert, numerics
+from vit_jax.weights import convert
+from vit_jax.weights.meta import Meta
 
 PYTORCH = dict(gelu="exact", layer_norm_eps=1e-12)  # transformers' defaults
 
@@ -37,7 +39,7 @@ def sources(tmp_path_factory):
     model = get_model("testing", 3, patch_size=8, **PYTORCH)
     params = quiet_params(model, 32)
     paths = {"npz": root / "m.npz", "timm": root / "m.safetensors", "hf": root / "hf"}
-    weights.save_npz(paths["npz"], params, numerics.of_model(model))
+    weights.save_npz(paths["npz"], params, Meta.of_model(model))
     for fmt in ("timm", "hf"):
         convert.convert(paths["npz"], fmt, paths[fmt])
     return {k: str(v) for k, v in paths.items()}, model, params
@@ -147,14 +149,14 @@ def test_init_from_timm_and_hf_takes_their_numerics(tmp_path):
     source = get_model(None, 10, width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=7,
                        **PYTORCH)  # fmt: skip
     params = quiet_params(source, 28)
-    weights.save_npz(tmp_path / "src.npz", params, numerics.of_model(source))
+    weights.save_npz(tmp_path / "src.npz", params, Meta.of_model(source))
     for fmt, out in (("timm", "src.safetensors"), ("hf", "hf")):
         convert.convert(tmp_path / "src.npz", fmt, tmp_path / out)
         model = state_lib.build_model(c.model, 10, str(tmp_path / out))
         assert (model.gelu, model.layer_norm_eps) == ("exact", 1e-12), fmt
         c.init_from = str(tmp_path / out)
-        start = train.start_of(c)
-        got = state_lib.initial_params(start, model, 28)
+        start = state_lib.Start.of(c)
+        got = initial_params(start, model, 28)
         body = lambda tree: {k: v for k, v in flat(tree).items() if not k.startswith("head/")}
         assert_trees_equal(body(got), body(params))
     c.model.gelu = "tanh"  # the config's own choice wins over the file's

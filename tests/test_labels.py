@@ -14,7 +14,7 @@ from vit_jax import convert, evaluate, infer, main, weights
 from vit_jax.data import tables
 from vit_jax.evaluation import classify
 from vit_jax.training import train
-from vit_jax.weights import labels, safetensors_io
+from vit_jax.weights import safetensors_io
 
 CLASSES = ("cat", "dog", "fox")
 
@@ -51,7 +51,7 @@ def test_the_run_writes_the_folder_names_into_final_npz(folder_run):
     assert loaded.labels == list(CLASSES) and loaded.model.num_classes == 3
     # The original code's reader sees one more entry, which it leaves unread.
     with np.load(f"{workdir}/final.npz") as f:
-        assert json.loads(str(f[labels.NPZ_KEY])) == list(CLASSES)
+        assert json.loads(str(f["vit_jax_labels"])) == list(CLASSES)
 
 
 def test_infer_prints_the_class_names(folder_run, capsys):
@@ -98,7 +98,7 @@ def test_every_format_carries_the_names(folder_run, tmp_path, capsys):
         run_command(convert, f"--checkpoint={src}", "--format=timm", f"--out={tmp_path}/m.st") == 0
     )
     meta = safetensors_io.read_metadata(tmp_path / "m.st")
-    assert json.loads(meta[labels.TIMM_KEY]) == list(CLASSES)
+    assert json.loads(meta["labels"]) == list(CLASSES)
     assert run_command(convert, f"--checkpoint={src}", "--format=hf", f"--out={tmp_path}/hf") == 0
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert cfg["id2label"] == {"0": "cat", "1": "dog", "2": "fox"}

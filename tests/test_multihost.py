@@ -19,7 +19,8 @@ from vit_jax import weights
 from vit_jax.configs import common
 from vit_jax.parallel import distributed
 from vit_jax.training import train
-from vit_jax.workdir import record as record_lib
+from vit_jax.workdir import checkpoints as checkpoints_lib
+from vit_jax.workdir import verify
 from vit_jax.workdir.checkpoints import Checkpoints
 
 # FSDP over all 8 devices: the large arrays are split across the two processes. SGD,
@@ -131,11 +132,11 @@ def test_two_processes_train_like_one(tmp_path):
     # The integrity record merges both processes' checksums (all-gathered at the save): an
     # array FSDP splits over the 8 devices has 8 slices, 4 hashed by each process; read
     # back here, the step verifies.
-    record = record_lib.read(Checkpoints(f"{workdir}/checkpoints", read_only=True).directory / "8")
+    record = checkpoints_lib.read_record(Checkpoints(f"{workdir}/checkpoints", read_only=True).directory / "8")
     assert record["process_count"] == 2
     split = [name for name, a in record["arrays"].items() if len(a["shards"]) == 8]
     assert any("MlpBlock" in name and name.endswith("kernel") for name in split), record
-    assert Checkpoints(f"{workdir}/checkpoints", read_only=True).verify() == [("8", "verifies")]
+    assert verify.verify(Checkpoints(f"{workdir}/checkpoints", read_only=True)) == [("8", "verifies")]
     want = flat(weights.load_npz(tmp_path / "one" / "final.npz"))
     got = flat(weights.load_npz(f"{workdir}/final.npz"))
     assert_trees_equal(got, want, atol=1e-6)
@@ -183,7 +184,7 @@ def test_sigterm_to_one_process_both_save_the_same_step_and_resume(tmp_path):
     step = found[0][1]
     kept = Checkpoints(f"{workdir}/checkpoints", read_only=True)
     assert 3 <= int(step) < 8 and kept.steps()[-1] == int(step)
-    assert record_lib.read(kept.directory / step)["process_count"] == 2
+    assert checkpoints_lib.read_record(kept.directory / step)["process_count"] == 2
     logs = finish_pair(launch_pair(workdir, cache))
     assert f"resuming from step {step} " in logs[0] and "step 8/8" in logs[0]
     train.run(tiny_config(**RUN), str(tmp_path / "one"))  # the reference, all 8 devices here

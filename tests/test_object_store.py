@@ -33,8 +33,8 @@ from helpers import (
 )
 
 from vit_jax.base import store
-from vit_jax.training import events, train
-from vit_jax.workdir import lock
+from vit_jax.training import report, train
+from vit_jax.workdir import lock, verify
 from vit_jax.workdir.checkpoints import Checkpoints
 
 # gcsfs decides at import whether to probe each bucket's type over gRPC, which the
@@ -133,7 +133,7 @@ def test_a_run_on_gs_keeps_everything_there_and_a_rerun_is_a_no_op(
     assert json.loads(fs().cat(f"{BUCKET}/run/summary.json"))["steps"] == 12
     assert summary["steps"] == 12
     # TensorBoard's scalars, read back from the bucket (the file uploaded whole).
-    scalars = events.read_scalars(workdir)
+    scalars = report.read_scalars(workdir)
     assert [s for s, _ in scalars["loss"]] == [1, 4, 8, 12]
     assert [s for s, _ in scalars["eval/accuracy"]] == [6, 12]
     # Bit for bit the run on local disk: final.npz read from the bucket.
@@ -162,7 +162,7 @@ def test_a_damaged_checkpoint_on_gs_is_set_aside_and_the_one_before_restored(
         mid = len(blob) // 2
         blob[mid - 32 : mid + 32] = bytes(b ^ 0xFF for b in blob[mid - 32 : mid + 32])
         fs().pipe_file(path, bytes(blob))
-    rows = dict(Checkpoints(f"{workdir}/checkpoints", read_only=True).verify())
+    rows = dict(verify.verify(Checkpoints(f"{workdir}/checkpoints", read_only=True)))
     assert rows["8"] == "verifies" and rows["12"].startswith("DAMAGED: "), rows
     fs().rm(f"{BUCKET}/damaged/summary.json")  # so that the run is not finished
     capsys.readouterr()
@@ -174,7 +174,7 @@ def test_a_damaged_checkpoint_on_gs_is_set_aside_and_the_one_before_restored(
     names = set(objects(workdir))
     assert {"damaged/12/commit_success.txt", "damaged/12/integrity.json"} <= names
     # The resumed run saved step 12 anew, and that one verifies.
-    rows = dict(Checkpoints(f"{workdir}/checkpoints", read_only=True).verify())
+    rows = dict(verify.verify(Checkpoints(f"{workdir}/checkpoints", read_only=True)))
     assert rows == {"8": "verifies", "12": "verifies", "damaged/12": rows["damaged/12"]}, rows
     local = os.path.join(os.path.dirname(reference), "damaged.npz")
     with open(local, "wb") as f:
@@ -284,7 +284,7 @@ def test_an_image_folder_on_gs_trains_and_evaluates(gcs, tmp_path, capsys):
 
 def test_a_tfds_data_dir_on_a_store_is_one_line_naming_what_works():
     """ArrayRecord cannot read a bucket: refused up front, with the two ways that work."""
-    from vit_jax.configs import check
+    from vit_jax.training import check
 
     config = tiny_config()
     config.dataset.update(source="tfds", name="cifar10", data_dir="gs://bkt/tfds")

@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 from format_helpers import TINY, make
-from helpers import images, logits, run_command
+from helpers import images, initial_params, logits, run_command
 from PIL import Image
 
 from vit_jax import infer, weights
@@ -115,7 +115,7 @@ def test_fine_tuning_init_from_resamples(tmp_path):
     new = state.build_model(config.model, 3)
     assert new.patch_size == 4 and new == get_model("testing", 3, patch_size=4)
     start = state.Start(seed=0, image_size=32, init_from=str(tmp_path / "p8.npz"), patch_size=4)
-    got = state.initial_params(start, new, 32)
+    got = initial_params(start, new, 32)
     assert got["embedding"]["kernel"].shape == (4, 4, 3, 32)
     assert got["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 65, 32)
 

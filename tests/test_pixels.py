@@ -17,6 +17,7 @@ from vit_jax import weights
 from vit_jax.data import images as images_lib
 from vit_jax.data import pixels
 from vit_jax.models import get_model
+from vit_jax.weights.meta import Meta
 
 
 def jpeg(h: int, w: int, seed: int = 0, gray=False, orientation=None, **save) -> bytes:
@@ -132,17 +133,21 @@ def test_pil_antialias_is_pil_bit_for_bit():
                 np.testing.assert_array_equal(got, want, err_msg=f"{box} -> {size}")
 
 
-def test_batched_tf_bilinear_equals_one_at_a_time():
+def test_gray_resized_into_an_rgb_slot_repeats_its_channel():
+    """A gray image (the idx files') resized into a batch's RGB slot: each channel is the
+    gray resize, for both methods, and tf_bilinear's is tf.image.resize's."""
     rng = np.random.default_rng(2)
-    images = rng.integers(0, 256, (5, 28, 28, 1), np.uint8)
-    boxes = np.asarray(windows(28, 28, rng, 5))
-    got = pixels.resize_batch(images, boxes, (32, 32), "tf_bilinear")
-    for image, box, one in zip(images, boxes, got, strict=True):
-        np.testing.assert_array_equal(one, pixels.resize(image, (32, 32), "tf_bilinear", box))
+    for image, box in zip(rng.integers(0, 256, (5, 28, 28, 1), np.uint8),
+                          windows(28, 28, rng, 5), strict=True):  # fmt: skip
+        for method in pixels.METHODS:
+            slot = np.zeros((32, 32, 3), pixels.dtype_of(method))
+            one = pixels.resize(image, (32, 32), method, box)
+            assert pixels.resize(image, (32, 32), method, box, out=slot) is slot
+            np.testing.assert_array_equal(slot, np.repeat(one, 3, -1))
         y0, x0, ch, cw = box
-        np.testing.assert_allclose(
-            one, tf_resize(image[y0 : y0 + ch, x0 : x0 + cw], (32, 32)), atol=1e-3
-        )
+        want = tf_resize(image[y0 : y0 + ch, x0 : x0 + cw], (32, 32))
+        np.testing.assert_allclose(pixels.resize(image, (32, 32), "tf_bilinear", box), want,
+                                   atol=1e-3)  # fmt: skip
 
 
 def test_an_unknown_method_is_named_with_the_choices():
@@ -159,7 +164,7 @@ def tiny_checkpoint(tmp_path, method=None, name="a.npz"):
     model = get_model("testing", 3, patch_size=8)
     params = random_params(model, (16, 16))
     path = tmp_path / name
-    weights.save_npz(path, params, method=method)
+    weights.save_npz(path, params, Meta(preprocessing=method))
     return path, model, params
 
 
@@ -170,7 +175,7 @@ def test_npz_records_the_method_unless_it_is_the_published_files(tmp_path, metho
     path, _, _ = tiny_checkpoint(tmp_path, method)
     with np.load(path) as f:
         assert ("vit_jax_preprocessing" in f.files) == (method == "pil_antialias")
-    assert read.read_source(path).preprocessing == (method or "tf_bilinear")
+    assert read.read_source(path).meta.preprocessing == (method or "tf_bilinear")
     assert weights.load(path).preprocessing == (method or "tf_bilinear")
 
 
@@ -181,19 +186,19 @@ def test_every_format_keeps_the_method_and_other_tools_files_say_pil(tmp_path, f
     src, _, _ = tiny_checkpoint(tmp_path, "pil_antialias")
     out = tmp_path / ("out" + {"npz": ".npz", "timm": ".safetensors", "hf": ""}[fmt])
     convert.convert(src, fmt, out)
-    assert read.read_source(out).preprocessing == "pil_antialias"
+    assert read.read_source(out).meta.preprocessing == "pil_antialias"
     told = tmp_path / ("told" + {"npz": ".npz", "timm": ".safetensors", "hf": ""}[fmt])
     convert.convert(src, fmt, told, preprocessing="tf_bilinear")  # told otherwise
-    assert read.read_source(told).preprocessing == "tf_bilinear"
+    assert read.read_source(told).meta.preprocessing == "tf_bilinear"
     if fmt == "timm":  # a file timm wrote: no metadata of this package's
         tensors, meta = safetensors_io.read(out)
         safetensors_io.write(out, tensors, {"format": "pt"})
-        assert read.read_source(out).preprocessing == "pil_antialias"
+        assert read.read_source(out).meta.preprocessing == "pil_antialias"
     if fmt == "hf":
         cfg = json.loads((out / "config.json").read_text())
         del cfg["vit_jax_preprocessing"]
         (out / "config.json").write_text(json.dumps(cfg))
-        assert read.read_source(out).preprocessing == "pil_antialias"
+        assert read.read_source(out).meta.preprocessing == "pil_antialias"
 
 
 def test_infer_json_uses_the_recorded_method_unless_told(tmp_path, capsys):

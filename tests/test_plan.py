@@ -20,7 +20,8 @@ from helpers import MISSING, python_m, tiny_config
 
 from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
-from vit_jax.training import optim, planner, steps
+from vit_jax.training import planner, report, train
+from vit_jax.training import state as state_lib
 from vit_jax.training.state import Start, abstract_state, build_model
 
 LIBTPU_DIR = os.environ.get(
@@ -74,7 +75,7 @@ def test_a_plan_counts_what_an_independent_count_gives(topology, devices, kind):
     forward = 2 * matmul * tokens + 2 * 2 * tokens * tokens * d * depth
     expected = 3 * forward * 64 / devices
     assert 0.8 * expected < p["flops"] < 1.5 * expected, (p["flops"], expected)
-    assert p["step_seconds"] > 0 and p["fits"] and p["hbm_bytes"] == planner.CHIPS[kind].hbm_bytes
+    assert p["step_seconds"] > 0 and p["fits"] and p["hbm_bytes"] == report.CHIPS[kind].hbm_bytes
     assert p["images_per_second"] == pytest.approx(64 / p["step_seconds"])
     assert 0 < p["compile_seconds"] < 600 and p["compiled"]
     steps_total = c.total_steps
@@ -131,10 +132,10 @@ def test_the_planners_step_is_the_loops_step():
     step, state, batch = planner.loop_step(c, mesh, 10)
     mine = step.lower(state, batch).as_text()
     model = build_model(c.model, 10)
-    tx, lr_fn = optim.for_config(c)
+    tx, lr_fn = state_lib.optimizer_of(c)
     abstract = abstract_state(Start(seed=c.seed, image_size=c.image_size), model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
-    loop, _ = steps.for_config(c, model, tx, lr_fn, mesh, shardings)
+    loop, _ = train.jit_steps(model, tx, lr_fn, mesh, shardings, c.accum_steps, c.loss)
     assert loop.lower(state, batch).as_text() == mine
     c.loss = "softmax_xent"  # and a change the loop would see, the planner sees
     other, state2, batch2 = planner.loop_step(c, mesh, 10)
@@ -173,7 +174,6 @@ def test_an_estimate_that_is_not_a_positive_time_is_none(estimate):
     it has no estimate rather than printing negative images/s and core-days."""
     from types import SimpleNamespace
 
-    from vit_jax.training import planner
 
     memory = SimpleNamespace(
         argument_size_in_bytes=10, output_size_in_bytes=10, alias_size_in_bytes=10,
@@ -181,9 +181,9 @@ def test_an_estimate_that_is_not_a_positive_time_is_none(estimate):
     )  # fmt: skip
     cost = {"flops": 2e12} if estimate is None else {"flops": 2e12, "optimal_seconds": estimate}
     compiled = SimpleNamespace(memory_analysis=lambda: memory, cost_analysis=lambda: [cost])
-    assert planner.compiled_figures(compiled) == (5, 16, 2e12, 0.0)
+    assert report.compiled_figures(compiled) == (5, 16, 2e12, 0.0)
     cost["optimal_seconds"] = 0.25
-    assert planner.compiled_figures(compiled)[3] == 0.25
+    assert report.compiled_figures(compiled)[3] == 0.25
 
 
 def test_a_plan_without_an_estimate_says_so():
@@ -231,14 +231,14 @@ def test_a_step_with_a_loop_gives_memory_but_no_flops_or_time(override, loop):
 def test_the_loops_own_line_gives_no_flops_for_a_step_with_a_loop():
     """The training loop's start-up line (own_plan_line) follows the same rule as a plan."""
     c, _ = small_model()
-    assert planner.loop_of(c) is None
+    assert report.loop_of(c) is None
     c.accum_steps = 2
-    assert planner.loop_of(c) == "accum_steps"
+    assert report.loop_of(c) == "accum_steps"
     c.model.scan = True
-    assert planner.loop_of(c) == "model.scan"
+    assert report.loop_of(c) == "model.scan"
     mesh = sharding.make_mesh(-1, 1)
     step, state, batch = planner.loop_step(c, mesh, 10)  # abstract, with their shardings
-    line = planner.own_plan_line(step, state, batch, "model.scan")
+    line = report.compiled_line(step, state, batch, "model.scan")
     assert line.endswith("temporaries); no FLOPs or step time: XLA counts the model.scan "
                          "loop's body once"), line  # fmt: skip
     assert "FLOP per device" not in line

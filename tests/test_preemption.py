@@ -18,8 +18,9 @@ from helpers import assert_npz_equal, snapshot, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax.base import store
-from vit_jax.training import preemption, progress, train
-from vit_jax.workdir import lock, record
+from vit_jax.training import stopping, train
+from vit_jax.workdir import checkpoints as checkpoints_lib
+from vit_jax.workdir import lock
 from vit_jax.workdir.checkpoints import Checkpoints
 
 # 8 steps, a checkpoint every 2 (2 kept), dropout on: what is restored matters.
@@ -35,8 +36,8 @@ def test_every_checkpoint_is_committed_with_its_record_and_retention_keeps_two(t
     checkpoints = f"{workdir}/checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["6", "8"]  # keep_checkpoints=2
     for step in ("6", "8"):
-        assert {"commit_success.txt", record.NAME} <= set(os.listdir(f"{checkpoints}/{step}"))
-        found = record.read(store.path(f"{checkpoints}/{step}"))
+        assert {"commit_success.txt", checkpoints_lib.NAME} <= set(os.listdir(f"{checkpoints}/{step}"))
+        found = checkpoints_lib.read_record(store.path(f"{checkpoints}/{step}"))
         assert found["files"] and all(f.startswith("default/") for f in found["files"])
         assert (
             found["step"] == int(step) and found["state"] == train.plan_of(tiny_config(**RUN)).state
@@ -79,8 +80,8 @@ def test_a_second_run_is_refused_a_stale_lock_taken_over(tmp_path, capsys):
 def test_stop_request_first_signal_asks_a_second_sigterm_ends_the_process():
     code = (
         "import os, signal, time\n"
-        "from vit_jax.training import progress\n"
-        "with progress.StopRequest() as stop:\n"
+        "from vit_jax.training import stopping\n"
+        "with stopping.StopRequest() as stop:\n"
         "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.1)\n"
         "    print(stop.requested, flush=True)\n"
         "    os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
@@ -88,7 +89,7 @@ def test_stop_request_first_signal_asks_a_second_sigterm_ends_the_process():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == -signal.SIGTERM and done.stdout == "SIGTERM\n", done
-    assert done.stderr.strip() == progress.StopRequest.TERM_NOTICE.decode().strip()
+    assert done.stderr.strip() == stopping.StopRequest.TERM_NOTICE.decode().strip()
 
 
 def test_agreement_is_the_flag_with_one_process_and_one_step_late_in_the_steps_batch():
@@ -97,10 +98,10 @@ def test_agreement_is_the_flag_with_one_process_and_one_step_late_in_the_steps_b
     from vit_jax.parallel import sharding
 
     mesh = sharding.make_mesh(4, 2)
-    one = preemption.Agreement(mesh)
+    one = stopping.Agreement(mesh)
     assert one.lagged("SIGTERM", {}) == "SIGTERM"
     assert one.into({"x": np.zeros(8)}, None).keys() == {"x"}  # one process: nothing added
-    agree = preemption.Agreement(mesh, force=True)  # as with several processes
+    agree = stopping.Agreement(mesh, force=True)  # as with several processes
     # Each step's batch carries the flags (one per example) and the step takes their max
     # (train_step's 'stop' metric); the loop reads the step before.
     step = jax.jit(lambda b: {"stop": jnp.max(b["stop"])})

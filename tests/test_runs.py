@@ -11,14 +11,15 @@ import threading
 import time
 
 import pytest
-from helpers import needs_embedded_data, run_command, snapshot, tiny_config
+from helpers import initial_params, needs_embedded_data, run_command, snapshot, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax import main, weights
 from vit_jax.base import console
-from vit_jax.training import preemption, progress, train
+from vit_jax.training import report, stopping, train
 from vit_jax.training import state as state_lib
 from vit_jax.weights import CheckpointError
+from vit_jax.workdir import checkpoints as checkpoints_lib
 from vit_jax.workdir.workdir import Workdir
 
 # 1 device; saves at 5, 10, 15, 20; a log line every step, so Ctrl-C lands mid-run.
@@ -39,7 +40,7 @@ def test_ctrl_c_says_where_then_resumes_and_a_finished_rerun_changes_nothing(tmp
         os.kill(run.proc.pid, signal.SIGINT)
         assert run.finish() == 130, run.tail()
     # The handler is in place once the loop says it compiles: the step in flight ends.
-    notice = progress.StopRequest.NOTICE.decode().strip()
+    notice = stopping.StopRequest.NOTICE.decode().strip()
     assert notice in run.log and "Exception ignored" not in "\n".join(run.log), run.tail()
     assert run.log[-1] == (  # the step in flight is saved
         f"stopped at step 1 by SIGINT; checkpoint 1 saved ({early}/checkpoints/1); "
@@ -90,8 +91,7 @@ def test_interrupted_command_prints_one_line_and_exits_130(capsys):
 
         @staticmethod
         def main():
-            where = train.Where(Workdir.at("w"), step=37)
-            raise train.Interrupted(where.message())
+            raise stopping.Interrupted(stopping.where_stopped(37, None))
 
     assert run_command(Command) == 130
     err = capsys.readouterr().err
@@ -101,14 +101,13 @@ def test_interrupted_command_prints_one_line_and_exits_130(capsys):
 
 
 def test_finished_means_this_config_ran_to_its_end(tmp_path):
-    from vit_jax.workdir import record
 
     # What a finished run leaves: summary.json, final.npz, the last checkpoint's record.
     c = tiny_config(total_steps=4)
     step_dir = tmp_path / "checkpoints" / "4"
     step_dir.mkdir(parents=True)
-    saved = {"format": record.FORMAT, "step": 4, "arrays": {}, "files": {}}
-    (step_dir / record.NAME).write_text(json.dumps(dict(saved, state=train.plan_of(c).state)))
+    saved = {"format": checkpoints_lib.FORMAT, "step": 4, "arrays": {}, "files": {}}
+    (step_dir / checkpoints_lib.NAME).write_text(json.dumps(dict(saved, state=train.plan_of(c).state)))
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 4, "accuracy": 0.5}))
     (tmp_path / "final.npz").write_bytes(b"")
     finished = lambda config: Workdir.at(tmp_path).finished(train.plan_of(config))
@@ -126,7 +125,7 @@ def test_finished_means_this_config_ran_to_its_end(tmp_path):
 
 def test_eta_leaves_out_the_compile_step():
     now = [100.0]
-    speed = progress.Throughput(1000, batch=64, devices=8, clock=lambda: now[0])
+    speed = report.Throughput(1000, batch=64, devices=8, clock=lambda: now[0])
     now[0] += 120.0  # step 1: two minutes of compilation
     assert speed.compiled(1) == 120.0
     assert speed.update(1) == {}  # the log line of step 1: no rate known yet
@@ -134,11 +133,11 @@ def test_eta_leaves_out_the_compile_step():
     m = speed.update(10)
     assert m["eta_seconds"] == pytest.approx(990.0)  # 990 steps left at 1 s, not 13 s
     assert m["img_per_sec_per_device"] == pytest.approx(8.0)
-    line = progress.console_line(10, 1000, {"loss": 1.0, **m})
+    line = report.console_line(10, 1000, {"loss": 1.0, **m})
     assert line.endswith("| 8 img/s/device | ETA 16m30s")
-    assert "ETA" not in progress.console_line(1, 1000, {"loss": 1.0})
+    assert "ETA" not in report.console_line(1, 1000, {"loss": 1.0})
     # Resumed at step 500: the first step after it compiles again.
-    resumed = progress.Throughput(1000, 64, 8, start_step=500, clock=lambda: now[0])
+    resumed = report.Throughput(1000, 64, 8, start_step=500, clock=lambda: now[0])
     now[0] += 60.0
     assert resumed.compiled(501) == 60.0
     now[0] += 4.0
@@ -181,11 +180,11 @@ def test_init_from_of_another_patch_size_names_both_patches(tmp_path):
     path = str(tmp_path / "patch4.npz")
     weights.save_npz(
         path,
-        state_lib.initial_params(train.start_of(wide), state_lib.build_model(wide.model, 10), 28),
+        initial_params(state_lib.Start.of(wide), state_lib.build_model(wide.model, 10), 28),
     )
     c = tiny_config(init_from=path)  # patch 7, width 32
     with pytest.raises(CheckpointError) as error:
-        state_lib.initial_params(train.start_of(c), state_lib.build_model(c.model, 10), 28)
+        initial_params(state_lib.Start.of(c), state_lib.build_model(c.model, 10), 28)
     message = str(error.value)
     assert "the file's patch embedding is for patch 4; it was resampled to the model's patch 7" in (
         message
@@ -222,7 +221,7 @@ def test_failed_runs_remove_only_the_empty_directories_they_created(tmp_path):
     path = str(tmp_path / "wide.npz")
     weights.save_npz(
         path,
-        state_lib.initial_params(train.start_of(wide), state_lib.build_model(wide.model, 10), 28),
+        initial_params(state_lib.Start.of(wide), state_lib.build_model(wide.model, 10), 28),
     )
     with pytest.raises(CheckpointError):
         train.run(tiny_config(init_from=path), str(new))
@@ -241,7 +240,7 @@ def test_failed_runs_remove_only_the_empty_directories_they_created(tmp_path):
 
 def test_stop_request_first_ctrl_c_asks_the_second_interrupts(capfd):
     before = signal.getsignal(signal.SIGINT)
-    with progress.StopRequest() as stop:
+    with stopping.StopRequest() as stop:
         assert not stop.requested
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.05)  # the handler runs at the next bytecode boundary
@@ -250,7 +249,7 @@ def test_stop_request_first_ctrl_c_asks_the_second_interrupts(capfd):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) is before
-    assert capfd.readouterr().err.strip() == progress.StopRequest.NOTICE.decode().strip()
+    assert capfd.readouterr().err.strip() == stopping.StopRequest.NOTICE.decode().strip()
 
 
 @needs_embedded_data
@@ -269,14 +268,14 @@ def test_no_thread_of_a_run_outlives_it_on_success_error_or_signal(tmp_path, mon
         train.run(diverges, str(tmp_path / "nan"))
     assert set(threading.enumerate()) <= before
 
-    compiled = progress.Throughput.compiled
+    compiled = report.Throughput.compiled
 
     def signal_after_the_first_step(self, step):  # SIGTERM arrives while step 2 is prepared
         os.kill(os.getpid(), signal.SIGTERM)
         return compiled(self, step)
 
-    monkeypatch.setattr(progress.Throughput, "compiled", signal_after_the_first_step)
-    with pytest.raises(preemption.Stopped, match="stopped at step 1 by SIGTERM"):
+    monkeypatch.setattr(report.Throughput, "compiled", signal_after_the_first_step)
+    with pytest.raises(stopping.Stopped, match="stopped at step 1 by SIGTERM"):
         train.run(tiny_config(), str(tmp_path / "term"))
     left = set(threading.enumerate()) - before
     assert not left, sorted(t.name for t in left)

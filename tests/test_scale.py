@@ -12,7 +12,7 @@ from vit_jax import weights
 from vit_jax.configs import fashion_mnist
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
-from vit_jax.training import train
+from vit_jax.weights.meta import Meta
 from vit_jax.workdir.checkpoints import Checkpoints
 from vit_jax.workdir.workdir import tree_bytes
 
@@ -95,7 +95,7 @@ def save_and_restore(state, mesh, directory):
     with Checkpoints(f"{directory}/checkpoints", 2) as checkpoints:
         checkpoints.save(STEPS, state)
         checkpoints.wait()  # with its integrity record, written from the sharded layout
-        return state_lib.restore_or_create(train.start_of(c), model, tx, mesh, checkpoints)
+        return state_lib.restore_or_create(state_lib.Start.of(c), model, tx, mesh, checkpoints)
 
 
 def test_checkpoint_moves_between_meshes(runs, tmp_path):
@@ -113,5 +113,6 @@ def test_checkpoint_moves_between_meshes(runs, tmp_path):
     assert kernel.addressable_shards[0].data.shape == (1024 // 8, 256)
     # The published-layout export gathers the sharded parameters.
     path = tmp_path / "final.npz"
-    state_lib.export_npz(str(path), back.params)
+    with Checkpoints(tmp_path / "checkpoints") as kept:
+        state_lib.export_npz(str(path), back.params, Meta(), kept)
     assert_trees_equal(weights.load_npz(path), expected.params)

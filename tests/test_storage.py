@@ -19,10 +19,12 @@ import pytest
 from helpers import ROOT, assert_npz_equal, needs_embedded_data, python_m, tiny_config
 from subprocesses import Run, tiny_flags
 
-from vit_jax.base.text import first_few
-from vit_jax.training import guard as guard_lib
-from vit_jax.training import train
-from vit_jax.workdir import record
+from vit_jax.base.console import first_few
+from vit_jax.training import state as state_lib
+from vit_jax.training import stopping, train
+from vit_jax.weights.meta import Meta
+from vit_jax.workdir import checkpoints as checkpoints_lib
+from vit_jax.workdir import verify
 from vit_jax.workdir.checkpoints import COMMIT, Checkpoints
 from vit_jax.workdir.workdir import run_workdirs
 
@@ -110,16 +112,16 @@ def test_array_checksums_catch_other_values_in_any_layout():
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        found = {"arrays": record.checksums(saved, pool)}
+        found = {"arrays": checkpoints_lib.checksums(saved, pool)}
     assert len(found["arrays"]["a"]["shards"]) == 8
     assert list(found["arrays"]["b"]["shards"]) == ["0:3"]
     assert found["arrays"]["c"]["shards"] == {"0:2,0:2": zlib.crc32(bytes.fromhex("003f" * 4))}
-    assert record.mismatches(saved, found) == []  # the layout that saved it
+    assert verify.mismatches(saved, found) == []  # the layout that saved it
     one = jax.device_put(values, jax.devices()[0])  # another layout: slices of the whole
-    assert record.mismatches(one, found) == []
-    assert record.mismatches(dict(one, a=one["a"].at[40, 3].set(-1.0)), found) == ["a"]
+    assert verify.mismatches(one, found) == []
+    assert verify.mismatches(dict(one, a=one["a"].at[40, 3].set(-1.0)), found) == ["a"]
     other = jax.device_put(values["a"] + 0, split).at[0, 0].set(7.0)
-    assert record.mismatches(dict(saved, a=other), found) == ["a"]
+    assert verify.mismatches(dict(saved, a=other), found) == ["a"]
 
 
 def test_only_committed_checkpoints_count_and_interrupted_ones_are_named(tmp_path, capsys):
@@ -142,7 +144,7 @@ def test_only_committed_checkpoints_count_and_interrupted_ones_are_named(tmp_pat
         assert sorted(os.listdir(directory)) == ["4"] and reopened.steps() == [4]
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         target = {"w": jax.ShapeDtypeStruct((3,), np.float32, sharding=device)}
-        state, step = reopened.restore_newest(target)
+        state, step = verify.restore_newest(reopened, target)
     assert step == 4 and np.array_equal(np.asarray(state["w"]), [0.0, 1.0, 2.0])
 
 
@@ -197,7 +199,7 @@ def test_damaged_older_checkpoint_is_reported_but_does_not_stop_the_run(referenc
     ref, _ = reference["data"]
     workdir = finished_copy(ref, tmp_path / "run")
     said = "DAMAGED: " + DAMAGES["truncated data file"](f"{workdir}/checkpoints/10")
-    rows = dict(checkpoints(workdir).verify())
+    rows = dict(verify.verify(checkpoints(workdir)))
     assert re.fullmatch(said, rows["10"]), rows
     assert rows["15"] == rows["20"] == "verifies"
     train.run(config(), workdir)  # resumes from 20: nothing to train, evaluates, exports
@@ -293,7 +295,7 @@ def test_nonfinite_guard_names_only_a_checkpoint_that_verifies(reference, tmp_pa
     ref, _ = reference["data"]
     workdir = finished_copy(ref, tmp_path / "run")
     delete_data_file(f"{workdir}/checkpoints/20")
-    guard = guard_lib.FiniteGuard(checkpoints(workdir, read_only=False), skip=False)
+    guard = stopping.FiniteGuard(checkpoints(workdir, read_only=False), skip=False)
     metrics = {"loss": float("nan"), "grad_norm": 1.0, "finite": 0.0, "skipped": 0}
     with pytest.raises(FloatingPointError, match="newest intact checkpoint is step 15 \\("):
         guard.check(metrics, 21)
@@ -320,11 +322,11 @@ def test_a_checkpoint_that_restores_non_finite_values_is_set_aside(tmp_path, cap
             kept.wait()
     assert kept.steps() == [4, 8]
     state = "verifies" if recorded else "unchecked: no integrity record (restores, finite)"
-    assert kept.verify() == [("4", state), ("8", "DAMAGED: it restores non-finite values")]
+    assert verify.verify(kept) == [("4", state), ("8", "DAMAGED: it restores non-finite values")]
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {"w": jax.ShapeDtypeStruct((2, 3), np.float32, sharding=device)}
     capsys.readouterr()
-    restored, step = kept.restore_newest(target)
+    restored, step = verify.restore_newest(kept, target)
     out = capsys.readouterr().out
     assert step == 4 and np.array_equal(np.asarray(restored["w"]), w)
     said = f"checkpoint {directory}/8 is damaged: it restores non-finite values. Set aside as "
@@ -465,7 +467,7 @@ def test_export_to_a_full_disk_leaves_nothing_half_written(small_disk, tmp_path)
         params = {"w": jax.device_put(np.zeros((1024, 1024), np.float32))}  # 4 MB: no room
         path = f"{small_disk}/final.npz"
         with pytest.raises(OSError) as error:
-            train._export(path, params, kept)
+            state_lib.export_npz(path, params, Meta(), kept)
     assert str(error.value) == (
         f"could not write {path}: No space left on device. Nothing half-written was left. "
         f"The newest intact checkpoint is step 7 ({kept.directory}/7); a rerun resumes there: "

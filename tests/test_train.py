@@ -17,6 +17,7 @@ from helpers import (
     assert_trees_equal,
     batch,
     flat,
+    initial_params,
     needs_embedded_data,
     python_m,
     run_command,
@@ -27,12 +28,13 @@ from helpers import (
 from PIL import Image
 
 from vit_jax import configs, weights
+from vit_jax.base.console import duration
 from vit_jax.configs import common
 from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
-from vit_jax.training import optim, preemption, train
 from vit_jax.training import state as state_lib
-from vit_jax.training.progress import Cadence, Due, console_line, duration
+from vit_jax.training import stopping, train
+from vit_jax.training.report import console_line
 from vit_jax.workdir.checkpoints import Checkpoints
 
 
@@ -86,7 +88,7 @@ def test_remat_scan_run_matches_the_plain_run_end_to_end(tmp_path):
     start = tiny_config()
     plain_model = state_lib.build_model(start.model, 10)
     weights.save_npz(
-        tmp_path / "init.npz", state_lib.initial_params(train.start_of(start), plain_model, 28)
+        tmp_path / "init.npz", initial_params(state_lib.Start.of(start), plain_model, 28)
     )
     finals = []
     for switches in ({}, {"remat": True, "scan": True}):
@@ -121,7 +123,7 @@ def test_short_run_learns_and_a_ctrl_c_run_resumes_bit_identically(tmp_path, cap
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(Checkpoints, "save", save_then_ctrl_c)
-    with pytest.raises(preemption.Stopped, match="stopped at step 21 by SIGINT; checkpoint 21 "):
+    with pytest.raises(stopping.Stopped, match="stopped at step 21 by SIGINT; checkpoint 21 "):
         train.run(config, workdir)
     monkeypatch.undo()
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["20", "21"]
@@ -152,7 +154,7 @@ def test_short_run_learns_and_a_ctrl_c_run_resumes_bit_identically(tmp_path, cap
 
 def tensorboard_scalars(workdir: str) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} from the run's TensorBoard event files, in step order."""
-    from vit_jax.training.events import read_scalars
+    from vit_jax.training.report import read_scalars
 
     return read_scalars(workdir)
 
@@ -204,14 +206,14 @@ def test_the_loop_prints_what_the_compiler_says_of_its_own_step(pretrained):
     """After the first step, one line from the loop's own compiled step (no second
     compile): the bytes per device and FLOPs that the planner's separate compile of the
     same step for the same devices gives."""
-    from vit_jax.base import text
+    from vit_jax.base import console
     from vit_jax.training import planner
 
     (line,) = [x for x in pretrained[2].splitlines() if x.startswith("compiled step: ")]
     plan = planner.plan_on(pretrain_config(), jax.devices(), "cpu", num_classes=5)
     assert plan.compiled and plan.total_bytes > plan.temp_bytes > 0 and plan.flops > 0
-    assert line.startswith(f"compiled step: {text.size(plan.total_bytes)} per device (")
-    assert f"({text.size(plan.temp_bytes)} temporaries), " in line
+    assert line.startswith(f"compiled step: {console.size(plan.total_bytes)} per device (")
+    assert f"({console.size(plan.temp_bytes)} temporaries), " in line
     assert f"{plan.flops / 1e9:.3g} GFLOP per device per step" in line
     assert line.endswith("(the cpu backend gives no step-time estimate)")
 
@@ -225,7 +227,7 @@ def test_finetune_from_npz_at_higher_resolution(pretrained, tmp_path):
     ft.dataset.preprocessing = "pil_antialias"  # recorded in final.npz, which infer reads
     model = state_lib.build_model(ft.model, 3)
     assert model.representation_size is None
-    params = state_lib.initial_params(train.start_of(ft), model, 42)
+    params = initial_params(state_lib.Start.of(ft), model, 42)
     pe = params["Transformer"]["posembed_input"]["pos_embedding"]
     assert pe.shape == (1, 1 + 6 * 6, 32)  # 4x4 grid at 28 px -> 6x6 at 42 px
     assert not params["head"]["kernel"].any() and params["head"]["kernel"].shape == (32, 3)
@@ -317,18 +319,11 @@ def test_unwritable_workdir_fails_first(tmp_path):
 
 
 def test_cadence():
-    c = Cadence(total_steps=100, log_every=10, eval_every=30, save_every=0)
-    assert [s for s in range(1, 101) if c.due("log", s)] == [1] + list(range(10, 101, 10))
-    assert [s for s in range(1, 101) if c.due("eval", s)] == [30, 60, 90, 100]
-    assert [s for s in range(1, 101) if c.due("save", s)] == [100]
-    # What follows a step, in one decision: a stop saves now and evaluates nothing.
-    c = Cadence(total_steps=100, log_every=10, eval_every=30, save_every=50, fewshot_every=60)
-    assert c.after(30) == Due(log=True, eval=True, fewshot=False, save=False)
-    assert c.after(60) == Due(log=True, eval=True, fewshot=True, save=False)
-    assert c.after(60, fewshot=False) == Due(log=True, eval=True, fewshot=False, save=False)
-    assert c.after(31, "SIGTERM") == Due(False, False, False, save=True, stopping="SIGTERM")
-    assert c.after(60, "SIGINT") == Due(True, False, False, save=True, stopping="SIGINT")
-    assert c.after(100) == Due(log=True, eval=True, fewshot=True, save=True)
+    """An action of period k follows each multiple of k and the last step; 0: the last only."""
+    assert [s for s in range(1, 101) if train.due(s, 10, 100)] == list(range(10, 101, 10))
+    assert [s for s in range(1, 101) if train.due(s, 30, 100)] == [30, 60, 90, 100]
+    assert [s for s in range(1, 101) if train.due(s, 0, 100)] == [100]
+    assert [s for s in range(1, 8) if train.due(s, 3, 7)] == [3, 6, 7]
     assert duration(3725) == "1h02m05s" and duration(59) == "59s"
     line = console_line(
         5, 10, {"loss": 1.5, "lr": 1e-3, "img_per_sec_per_device": 99.6, "eta_seconds": 61}
@@ -339,10 +334,11 @@ def test_cadence():
 def test_the_losses_against_numpy():
     """softmax_xent and big_vision's sigmoid_xent (a sum of K binary cross-entropies) per
     example, on soft labels (mixup's) and large logits, against float64 NumPy."""
-    from vit_jax.configs import check
-    from vit_jax.training import steps
+    from vit_jax.training import check
 
-    assert tuple(steps.LOSSES) == check.LOSSES  # the config check names the same ones
+    # the config check takes the losses the step computes, and no other
+    assert [check.RUN["loss"](name) for name in state_lib.LOSSES] == [None, None]
+    assert check.RUN["loss"]("hinge") == "expected one of 'softmax_xent', 'sigmoid_xent'"
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 8, (5, 7)).astype(np.float32)
     labels = rng.dirichlet(np.ones(7) * 0.3, 5).astype(np.float32)
@@ -350,26 +346,26 @@ def test_the_losses_against_numpy():
     log_sig = lambda v: -np.logaddexp(0, -v)  # noqa: E731
     sigmoid = -np.sum(y * log_sig(z) + (1 - y) * log_sig(-z), -1)
     softmax = -np.sum(y * (z - np.log(np.sum(np.exp(z), -1, keepdims=True))), -1)
-    np.testing.assert_allclose(steps.sigmoid_xent(logits, labels), sigmoid, rtol=1e-5)
-    np.testing.assert_allclose(steps.softmax_xent(logits, labels), softmax, rtol=1e-5)
+    np.testing.assert_allclose(state_lib.sigmoid_xent(logits, labels), sigmoid, rtol=1e-5)
+    np.testing.assert_allclose(state_lib.softmax_xent(logits, labels), softmax, rtol=1e-5)
     # The bias big_vision starts a 1000-class head at gives each class about 1/1000.
     assert 1 / (1 + np.exp(6.9)) == pytest.approx(1e-3, rel=0.01)
 
 
 def test_schedule_and_weight_decay_mask():
     cfg = ml_collections.ConfigDict(dict(lr=1.0, end_lr=0.0, warmup_steps=10, decay="cosine"))
-    lr = optim.schedule(cfg, 110)
+    lr = state_lib.schedule(cfg, 110)
     assert float(lr(0)) == 0.0 and float(lr(5)) == pytest.approx(0.5)
     assert float(lr(10)) == pytest.approx(1.0) and float(lr(60)) == pytest.approx(0.5, abs=1e-6)
     assert float(lr(110)) == pytest.approx(0.0, abs=1e-6)
     cfg.decay = "linear"
-    assert float(optim.schedule(cfg, 110)(60)) == pytest.approx(0.5)
+    assert float(state_lib.schedule(cfg, 110)(60)) == pytest.approx(0.5)
     params = {"a": {"kernel": jnp.ones(2), "bias": jnp.ones(2)}, "cls": jnp.ones(2)}
-    assert optim.kernels_only(params) == {"a": {"kernel": True, "bias": False}, "cls": False}
+    assert state_lib.kernels_only(params) == {"a": {"kernel": True, "bias": False}, "cls": False}
     # Adam's decay is scaled by the learning rate and skips non-kernels.
     c = common.base("testing").optimizer
     c.update(name="adam", lr=0.1, warmup_steps=0, decay="constant", weight_decay=0.5, grad_clip=0.0)
-    tx, _ = optim.make_optimizer(c, 10)
+    tx, _ = state_lib.make_optimizer(c, 10)
     zero = jax.tree.map(jnp.zeros_like, params)
     updates, _ = tx.update(zero, tx.init(params), params)
     np.testing.assert_allclose(updates["a"]["kernel"], -0.05)

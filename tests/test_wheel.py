@@ -13,16 +13,14 @@ import sys
 import zipfile
 
 import pytest
-from helpers import ROOT, needs_embedded_data
-
-from vit_jax.base import quiet_tf
+from helpers import ROOT, TF_NOISE, needs_embedded_data
 
 
 def sh(*cmd: str, cwd: str, env: dict | None = None) -> str:
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, " ".join(cmd) + "\n" + proc.stdout[-2000:] + proc.stderr[-3000:]
-    # No library start-up noise (TensorFlow's C++ notes are filtered by vit_jax/base/quiet_tf.py).
-    noise = [line for line in proc.stderr.splitlines() if quiet_tf.NOISE.search(line)]
+    # No library start-up noise: nothing imports TensorFlow.
+    noise = [line for line in proc.stderr.splitlines() if TF_NOISE.search(line)]
     assert not noise, noise
     return proc.stdout
 

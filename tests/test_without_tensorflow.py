@@ -1,8 +1,7 @@
 """Training, evaluation, the input pipeline, the commands and the benchmarks run where
 TensorFlow is absent (accelerator machines often lack it): each runs in a subprocess in
 which TensorFlow cannot be found (find_spec says None, the import fails), as where it is
-not installed. The SavedModel export then names the extra to install; where TensorFlow
-is present, its start-up notes stay off stderr (vit_jax/base/quiet_tf.py)."""
+not installed. The library never imports TensorFlow."""
 
 from __future__ import annotations
 
@@ -75,16 +74,16 @@ def test_library_and_train_step_without_tensorflow():
     out = run_without_tf("""
 import jax, numpy as np
 from vit_jax import weights
-from vit_jax.training import optim, state, steps
+from vit_jax.training import state, train
 from vit_jax.parallel import sharding
 from vit_jax.configs import fashion_mnist
 from vit_jax.models import get_model
 c = fashion_mnist.get_config("tiny")
 model = state.build_model(c.model, 10)
-tx, lr = optim.make_optimizer(c.optimizer, c.total_steps)
+tx, lr = state.make_optimizer(c.optimizer, c.total_steps)
 mesh = sharding.make_mesh(devices=jax.devices()[:1])
 s, shardings = state.create_state(state.Start(c.seed, c.image_size), model, tx, mesh)
-step, _ = steps.compile_steps(model, tx, lr, 1, mesh, shardings)
+step, _ = train.jit_steps(model, tx, lr, mesh, shardings, 1)
 batch = {"image": np.zeros((8, 28, 28, 3), np.float32), "label": np.eye(10, dtype=np.float32)[:8]}
 s, m = step(s, batch)
 print("loss", float(m["loss"]), "step", int(s.step))
@@ -115,28 +114,6 @@ def test_benchmarks_without_tensorflow():
         out = run_without_tf(code, "--model=testing", "--image_size=32", extra, "--no-bound")
         row = next(line.split() for line in out.splitlines() if line.startswith("testing"))
         assert row[-1] == "-" and float(row[5 if script == "train_step.py" else 4]) > 0
-
-
-def test_saved_model_export_without_tensorflow_names_the_extra(tmp_path):
-    model = get_model("testing", 3)
-    path = str(tmp_path / "t.npz")
-    weights.save_npz(path, random_params(model, 32))
-    out = run_without_tf("""
-from vit_jax.base import quiet_tf
-try:
-    quiet_tf.tensorflow()
-except ImportError as e:
-    print(e)
-from vit_jax.weights import export
-try:
-    export.export_saved_model({}, None, (32, 32), "unused")
-except ImportError as e:
-    print(e)
-""")
-    assert out.strip().splitlines() == [
-        "TensorFlow is needed here (the SavedModel export): pip install 'vit_jax[tf]'",
-        "the saved_model export needs TensorFlow: pip install 'vit_jax[tf]'",
-    ]
 
 
 def test_main_job_and_evaluations_without_tensorflow(tmp_path):
@@ -192,38 +169,3 @@ def test_main_job_and_evaluations_without_tensorflow(tmp_path):
     assert sorted(p.suffix for p in figures.iterdir()) and any(
         p.suffix == ".png" for p in figures.iterdir()
     )
-
-
-def test_tensorflow_start_up_notes_are_kept_off_stderr(tmp_path):
-    """A stand-in `tensorflow` writes TensorFlow's start-up lines (and two others) to file
-    descriptor 2 as its C++ does: only the others reach stderr."""
-    fake = tmp_path / "tensorflow"
-    fake.mkdir()
-    (fake / "__init__.py").write_text("""
-import os, sys
-os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written "
-            b"to STDERR\\n")
-os.write(2, b"I0000 00:00:1795454621.024016   28100 port.cc:153] oneDNN custom operations are on. "
-            b"You may see slightly different numerical results.\\n")
-os.write(2, b"a C++ warning that matters\\n")
-os.write(2, b"To enable the following instructions: AVX2 FMA, in other operations, rebuild "
-            b"TensorFlow with the appropriate compiler flags.\\n")
-print("a Python warning that matters", file=sys.stderr)
-VERSION = "stand-in"
-""")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from vit_jax.base import quiet_tf; print(quiet_tf.tensorflow().VERSION)",
-        ],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        # the stand-in shadows TensorFlow; this checkout's vit_jax, whatever is installed
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT])),
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "stand-in\n"
-    assert proc.stderr == "a C++ warning that matters\na Python warning that matters\n"

@@ -30,6 +30,7 @@ def main(args: list[str]) -> None:
     import json
 
     from vit_jax.base import store
+    from vit_jax.workdir import verify
     from vit_jax.workdir.checkpoints import DAMAGED, Checkpoints
     from vit_jax.workdir.workdir import run_workdirs
 
@@ -50,7 +51,7 @@ def main(args: list[str]) -> None:
     rows = []
     for run in runs:
         prefix = "" if run == workdir else f"{run.relative_to(workdir)}/"
-        found = Checkpoints(run / "checkpoints", read_only=True).verify()
+        found = verify.verify(Checkpoints(run / "checkpoints", read_only=True))
         rows += [(prefix + name, what) for name, what in found]
         if prefix and not found:
             rows.append((prefix, "no checkpoints"))

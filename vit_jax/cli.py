@@ -13,7 +13,7 @@ command's own flags, the shared model flags included.
 
 Ctrl-C prints one line (a training run says where it stopped and that the same command
 resumes) and exits 130, without the KeyboardInterrupt traceback; a training run stopped by
-SIGTERM exits 143 (`vit_jax.training.preemption`).
+SIGTERM exits 143 (`vit_jax.training.stopping`).
 """
 
 from __future__ import annotations

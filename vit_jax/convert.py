@@ -1,4 +1,5 @@
-"""Convert a checkpoint to another format: npz, timm, hf, onnx or saved_model.
+"""Convert a checkpoint to another format: npz, timm, hf, or onnx (TensorFlow Serving and
+TFLite: convert the ONNX file with onnx2tf).
 
     python -m vit_jax.convert --checkpoint=IN --format=FORMAT --out=OUT [--model=NAME] \\
         [--image_size=N] [--num_classes=K] [--patch_size=P] [--labels=FILE] \\
@@ -16,7 +17,7 @@ hidden_act and layer_norm_eps); --numerics=original computes the original ViT's 
 google/vit-base-patch16-224, whose config.json says 'gelu' and 1e-12. The last lines say
 how to load OUT, as Python to paste: for timm, lines that build timm's VisionTransformer
 with every argument and load OUT strictly; for hf, from_pretrained and
-pipeline('image-classification'). Every format but saved_model keeps the head's class
+pipeline('image-classification'). Every format keeps the head's class
 names: the input's own (the files this package writes carry them), or --labels=FILE
 (one a line, as for vit_jax.infer); an hf directory without any names a 1000-class
 head with ImageNet's. An hf directory also holds preprocessor_config.json (the resize

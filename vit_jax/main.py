@@ -17,9 +17,8 @@ from ml_collections import config_flags
 
 from vit_jax import cli, configs
 from vit_jax.base import problems
-from vit_jax.configs import check
 from vit_jax.parallel import distributed
-from vit_jax.training import train
+from vit_jax.training import check, train
 
 
 def define_flags() -> None:

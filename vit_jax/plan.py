@@ -24,9 +24,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from vit_jax import cli, configs
-from vit_jax.base import problems, text
-from vit_jax.configs import check
-from vit_jax.training import planner
+from vit_jax.base import console, problems
+from vit_jax.training import check, planner
 
 
 def define_flags() -> None:
@@ -69,11 +68,11 @@ def table(p) -> str:
                      f"(compiled here in {p.compile_seconds:.0f} s)"),
         ("batch", f"{p.batch_size} global, {p.batch_size // p.devices} per device"
                   f"{', remat' if p.remat else ''}"),
-        ("parameters", text.size(p.param_bytes)),
-        ("optimizer state", text.size(p.optimizer_bytes)),
-        ("input batch", text.size(p.batch_bytes)),
-        ("temporaries", text.size(p.temp_bytes)),
-        ("total per device", f"{text.size(p.total_bytes)} of {text.size(p.hbm_bytes)} HBM: "
+        ("parameters", console.size(p.param_bytes)),
+        ("optimizer state", console.size(p.optimizer_bytes)),
+        ("input batch", console.size(p.batch_bytes)),
+        ("temporaries", console.size(p.temp_bytes)),
+        ("total per device", f"{console.size(p.total_bytes)} of {console.size(p.hbm_bytes)} HBM: "
                              f"{'fits' if p.fits else 'does NOT fit'}"),
         *speed,
     ]  # fmt: skip
@@ -94,7 +93,7 @@ def advice(p) -> str:
         levers.append(f"--config.mesh.fsdp={p.devices} (shards parameters and Adam's state)")
     levers.append("a smaller --config.batch_size, or --config.accum_steps=2 (same batch)")
     tries = "; ".join(levers)
-    return f"{text.size(over)} over the device's HBM; try {tries} (--fit searches)"
+    return f"{console.size(over)} over the device's HBM; try {tries} (--fit searches)"
 
 
 # The paper's Table 2 (TPUv3-core-days) and the runs behind it (Sections 4.1-4.2, B.1).
@@ -163,12 +162,12 @@ def fit(config, devices: list, topology: str, classes: int | None) -> None:
                                   "fits": good.to_json() if good else None,
                                   "does_not_fit": bad.to_json() if bad else None}))  # fmt: skip
             elif good is None:
-                print(f"{how}: no batch fits ({bad.batch_size}: {text.size(bad.total_bytes)}), "
+                print(f"{how}: no batch fits ({bad.batch_size}: {console.size(bad.total_bytes)}), "
                       f"{n} compiles", flush=True)  # fmt: skip
             else:
                 top = f", {bad.batch_size} does not" if bad else " (the search's limit)"
-                print(f"{how}: batch {good.batch_size} fits ({text.size(good.total_bytes)} of "
-                      f"{text.size(good.hbm_bytes)}, {good.images_per_second:,.0f} images/s "
+                print(f"{how}: batch {good.batch_size} fits ({console.size(good.total_bytes)} of "
+                      f"{console.size(good.hbm_bytes)}, {good.images_per_second:,.0f} images/s "
                       f"estimated){top}; {n} compiles", flush=True)  # fmt: skip
 
 

@@ -1,2 +1,7 @@
-"""Plain helpers that know nothing of models: files and directories written whole or not
-at all, TensorFlow imported quietly, terminal output, short lists in messages."""
+"""Plain helpers that know nothing of models.
+
+  store.py     one path type for disks and buckets (gs://, s3://); what a store's failure means
+  files.py     files and directories written whole or not at all
+  problems.py  config rules, and config values that cannot make sense, all named at once
+  console.py   durations, sizes and short lists in messages; progress bars; silenced stderr
+"""

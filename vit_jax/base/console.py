@@ -1,12 +1,14 @@
-"""Terminal output for long loops: durations, and progress bars that read well in a
-terminal and in a log file alike."""
+"""What the package prints: durations, sizes and short lists in messages, progress bars
+that read well in a terminal and in a log file alike, and native libraries silenced."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TextIO, TypeVar
 
 T = TypeVar("T")
@@ -17,6 +19,21 @@ def duration(seconds: float) -> str:
     s = int(round(seconds))
     h, m, s = s // 3600, s % 3600 // 60, s % 60
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def size(n: float) -> str:
+    """Bytes in the unit that reads best: 1536 -> '1.5 KiB', 3 * 2**30 -> '3.00 GiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def first_few(items: Sequence[str], sep: str = ", ", n: int = 3, unit: str = "") -> str:
+    """The first `n` of `items` joined by `sep`, and how many more: 'a, b, c and 2 more'
+    ('... and 2 more files' with `unit` 'files')."""
+    more = f" and {len(items) - n} more{' ' + unit if unit else ''}" if len(items) > n else ""
+    return sep.join(items[:n]) + more
 
 
 def bar(
@@ -74,3 +91,19 @@ def absl_warnings_off() -> Iterator[None]:
         yield
     finally:
         logging.set_verbosity(level)
+
+
+@contextlib.contextmanager
+def silenced_stderr() -> Iterator[None]:
+    """File descriptor 2 discarded for the block: for native libraries that write start-up
+    warnings about a host they are not on (libtpu's, when the planner compiles)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)

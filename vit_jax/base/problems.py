@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 
@@ -61,37 +61,44 @@ def is_number(value: Any) -> bool:
     return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
-def integer(out: list[Problem], field: str, value: Any, low: int, note: str = "") -> None:
+Rule = Callable[[Any], "str | None"]  # a value -> what was expected, or None where it fits
+
+
+def integer(low: int, note: str = "") -> Rule:
     """An int >= low."""
-    if not (is_int(value) and value >= low):
-        out.append(Problem(field, value, f"expected an integer >= {low}{note}"))
+    return lambda v: None if is_int(v) and v >= low else f"expected an integer >= {low}{note}"
 
 
-def number(
-    out: list[Problem],
-    field: str,
-    value: Any,
-    low: float | None = None,
-    high: float | None = None,
-    *,
-    low_open: bool = False,
-    high_open: bool = False,
-    note: str = "",
-) -> None:
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False, note: str = "") -> Rule:  # fmt: skip
     """A finite number in the interval [low, high] (or open at either end)."""
-    ok = is_number(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value < high if high_open else value <= high
-    if not ok:
+
+    def rule(v: Any) -> str | None:
+        ok = is_number(v)
+        if ok and low is not None:
+            ok = v > low if low_open else v >= low
+        if ok and high is not None:
+            ok = v < high if high_open else v <= high
         interval = _interval(low, high, low_open, high_open)
-        out.append(Problem(field, value, f"expected a finite number {interval}{note}"))
+        return None if ok else f"expected a finite number {interval}{note}"
+
+    return rule
 
 
-def one_of(out: list[Problem], field: str, value: Any, choices: Sequence[Any]) -> None:
-    if value not in choices:
-        out.append(Problem(field, value, f"expected one of {', '.join(map(repr, choices))}"))
+def one_of(choices: Sequence[Any]) -> Rule:
+    return lambda v: None if v in choices else f"expected one of {', '.join(map(repr, choices))}"
+
+
+def optional(rule: Rule) -> Rule:
+    """`rule`, or None (the field unset)."""
+    return lambda v: None if v is None else rule(v)
+
+
+def table_problems(section: Any, table: dict[str, Rule], prefix: str = "") -> list[Problem]:
+    """A Problem for each field of `section` (a ConfigDict or dict) that its rule in
+    `table` refuses; a field the section does not have is not checked."""
+    return [Problem(prefix + field, section[field], why) for field, rule in table.items()
+            if field in section and (why := rule(section[field]))]  # fmt: skip
 
 
 def _interval(low, high, low_open: bool, high_open: bool) -> str:

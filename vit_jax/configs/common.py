@@ -63,7 +63,7 @@ def model_fields(model: str) -> ml_collections.ConfigDict:
     """config.model: `name` is a published name ('ViT-B_16') or SIZE/PATCH ('B/16'); the
     other fields are VisionTransformer options. None keeps the variant's own value; for
     `gelu` and `layer_norm_eps`, None is the init_from file's (its source's numerics, see
-    vit_jax/weights/numerics.py), or the original ViT's (tanh, 1e-6) from scratch."""
+    vit_jax/weights/meta.py), or the original ViT's (tanh, 1e-6) from scratch."""
     return ml_collections.ConfigDict(
         dict(
             name=model,

@@ -19,7 +19,6 @@ process reads only its share. Layout:
   randaugment.py    big_vision's RandAugment (the AugReg recipes), NumPy and PIL
   order.py          which example sits at each position of a process's share
   pipeline.py       Grain datasets: the public iterators and counts
-  dali.py           dataset.decoder='dali': NVIDIA DALI decodes the host's plans
   images.py         image files for the commands (infer, figures), class names
 
 Training, evaluation, few-shot, `infer`, `evaluate` and the figures read pixels through

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_collections
 from ml_collections import config_dict
 
-from vit_jax.base.problems import Problem, integer, is_int, number, one_of, raise_if_any
+from vit_jax.base.problems import (
+    Problem,
+    integer,
+    is_int,
+    number,
+    one_of,
+    optional,
+    raise_if_any,
+    table_problems,
+)
 from vit_jax.data import pixels, randaugment, splits
 
 SOURCES = ("idx", "folder", "tfds")
-DECODERS = ("host", "dali")
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
 # The recipe pretrains on the first five Fashion-MNIST classes, fine-tunes on the others.
 FASHION_MNIST_HALVES = ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
@@ -51,9 +61,6 @@ def default_config() -> ml_collections.ConfigDict:
         skip_corrupt: Skip images that do not decode (folder source; counted and
             logged) instead of raising an error that names the file.
         cache: Keep decoded images in memory (folder and tfds sources; idx always is).
-        decoder: Where images are decoded, cropped and resized: 'host' (this process's
-            CPU cores) or 'dali' (NVIDIA DALI: nvJPEG on each local GPU, DALI's CPU
-            decoder without one; files only, no RandAugment; vit_jax/data/dali.py).
         threads: Threads that prepare batches ahead of the loop in this process; 0 means
             one per CPU core.
         workers: Grain worker processes that prepare batches (each with one thread);
@@ -77,85 +84,57 @@ def default_config() -> ml_collections.ConfigDict:
             "label_smoothing": 0.0,
             "skip_corrupt": False,
             "cache": False,
-            "decoder": "host",
             "threads": 0,
             "workers": 0,
         }
     )
 
 
+def _classes(ids: Any) -> str | None:
+    ok = isinstance(ids, (tuple, list)) and ids and len(set(ids)) == len(ids)
+    if ok and all(is_int(c) and c >= 0 for c in ids):
+        return None
+    return "expected None (all) or distinct class ids >= 0, e.g. (5, 6, 7, 8, 9)"
+
+
+def _randaugment(args: Any) -> str | None:
+    if not isinstance(args, (tuple, list)) or len(args) != 2:
+        return "expected None or (num_layers, magnitude), e.g. (2, 15)"
+    try:
+        randaugment.check_args(*args)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+# The dataset section's table (base.problems): field -> rule.
+FIELDS = {
+    "source": one_of(SOURCES),
+    "preprocessing": one_of(pixels.METHODS),
+    "train_split": splits.spec_rule,
+    "test_split": splits.spec_rule,
+    "classes": optional(_classes),
+    "examples_per_class": optional(integer(1, " (or None: all)")),
+    "subset_seed": integer(0),
+    "crop_min_area": number(0, 1, low_open=True),
+    "mixup": number(0, note=" (Beta concentration; 0 turns it off)"),
+    "randaugment": optional(_randaugment),
+    "label_smoothing": number(0, 1, high_open=True),
+    "threads": integer(0),
+    "workers": integer(0),
+}
+
+
 def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[Problem]:
-    """Every field of a dataset config that cannot make sense (`vit_jax.base.problems`),
-    from the config alone: nothing is read."""
-    out: list[Problem] = []
-    one_of(out, f"{prefix}source", cfg.source, SOURCES)
-    one_of(out, f"{prefix}preprocessing", cfg.preprocessing, pixels.METHODS)
-    one_of(out, f"{prefix}decoder", cfg.decoder, DECODERS)
-    if cfg.decoder == "dali":
-        out.extend(_dali_problems(cfg, prefix))
+    """Every field of a dataset config that cannot make sense (`FIELDS`, then what
+    relates the source to its directory), from the config alone: nothing is read."""
+    out = table_problems(cfg, FIELDS, prefix)
     if cfg.source == "tfds" and remote_tfds(cfg.data_dir):
         out.append(Problem(f"{prefix}data_dir", cfg.data_dir, REMOTE_TFDS))
     if cfg.source == "folder" and not cfg.data_dir:
-        out.append(
-            Problem(
-                f"{prefix}data_dir",
-                cfg.data_dir,
-                "source 'folder' needs the folder DIR, with DIR/train/<class>/*.jpg and "
-                "DIR/test/<class>/*.jpg",
-            )
-        )
-    for field in ("train_split", "test_split"):
-        try:
-            splits.check_spec(cfg[field])
-        except ValueError as e:
-            out.append(Problem(f"{prefix}{field}", cfg[field], str(e)))
-    classes = cfg.get("classes")
-    if classes is not None:
-        ids = list(classes) if isinstance(classes, (tuple, list)) else None
-        if not ids or any(not is_int(c) or c < 0 for c in ids) or len(set(ids)) != len(ids):
-            out.append(
-                Problem(
-                    f"{prefix}classes",
-                    classes,
-                    "expected None (all) or distinct class ids >= 0, e.g. (5, 6, 7, 8, 9)",
-                )
-            )
-    if cfg.get("examples_per_class") is not None:
-        integer(out, f"{prefix}examples_per_class", cfg.examples_per_class, 1, " (or None: all)")
-    integer(out, f"{prefix}subset_seed", cfg.subset_seed, 0)
-    number(out, f"{prefix}crop_min_area", cfg.crop_min_area, 0, 1, low_open=True)
-    number(out, f"{prefix}mixup", cfg.mixup, 0, note=" (Beta concentration; 0 turns it off)")
-    randaug = cfg.get("randaugment")
-    if randaug is not None:
-        if not isinstance(randaug, (tuple, list)) or len(randaug) != 2:
-            why = "expected None or (num_layers, magnitude), e.g. (2, 15)"
-        else:
-            try:
-                randaugment.check_args(*randaug)
-                why = None
-            except ValueError as e:
-                why = str(e)
-        if why:
-            out.append(Problem(f"{prefix}randaugment", randaug, why))
-    number(out, f"{prefix}label_smoothing", cfg.label_smoothing, 0, 1, high_open=True)
-    for field in ("threads", "workers"):
-        integer(out, f"{prefix}{field}", cfg[field], 0)
-    return out
-
-
-def _dali_problems(cfg: ml_collections.ConfigDict, prefix: str) -> list[Problem]:
-    """What decoder 'dali' does not take: it decodes files, with the tf_bilinear resize."""
-    out, host = [], "; or set dataset.decoder=host"
-    if cfg.source == "idx" or cfg.cache:
-        field, value = ("source", cfg.source) if cfg.source == "idx" else ("cache", cfg.cache)
-        why = "decoder 'dali' decodes image files; these images are in memory already" + host
-        out.append(Problem(f"{prefix}{field}", value, why))
-    if cfg.get("randaugment") is not None:
-        why = "RandAugment runs on the host (PIL/NumPy), not in DALI: unset it" + host
-        out.append(Problem(f"{prefix}randaugment", cfg.randaugment, why))
-    if cfg.preprocessing != "tf_bilinear":
-        why = "DALI resizes as tf.image.resize does: set dataset.preprocessing=tf_bilinear" + host
-        out.append(Problem(f"{prefix}preprocessing", cfg.preprocessing, why))
+        why = ("source 'folder' needs the folder DIR, with DIR/train/<class>/*.jpg and "
+               "DIR/test/<class>/*.jpg")  # fmt: skip
+        out.append(Problem(f"{prefix}data_dir", cfg.data_dir, why))
     return out
 
 

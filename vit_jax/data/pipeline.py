@@ -108,37 +108,24 @@ class TrainBatch:
     def __call__(self, step: int) -> Batch:
         cfg = self.cfg
         table, index, slots, draws = self.share(step)
-        method, area, normalized = cfg.preprocessing, cfg.crop_min_area, False
-        if table.images is not None:  # in memory, one size: crop + resize as one batch
-            images, labels = table.images[index], table.labels[index]
-            h, w = images.shape[1:3]
-            boxes = [augment.crop_window(h, w, u, area) for u in draws]
-            images = pixels.resize_batch(images, np.asarray(boxes), self.size, method)
-            if cfg.flip:
-                mirror = draws[:, -1] < 0.5
-                images[mirror] = images[mirror, :, ::-1]
-        else:  # each example resized into its slot of the batch, flipped there, and
-            # normalised while in cache (float pixels, no RandAugment to come)
-            dtype = pixels.dtype_of(method)
-            hot = dtype == np.float32 and cfg.randaugment is None
-            images, labels = np.empty([len(index), *self.size, 3], dtype), []
-            for j, (i, u) in enumerate(zip(index, draws, strict=True)):
-                window = functools.partial(augment.crop_window, u=u, min_area=area)
-                labels.append(tables.load(table, int(i), self.size, method, window, images[j])[1])
-                if cfg.flip and u[-1] < 0.5:
-                    pixels.mirror(images[j])
-                if hot:
-                    pixels.normalize(images[j], in_place=True)
-            labels = np.asarray(labels)
-            normalized = hot
+        method = cfg.preprocessing
+        dtype = pixels.dtype_of(method)
+        hot = dtype == np.float32 and cfg.randaugment is None  # normalised in its slot
+        images, labels = np.empty([len(index), *self.size, 3], dtype), []
+        for j, (i, u) in enumerate(zip(index, draws, strict=True)):
+            window = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
+            labels.append(tables.load(table, int(i), self.size, method, window, images[j])[1])
+            if cfg.flip and u[-1] < 0.5:
+                pixels.mirror(images[j])
+            if hot:
+                pixels.normalize(images[j], in_place=True)
         if cfg.randaugment is not None:  # after crop, resize and flip, as big_vision
             images = pixels.to_uint8(images)
-            images = np.repeat(images, 3, -1) if images.shape[-1] == 1 else images
             for j, slot in enumerate(range(slots.start, slots.stop)):
                 rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slot)
                 images[j] = randaugment.randaugment(images[j], rng, *cfg.randaugment)
         batch = {
-            "image": images if normalized else pixels.normalize(images, in_place=True),
+            "image": images if hot else pixels.normalize(images, in_place=True),
             "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
         }
         if cfg.mixup > 0:
@@ -165,26 +152,17 @@ class EvalBatch:
 
     def __call__(self, number: int) -> Batch:
         table, start, stop = self.rows(number)
-        images = np.empty([self.batch_size, *self.size, 3], np.float32)
-        images[max(stop - start, 0) :] = 0.0  # the padding
+        images = np.zeros([self.batch_size, *self.size, 3], np.float32)  # zero padding
         labels = np.zeros([self.batch_size, table.num_classes], np.float32)
-        real = np.arange(start, stop)
         method = self.cfg.preprocessing
-        if table.images is None:
-            for j, i in enumerate(real):
-                if pixels.dtype_of(method) == np.float32:  # resized into its slot, normalised there
-                    label = tables.load(table, int(i), self.size, method, out=images[j])[1]
-                    pixels.normalize(images[j], in_place=True)
-                else:
-                    image, label = tables.load(table, int(i), self.size, method)
-                    images[j] = pixels.normalize(image)
-                labels[j, label] = 1.0
-        elif len(real):  # in memory, one size: resized as one batch
-            h, w = table.images.shape[1:3]
-            boxes = np.tile([0, 0, h, w], (len(real), 1))
-            resized = pixels.resize_batch(table.images[real], boxes, self.size, method)
-            images[: len(real)] = pixels.normalize(resized)
-            labels[np.arange(len(real)), table.labels[real]] = 1.0
+        for j, i in enumerate(range(start, stop)):
+            if pixels.dtype_of(method) == np.float32:  # resized into its slot, normalised there
+                label = tables.load(table, i, self.size, method, out=images[j])[1]
+                pixels.normalize(images[j], in_place=True)
+            else:
+                image, label = tables.load(table, i, self.size, method)
+                images[j] = pixels.normalize(image)
+            labels[j, label] = 1.0
         mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)
         return {"image": images, "label": labels, "mask": mask}
 
@@ -259,30 +237,7 @@ class Batches(Iterator[Batch]):
 
 
 def _batches(make: TrainBatch | EvalBatch, indices: range, cfg: ml_collections.ConfigDict):
-    threads = cfg.threads or os.cpu_count() or 1
-    if cfg.decoder == "dali":
-        return _dali_batches(make, indices, threads)
-    return Batches(make, indices, threads, cfg.workers)
-
-
-def _dali_batches(make: TrainBatch | EvalBatch, indices: range, threads: int):
-    """The batches of `make` decoded by NVIDIA DALI (vit_jax/data/dali.py): on each local
-    GPU where JAX has them, else on this CPU."""
-    from vit_jax.data import dali  # noqa: PLC0415 -- only with decoder 'dali'
-
-    if not dali.available():
-        raise ImportError(dali.INSTALL)
-    import jax  # noqa: PLC0415
-
-    devices = None
-    if jax.default_backend() == "gpu":  # the order of the mesh's batch rows (make_mesh)
-        devices = sorted(jax.local_devices(), key=lambda d: d.id)
-    if isinstance(make, TrainBatch):
-        plan, batch = functools.partial(dali.train_plan, make), make.global_batch
-        batch //= make.process_count
-    else:
-        plan, batch = functools.partial(dali.eval_plan, make), make.batch_size
-    return dali.DaliBatches(plan, indices, make.size, batch, devices, threads)
+    return Batches(make, indices, cfg.threads or os.cpu_count() or 1, cfg.workers)
 
 
 def train_iterator(

@@ -1,9 +1,8 @@
 """The one image preprocessing of the package: decode, crop, resize, [-1, 1].
 
 Training, evaluation, few-shot, `infer`, `evaluate` and the figures all read pixels
-through `decode_crop_resize` (or, for images already in memory, `resize_batch`), so one
-image file gives the same model input everywhere. Two resize methods, a property of a
-checkpoint (it is trained and evaluated with one):
+through `decode_crop_resize`, so one image file gives the same model input everywhere.
+Two resize methods, a property of a checkpoint (it is trained and evaluated with one):
 
   tf_bilinear    what the published checkpoints were trained and evaluated on (the
                  original vit_jax and big_vision input pipelines): JPEGs decoded as
@@ -165,29 +164,6 @@ def _jpeg(data: bytes, method: str) -> np.ndarray | None:
     return out if upright is None else np.ascontiguousarray(upright(out))
 
 
-def upright_size(data: bytes) -> tuple[int, int]:
-    """(h, w) of an image file's bytes once made upright, from its header alone: what
-    an Inception crop needs when the decode happens elsewhere (NVIDIA DALI).
-
-    Raises:
-        ValueError: The data is not an image PIL can read.
-    """
-    if data[:2] == b"\xff\xd8":
-        import simplejpeg  # noqa: PLC0415
-
-        try:
-            h, w = simplejpeg.decode_jpeg_header(data)[:2]
-            return (w, h) if _orientation(data) >= 5 else (h, w)
-        except (ValueError, IndexError, RuntimeError):
-            pass  # PIL names what is wrong
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            w, h = image.size
-            return (w, h) if image.getexif().get(0x0112, 1) >= 5 else (h, w)
-    except DECODE_ERRORS as e:
-        raise ValueError(str(e) or type(e).__name__) from None
-
-
 def decode(source: str | os.PathLike | bytes, method: str = "pil_antialias") -> np.ndarray:
     """An image file (path) or its bytes -> uint8 [h, w, 3], upright and RGB; a JPEG
     decoded as `method`'s pipeline decodes it (tf_bilinear: TensorFlow's integer-fast
@@ -231,6 +207,9 @@ def resize(
     slot, without another copy.
     """
     h, w, c = image.shape
+    if out is not None and out.shape[-1] != c:  # a gray image into an RGB slot
+        out[...] = resize(image, size, method, window)
+        return out
     y0, x0, ch, cw = (0, 0, h, w) if window is None else (int(v) for v in window)
     crop = image[y0 : y0 + ch, x0 : x0 + cw]
     target = np.empty([size[0], size[1], c], dtype_of(method)) if out is None else out
@@ -309,132 +288,3 @@ def normalize(images: np.ndarray, in_place: bool = False) -> np.ndarray:
         return images
     x = (images.astype(np.float32) - 127.5) / 127.5
     return np.repeat(x, 3, axis=-1) if x.shape[-1] == 1 else x
-
-
-# ---- PIL's bilinear resize for batches of same-size images, in NumPy ---------------
-# Pillow's Resample.c, 8 bits per channel: per output pixel, filter taps over the
-# input (support 1, widened by the scale when shrinking) normalised to sum 1 and stored
-# as fixed-point ints with 22 fractional bits; a horizontal pass rounded to uint8, then
-# a vertical pass. Reproduced here exactly (integer sums, exact in float64 matmuls), so
-# resize_batch equals `resize(..., "pil_antialias")`, bit for bit (tests/test_data.py holds it
-# to PIL), at a fraction of PIL's per-call cost for small images.
-_PRECISION_BITS = 22
-
-
-@functools.lru_cache(maxsize=65536)
-def _pil_coefficients(length: int, out: int) -> np.ndarray:
-    """Fixed-point weights that resize an axis of `length` pixels to `out`.  # [out, length]"""
-    scale = length / out
-    filterscale = max(scale, 1.0)
-    support = filterscale  # the bilinear filter's support is 1
-    weights = np.zeros([out, length], np.float64)
-    for o in range(out):
-        center = (o + 0.5) * scale
-        lo = max(int(center - support + 0.5), 0)
-        hi = min(int(center + support + 0.5), length)
-        taps = [max(0.0, 1.0 - abs((x - center + 0.5) / filterscale)) for x in range(lo, hi)]
-        total = 0.0
-        for w in taps:  # summed in Pillow's order
-            total += w
-        for j, w in enumerate(taps):
-            k = w / total if total != 0.0 else w
-            weights[o, lo + j] = int((0.5 if k >= 0 else -0.5) + k * (1 << _PRECISION_BITS))
-    return weights
-
-
-def _round(s: np.ndarray) -> np.ndarray:
-    """Fixed-point sums -> uint8 values (as float64), rounded and clipped as Pillow does:
-    (s + 2^21) >> 22, capped at 255 (the weights are positive: no negative sums)."""
-    s += 1 << (_PRECISION_BITS - 1)
-    s *= 1.0 / (1 << _PRECISION_BITS)  # a power of two: exact
-    np.floor(s, out=s)
-    return np.minimum(s, 255.0, out=s)
-
-
-@functools.lru_cache(maxsize=1024)
-def _weight_table(length: int, out: int) -> np.ndarray:
-    """Weights of every crop length 0..length of an axis, left-aligned.  # [length + 1, out, length]
-
-    Row n resizes a crop of n pixels to `out` (Pillow's coefficients), or copies it
-    (fixed-point identity) when n == out, as Pillow skips that pass.
-    """
-    table = np.zeros([length + 1, out, length])
-    for n in range(1, length + 1):
-        weights = np.eye(n) * (1 << _PRECISION_BITS) if n == out else _pil_coefficients(n, out)
-        table[n, :, :n] = weights
-    return table
-
-
-def _weights(starts: np.ndarray, lengths: np.ndarray, length: int, out: int) -> np.ndarray:
-    """Per-example weights for the crops [start, start + n) of an axis.  # [b, out, length]"""
-    left = _weight_table(length, out)[lengths]  # [b, out, length], crop at 0
-    source = np.arange(length)[None] - starts[:, None]  # [b, length]: position in the crop
-    inside = (source >= 0) & (source < lengths[:, None])
-    shifted = np.take_along_axis(left, np.clip(source, 0, length - 1)[:, None], axis=2)
-    return shifted * inside[:, None]
-
-
-def _horizontal(x: np.ndarray, wx: np.ndarray) -> np.ndarray:
-    """[b, c, h, w], weights [b, W, w] -> [b, c, h, W]"""
-    return _round(x @ wx[:, None].transpose(0, 1, 3, 2))
-
-
-def _vertical(x: np.ndarray, wy: np.ndarray) -> np.ndarray:
-    """[b, c, h, w], weights [b, H, h] -> [b, c, H, w]"""
-    return _round(wy[:, None] @ x)
-
-
-def _order(ch: int, cw: int, size: tuple[int, int]) -> str:
-    """Which pass Pillow runs first for a crop of ch x cw: 'hv', 'vh', or '' (unknown).
-
-    Pillow 13 picks the order by a rule its Python side does not show; measured on 5000
-    random sizes (tests/test_data.py keeps checking): a growing height always goes
-    horizontal-first, a shrinking height with a growing width vertical-first; where both
-    shrink, the order varies, and those crops are resized by PIL itself.
-    """
-    out_h, out_w = size
-    if ch == out_h or cw == out_w or ch < out_h:
-        return "hv"
-    return "vh" if cw < out_w else ""
-
-
-def resize_batch(
-    images: np.ndarray, boxes: np.ndarray, size: tuple[int, int], method: str
-) -> np.ndarray:
-    """Crops and resizes each image exactly as `resize(image, size, method, box)`.
-
-    Args:
-        images: Same-size images.  # uint8 [b, h, w, c]
-        boxes: Crop of each image: (y0, x0, height, width).  # int [b, 4]
-        size: (H, W) of the results.
-        method: One of METHODS. tf_bilinear resizes each image with OpenCV (microseconds
-            at these sizes); pil_antialias reproduces Pillow's fixed-point arithmetic in
-            batched matrix products, cheaper than PIL's per-call cost on small images.
-
-    Returns:
-        [b, H, W, c]: float32 (tf_bilinear) or uint8 (pil_antialias).
-    """
-    b, h, w, c = images.shape
-    if check_method(method) == "tf_bilinear":
-        out = np.empty([b, *size, c], np.float32)
-        for i, box in enumerate(np.asarray(boxes).tolist()):
-            resize(images[i], size, method, box, out[i])
-        return out
-    out_h, out_w = size
-    boxes = np.asarray(boxes, np.int64).reshape(b, 4)
-    wy = _weights(boxes[:, 0], boxes[:, 2], h, out_h)  # [b, H, h]
-    wx = _weights(boxes[:, 1], boxes[:, 3], w, out_w)  # [b, W, w]
-    orders = np.asarray([_order(ch, cw, size) for ch, cw in boxes[:, 2:].tolist()])
-    out = np.empty([b, out_h, out_w, c], np.uint8)
-    x = images.transpose(0, 3, 1, 2).astype(np.float64)  # [b, c, h, w]: BLAS matmuls
-    hv, vh = orders == "hv", orders == "vh"
-    if hv.any():
-        y = _vertical(_horizontal(x[hv], wx[hv]), wy[hv])  # rounded to uint8 in between
-        out[hv] = y.transpose(0, 2, 3, 1)
-    if vh.any():
-        y = _horizontal(_vertical(x[vh], wy[vh]), wx[vh])
-        out[vh] = y.transpose(0, 2, 3, 1)
-    for i in np.flatnonzero(orders == ""):
-        y0, x0, ch, cw = (int(v) for v in boxes[i])
-        out[i] = resize(images[i], size, "pil_antialias", (y0, x0, ch, cw))
-    return out

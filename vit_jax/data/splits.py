@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 _SPLIT_RE = re.compile(r"^(?P<name>[\w-]+)(\[(?P<start>[^:\]]*):(?P<stop>[^:\]]*)\])?$")
 _BOUND_RE = re.compile(r"^(?P<value>-?\d+(\.\d*)?)(?P<percent>%?)$")
@@ -41,6 +42,15 @@ def split_name(spec: str) -> str:
 def check_spec(spec: str) -> None:
     """Raises SplitError for a malformed spec (nothing is read: sizes are not checked)."""
     _parse(spec)
+
+
+def spec_rule(spec: Any) -> str | None:
+    """`check_spec` as a config rule (`base.problems`): what is wrong, or None."""
+    try:
+        check_spec(spec)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def resolve(spec: str, num_examples: int) -> Split:

@@ -31,8 +31,6 @@ class Table:
         corrupt: (position, why) -> the error to raise for an image that does not decode.
         paths: The file of each example (folder source), else None.
         num_skipped: Corrupt files left out (skip_corrupt=True).
-        images: All images, when they are in memory and of one size (idx source), for
-            batched preprocessing (pixels.resize_batch).  # uint8 [N, h, w, c]
         labels: Every example's label, where known without decoding (idx and folder
             sources; TFDS when a class subset or budget made it read them).  # int64 [N]
         class_names: The name of each class, in label order (after subsetting), where
@@ -46,7 +44,6 @@ class Table:
     corrupt: Callable[[int, str], Exception] = lambda i, why: ValueError(f"example {i}: {why}")
     paths: np.ndarray | None = None
     num_skipped: int = 0
-    images: np.ndarray | None = None
     labels: np.ndarray | None = None
     class_names: tuple[str, ...] | None = None
 
@@ -120,14 +117,7 @@ def _open_idx(cfg, spec: str, classes, epc) -> Table:
     example = lambda i: (kept_images[i], int(new_labels[i]))
     names = IDX_CLASS_NAMES.get(cfg.name)
     names = _kept(names, classes) if names is not None and len(names) == total else None
-    return Table(
-        len(kept),
-        num_classes,
-        example,
-        images=kept_images,
-        labels=new_labels,
-        class_names=names,
-    )
+    return Table(len(kept), num_classes, example, labels=new_labels, class_names=names)
 
 
 def _open_folder(cfg, spec: str, classes, epc) -> Table:

@@ -71,6 +71,18 @@ def dataset_configs(
     return configs
 
 
+def evaluator_of(config: Any) -> FewShotEvaluator | None:
+    """The FewShotEvaluator of a run config's `fewshot` section (its probe sees what
+    training sees: the run's preprocessing), or None where it names no dataset."""
+    f = config.fewshot
+    names = [n.strip() for n in f.datasets.split(",") if n.strip()]
+    if not names:
+        return None
+    datasets = dataset_configs(names, f.source or None, f.data_dir or None, f.train_split,
+                               f.test_split, config.dataset.preprocessing)  # fmt: skip
+    return FewShotEvaluator(datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size)
+
+
 def extract_features(
     model: VisionTransformer,
     params: Any,

@@ -1,4 +1,13 @@
-"""ViT models: ``get_model(name, num_classes, **overrides)`` and helpers."""
+"""ViT models: ``get_model(name, num_classes, **overrides)`` and helpers. No I/O.
+
+  variants.py      the one size table (published names and short names)
+  vit.py           the VisionTransformer: patches, class token, position embeddings, head
+  layers.py        encoder blocks: attention, MLP, GELU forms; remat and scan
+  resnet.py        the hybrids' ResNet stem (weight-standardised convs, GroupNorm)
+  posemb.py        position embeddings, learned or sin-cos, resized on their grid
+  patch_resize.py  a patch kernel at another patch size (FlexiViT's pseudo-inverse)
+  predict.py       a model applied for inference (batched, padded, jitted)
+"""
 
 from __future__ import annotations
 
@@ -28,7 +37,7 @@ __all__ = [
     "variant_config",
 ]
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 def get_model(name: str | None, num_classes: int | None, **overrides: Any) -> VisionTransformer:
@@ -48,9 +57,9 @@ def get_model(name: str | None, num_classes: int | None, **overrides: Any) -> Vi
         raise TypeError(f"get_model(None, ...) needs every size; missing {missing}")
     for key in ("dtype", "param_dtype"):
         if isinstance(cfg.get(key), str):
-            if cfg[key] not in _DTYPES:
-                raise ValueError(f"unknown {key} {cfg[key]!r}: use one of {sorted(_DTYPES)}")
-            cfg[key] = _DTYPES[cfg[key]]
+            if cfg[key] not in DTYPES:
+                raise ValueError(f"unknown {key} {cfg[key]!r}: use one of {sorted(DTYPES)}")
+            cfg[key] = DTYPES[cfg[key]]
     if cfg.get("resnet_stages") is not None:
         cfg["resnet_stages"] = tuple(cfg["resnet_stages"])
     return VisionTransformer(num_classes=num_classes, **cfg)

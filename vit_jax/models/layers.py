@@ -26,32 +26,11 @@ tiny_normal = nn.initializers.normal(stddev=1e-6)
 
 
 GELUS = ("tanh", "exact")  # the tanh approximation (the original ViT's), or erf
-# 'exact' from elementary operations, for exports to runtimes that cannot read how JAX
-# lowers erf: from JAX 0.12 a CHLO composite, whose decomposition TensorFlow's SavedModel
-# loader (2.21) fails to shape for a dynamic batch. Within 1e-6 of 'exact' (float32).
-EXACT_ELEMENTARY = "exact_elementary"
-# erf(x) = x P(x^2) / Q(x^2) on [-4, 4] (float32; Eigen's and TensorFlow's coefficients).
-_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
-          -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
-          -1.60960333262415e-02)  # fmt: skip
-_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
-          -7.37332916720468e-03, -1.42647390514189e-02)  # fmt: skip
-
-
-def _polynomial(coefficients: tuple[float, ...], x: jax.Array) -> jax.Array:
-    out = jnp.full_like(x, coefficients[0])
-    for c in coefficients[1:]:
-        out = out * x + c
-    return out
 
 
 def gelu(x: jax.Array, form: str) -> jax.Array:
-    """GELU in one of GELUS, or EXACT_ELEMENTARY (computed in float32)."""
-    if form != EXACT_ELEMENTARY:
-        return nn.gelu(x, approximate=form == "tanh")
-    z = jnp.clip(x.astype(jnp.float32) * np.float32(np.sqrt(0.5)), -4.0, 4.0)
-    erf = z * _polynomial(_ERF_P, z * z) / _polynomial(_ERF_Q, z * z)
-    return (x * 0.5 * (1.0 + erf)).astype(x.dtype)
+    """GELU in one of GELUS."""
+    return nn.gelu(x, approximate=form == "tanh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +40,7 @@ class BlockOptions:
 
     mlp_dim: int
     num_heads: int
-    gelu: str  # one of GELUS (or EXACT_ELEMENTARY in an export)
+    gelu: str  # one of GELUS
     layer_norm_eps: float
     dropout: float = 0.0
     attention_dropout: float = 0.0

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import resnet
-from vit_jax.models.layers import EXACT_ELEMENTARY, GELUS, BlockOptions, Encoder
+from vit_jax.models.layers import GELUS, BlockOptions, Encoder
 from vit_jax.models.posemb import KINDS
 
 CLASSIFIERS = ("token", "gap", "unpooled")
@@ -76,7 +76,7 @@ class VisionTransformer(nn.Module):
         with) or 'exact' (erf, PyTorch's default, so timm's and most of the hub's).
       layer_norm_eps: the transformer's LayerNorm epsilon (the original's 1e-6; the
         hybrid stem's GroupNorm keeps 1e-6). Imports take both from the source file
-        (see vit_jax/weights/numerics.py).
+        (see vit_jax/weights/meta.py).
     """
 
     num_classes: int | None
@@ -191,7 +191,7 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"unknown classifier {self.classifier!r}: use one of {CLASSIFIERS}")
         if self.posemb not in KINDS:
             raise ValueError(f"unknown posemb {self.posemb!r}: use one of {KINDS}")
-        if self.gelu not in (*GELUS, EXACT_ELEMENTARY):  # the last for exports only
+        if self.gelu not in GELUS:
             raise ValueError(f"unknown gelu {self.gelu!r}: use one of {GELUS}")
         if not 0 < self.layer_norm_eps < 1:
             raise ValueError(

@@ -1,5 +1,5 @@
 """Many devices and hosts.
 
-sharding.py     the ('data', 'fsdp') mesh; batch, replicated and FSDP shardings
-distributed.py  multi-host: jax.distributed from config, host copies of arrays
+  sharding.py     the ('data', 'fsdp') mesh; batch, replicated and FSDP shardings
+  distributed.py  multi-host: jax.distributed from config, host copies of arrays
 """

@@ -96,32 +96,6 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
 
 
 def global_batch(local: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
-    """This process's share of a batch -> global arrays split over the mesh's devices.
-
-    A share may be NumPy (copied to the devices) or a jax.Array on this process's devices
-    (NVIDIA DALI's images, vit_jax/data/dali.py): its row blocks already on the device
-    that holds them stay there; the others are copied there.
-    """
+    """This process's share of a batch (NumPy) -> global arrays split over the mesh."""
     sharding = batch_sharding(mesh)
-    return {
-        k: _from_devices(v, sharding)
-        if isinstance(v, jax.Array)
-        else jax.make_array_from_process_local_data(sharding, v)
-        for k, v in local.items()
-    }
-
-
-def _from_devices(local: jax.Array, sharding: NamedSharding) -> jax.Array:
-    """A process's rows, already on its devices -> the global array laid out by `sharding`."""
-    shape = (local.shape[0] * jax.process_count(), *local.shape[1:])
-    wanted = sharding.addressable_devices_indices_map(shape)  # device -> global index
-    offset = min(index[0].start or 0 for index in wanted.values())  # this process's first row
-    held = {(s.device, s.index[0].start or 0): s.data for s in local.addressable_shards}
-    pieces = []
-    for device, index in wanted.items():
-        start, stop, _ = index[0].indices(shape[0])
-        piece = held.get((device, start - offset))
-        if piece is None or piece.shape[0] != stop - start:
-            piece = jax.device_put(local[start - offset : stop - offset], device)
-        pieces.append(piece)
-    return jax.make_array_from_single_device_arrays(shape, sharding, pieces)
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}

@@ -1,10 +1,11 @@
-"""Training: one loop for pretraining and fine-tuning.
+"""Training: one loop for pretraining and fine-tuning. Follow one step: train.py (run ->
+train_loop -> train_step), with state.py for the state it steps.
 
-state.py      the TrainState: from scratch or a checkpoint, sharded, restored, exported
-steps.py      train_step / eval_step and their jit contract (no TensorFlow)
-optim.py      Adam / SGD-momentum and schedules from config
-guard.py      the non-finite guard: stop, naming the newest intact checkpoint
-progress.py   when to log/eval/save, throughput, console lines, summary.json
-train.py      the loop: reads the config, tells each room what it needs, runs
-miniature.py  the paper's recipe in miniature (pretrain -> fine-tune vs scratch)
+  train.py      the loop and the jitted step, with their jit contract
+  state.py      the TrainState and its optimizer: from scratch or a checkpoint, restored, exported
+  check.py      one check of a whole run config, a table per section, before anything runs
+  stopping.py   why a run stops early: signals all processes agree on, non-finite values
+  report.py     console lines, TensorBoard scalars, summary.json, throughput, the compiled step
+  planner.py    the loop's step compiled for a TPU topology: bytes, FLOPs, time
+  miniature.py  the paper's recipe in miniature (pretrain -> fine-tune vs scratch)
 """

@@ -21,9 +21,9 @@ from typing import Any
 
 from vit_jax.base import files, store
 from vit_jax.base.problems import is_int
-from vit_jax.configs import check, fashion_mnist
+from vit_jax.configs import fashion_mnist
 from vit_jax.evaluation import fewshot
-from vit_jax.training import train
+from vit_jax.training import check, train
 
 PARTS = ("pretrain", "finetune", "scratch")
 

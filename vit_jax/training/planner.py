@@ -4,7 +4,7 @@ compiler reports of it: bytes per device, FLOPs, its own step-time estimate.
 
     p = plan(config, "v3-8")   # -> Plan; p.fits, p.step_seconds, p.core_days, ...
 
-The step is the training loop's (`steps.compile_steps` with the config's model, optimizer,
+The step is the training loop's (`train.jit_steps` with the config's model, optimizer,
 loss, mesh and remat: `loop_step`), lowered with abstract arrays (nothing allocated). The
 estimate is XLA's `optimal_seconds`: a lower bound from its cost model, not a promise.
 Compiling for TPUs needs the `libtpu` package (`pip install "jax[tpu]"`, or the
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 import os
 import re
 import time
@@ -27,32 +26,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax.base import quiet_tf, text
+from vit_jax.base import console
 from vit_jax.parallel import sharding
-from vit_jax.training import optim, steps
-from vit_jax.training.state import Start, abstract_state, build_model
+from vit_jax.training import state as state_lib
+from vit_jax.training.report import CHIPS, Chip, compiled_figures, loop_of
+from vit_jax.training.train import jit_steps
 
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """One JAX device of a TPU generation: its memory, peak bf16 rate, TensorCores."""
-
-    hbm_bytes: int
-    peak_flops: float  # bf16 FLOP/s
-    cores: int  # TensorCores per device (core-days count these, as the paper's TPUv3-core-days)
-
-
-GiB = 2**30
-# Google Cloud's published figures per chip, divided per JAX device: a v3 or v4 device is
-# one TensorCore (two per chip), a v5p device a megacore chip (two cores), v5e and v6e
-# chips one core each.
-CHIPS = {
-    "TPU v3": Chip(16 * GiB, 123e12 / 2, 1),
-    "TPU v4": Chip(16 * GiB, 275e12 / 2, 1),
-    "TPU v5": Chip(95 * GiB, 459e12, 2),  # v5p
-    "TPU v5 lite": Chip(16 * GiB, 197e12, 1),  # v5e
-    "TPU v6 lite": Chip(32 * GiB, 918e12, 1),  # v6e (Trillium)
-}
 # Cloud accelerator names (vN-COUNT: TensorCores for v3/v4/v5p, chips for v5e/v6e) -> the
 # chip grid libtpu takes; 'v5e:4x4'-style names pass through.
 TOPOLOGIES = {
@@ -71,10 +50,8 @@ NUM_CLASSES = {
     "imagenet21k": 21843, "imagenet2012": 1000, "cifar10": 10, "cifar100": 100,
     "oxford_iiit_pet": 37, "oxford_flowers102": 102, "fashion_mnist": 10,
 }  # fmt: skip
-# libtpu's start-up writes, to file descriptor 2, warnings about the TPU host it is not on
-# (accelerator type, worker hostnames, a source trace); they say nothing about a compile
-# and come in varying lines, so everything written while it starts or compiles is held.
-EVERYTHING = re.compile("")
+# libtpu's start-up writes warnings about the TPU host it is not on (accelerator type,
+# worker hostnames, a source trace) to fd 2: silenced while it starts or compiles.
 INSTALL = (
     'pip install "jax[tpu]" (libtpu, the version this JAX pins; it compiles for TPUs on any '
     "host), or this package's [plan] extra"
@@ -152,7 +129,7 @@ def topology_devices(topology: str) -> list[Any]:
     # No TPU is used: other processes (another plan, a test worker) may load libtpu too,
     # where it would otherwise take a machine-wide lock (/tmp/libtpu_lockfile).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    with quiet_tf.quiet_stderr(EVERYTHING):
+    with console.silenced_stderr():
         try:
             desc = topologies.get_topology_desc(grid, "tpu")
         except Exception as e:  # noqa: BLE001 - jaxlib's error types vary by version
@@ -178,12 +155,12 @@ def num_classes_of(config: ml_collections.ConfigDict) -> int:
 def loop_step(config: ml_collections.ConfigDict, mesh: Any, num_classes: int):
     """The training loop's jitted step for `config` on `mesh` and its abstract arguments
     (state and batch as ShapeDtypeStructs with their shardings): (step, state, batch)."""
-    model = build_model(config.model, num_classes)
-    tx, lr_fn = optim.for_config(config)
-    start = Start(seed=config.seed, image_size=config.image_size)
-    abstract = abstract_state(start, model, tx)
+    model = state_lib.build_model(config.model, num_classes)
+    tx, lr_fn = state_lib.optimizer_of(config)
+    start = state_lib.Start(seed=config.seed, image_size=config.image_size)
+    abstract = state_lib.abstract_state(start, model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
-    step, _ = steps.for_config(config, model, tx, lr_fn, mesh, shardings)
+    step, _ = jit_steps(model, tx, lr_fn, mesh, shardings, config.accum_steps, config.loss)
     state = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
@@ -226,7 +203,7 @@ def plan_on(
     )  # fmt: skip
     began = time.perf_counter()
     try:
-        with quiet_tf.quiet_stderr(EVERYTHING):
+        with console.silenced_stderr():
             compiled = step.lower(state, batch).compile()
     except Exception as e:  # noqa: BLE001 - XLA's out-of-memory refusal, as jaxlib raises it
         out = out_of_memory(str(e))
@@ -250,62 +227,6 @@ def plan_on(
         step_seconds=seconds,
         compile_seconds=time.perf_counter() - began,
     )
-
-
-def compiled_figures(compiled: Any) -> tuple[int, int, float, float]:
-    """(temporaries, total bytes per device, FLOPs per device, the compiler's step-time
-    estimate in seconds, 0 where it gives none) of a compiled step."""
-    memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
-    total = (
-        memory.argument_size_in_bytes
-        + memory.output_size_in_bytes
-        - memory.alias_size_in_bytes
-        + memory.temp_size_in_bytes
-        + memory.generated_code_size_in_bytes
-    )
-    seconds = float(cost.get("optimal_seconds") or 0.0)
-    # Measured: libtpu 0.0.42.1's cost model gives ViT-B/16 at 384 px on v4-8 a negative
-    # time (-90 s); an estimate that is not a positive number is no estimate.
-    seconds = seconds if math.isfinite(seconds) and seconds > 0 else 0.0
-    return memory.temp_size_in_bytes, total, float(cost.get("flops", 0.0)), seconds
-
-
-def loop_of(config: ml_collections.ConfigDict) -> str | None:
-    """The config field that makes the train step a loop ('model.scan': the blocks;
-    'accum_steps': the micro-batches), or None. XLA's cost analysis counts a loop's body
-    once, so such a step's FLOPs and time are a fraction of the step's (measured: B/16
-    scanned gave 1/11 of the FLOPs and 1/5 of the time; accum_steps=2 halves the FLOPs)."""
-    if config.model.get("scan"):
-        return "model.scan"
-    return "accum_steps" if config.accum_steps > 1 else None
-
-
-def own_plan_line(step: Any, state: Any, batch: Any, loop: str | None = None) -> str | None:
-    """One line of what the compiler says of the loop's own step on this host's devices,
-    after its first call (whose executable the lowering finds again: no second compile):
-    bytes per device, FLOPs per step, and its step-time estimate where the backend gives
-    one (TPU); `loop` (`loop_of`): no FLOPs or time, which the compiler counts a part of.
-    None where the backend reports no memory analysis."""
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            (state, batch))  # fmt: skip
-    try:
-        temp, total, flops, seconds = compiled_figures(step.lower(*abstract).compile())
-    except Exception:  # noqa: BLE001 - a backend without the analyses: say nothing
-        return None
-    kind = jax.devices()[0].device_kind
-    hbm = CHIPS[kind].hbm_bytes if kind in CHIPS else 0
-    of = f" of {text.size(hbm)}" if hbm else ""
-    line = f"compiled step: {text.size(total)} per device{of} ({text.size(temp)} temporaries)"
-    if loop:
-        return line + f"; no FLOPs or step time: XLA counts the {loop} loop's body once"
-    amount = f"{flops / 1e12:.3g} TFLOP" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP"
-    line += f", {amount} per device per step"
-    if seconds:
-        images = batch["image"].shape[0] / seconds
-        return line + f"; the compiler predicts {seconds * 1e3:.0f} ms a step ({images:,.0f} img/s)"
-    return line + f" (the {jax.default_backend()} backend gives no step-time estimate)"
 
 
 _OOM = re.compile(

@@ -1,7 +1,12 @@
-"""The training state: built from scratch or from a checkpoint, created in its sharded
-layout, restored from the workdir's newest checkpoint that verifies, exported as .npz.
-It is told what it needs (`Start`, the model's fields), not handed the whole config.
-No TensorFlow.
+"""The training state, its objective and its optimizer: built from scratch or from a
+checkpoint, created in its sharded layout, restored from the workdir's newest checkpoint
+that verifies, exported as .npz. No TensorFlow.
+
+Optimizers: pretraining is Adam (b1 0.9, b2 0.999) with decoupled weight decay, scaled
+by the learning rate and applied to kernels only; fine-tuning is SGD with momentum 0.9,
+no weight decay. Both: optional clipping at a global gradient norm, linear warmup, then
+cosine or linear decay (or constant). With skip_nonfinite, optax.apply_if_finite around
+it all skips the steps whose gradients are not finite and counts them.
 """
 
 from __future__ import annotations
@@ -15,13 +20,23 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vit_jax.base import store
 from vit_jax.models import get_model
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
 from vit_jax.weights.load import load_pretrained
+from vit_jax.weights.meta import Meta
 from vit_jax.weights.npz import save_npz
-from vit_jax.weights.read import read_numerics
+from vit_jax.weights.read import read_meta
+from vit_jax.workdir import verify
 from vit_jax.workdir.checkpoints import Checkpoints
+
+OPTIMIZERS = ("adam", "sgd")
+DECAYS = ("cosine", "linear", "constant")
+MU_DTYPES = ("", "float32", "bfloat16")  # the first moment's dtype ('': the parameters')
+# apply_if_finite gives in and applies a non-finite update after this many skipped in a
+# row; never here (the counter saturates at this value): the loop's guard stops first.
+NEVER = int(jnp.iinfo(jnp.int32).max)
 
 
 @flax.struct.dataclass
@@ -45,35 +60,105 @@ class Start:
     reset_head: bool = True
     patch_size: int | None = None
 
+    @classmethod
+    def of(cls, config: Any) -> Start:
+        return cls(config.seed, config.image_size, config.init_from or None,
+                   config.reset_head, config.model.get("patch_size"))  # fmt: skip
+
+
+# ---------------------------------------------------------------------- objective, optimizer
+
+
+def softmax_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example softmax cross-entropy with (soft) one-hot labels, in float32: [B, K] -> [B]."""
+    return optax.softmax_cross_entropy(logits.astype(jnp.float32), labels)
+
+
+def sigmoid_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-example sum over classes of K independent binary cross-entropies (big_vision's
+    'sigmoid_xent'; set model.head_bias_init to about -log(K) with it), in float32."""
+    return optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels).sum(-1)
+
+
+LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}  # config.loss: [B, K] -> [B]
+
+
+
+
+def schedule(cfg: Any, total_steps: int) -> optax.Schedule:
+    """Linear warmup from 0 to `cfg.lr` over `cfg.warmup_steps`, then `cfg.decay`
+    (one of DECAYS) down to `cfg.end_lr` at `total_steps`."""
+    warmup = min(int(cfg.warmup_steps), total_steps)
+    rest = max(total_steps - warmup, 1)
+    after = {
+        "cosine": lambda: optax.cosine_decay_schedule(
+            cfg.lr, rest, alpha=cfg.end_lr / cfg.lr if cfg.lr else 0),
+        "linear": lambda: optax.linear_schedule(cfg.lr, cfg.end_lr, rest),
+        "constant": lambda: optax.constant_schedule(cfg.lr),
+    }[cfg.decay]()
+    if not warmup:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, warmup), after], [warmup])
+
+
+def kernels_only(params: Any) -> Any:
+    """Weight-decay mask: True for parameters named 'kernel' (not biases, norms, embeddings)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: getattr(path[-1], "key", None) == "kernel", params
+    )
+
+
+def make_optimizer(
+    cfg: Any, total_steps: int, *, skip_nonfinite: bool = False
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optimizer of `cfg` (one of OPTIMIZERS) and its learning-rate schedule.
+
+    With `skip_nonfinite`, a step whose gradients are not all finite leaves the
+    optimizer state as it was, updates nothing and is counted (`skipped_steps`).
+    """
+    lr = schedule(cfg, total_steps)
+    mu_dtype = jnp.dtype(cfg.mu_dtype) if cfg.mu_dtype else None
+    parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
+    decay = [optax.add_decayed_weights(cfg.weight_decay, kernels_only)] if cfg.weight_decay else []
+    if cfg.name == "adam":
+        parts += [optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, mu_dtype=mu_dtype), *decay]
+    else:
+        parts += [*decay, optax.trace(decay=cfg.momentum, accumulator_dtype=mu_dtype)]
+    tx = optax.chain(*parts, optax.scale_by_learning_rate(lr))
+    if skip_nonfinite:  # finite steps equal the plain chain's to float32 rounding (lax.cond)
+        tx = optax.apply_if_finite(tx, max_consecutive_errors=NEVER)
+    return tx, lr
+
+
+def optimizer_of(config: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optimizer and schedule of a run config (the loop's and the planner's)."""
+    skip = config.get("skip_nonfinite", False)
+    return make_optimizer(config.optimizer, config.total_steps, skip_nonfinite=skip)
+
+
+def skipped_steps(opt_state: Any) -> jax.Array:
+    """i32[]: the steps skipped so far for non-finite gradients (0 without skip_nonfinite)."""
+    if isinstance(opt_state, optax.ApplyIfFiniteState):
+        return opt_state.total_notfinite
+    return jnp.zeros((), jnp.int32)
+
+
+# ---------------------------------------------------------------------- the state
+
 
 def build_model(
     model: Any, num_classes: int | None, init_from: str | None = None
 ) -> VisionTransformer:
     """The model of a config's `model` fields: a name plus any VisionTransformer field.
     The numerics the fields leave unset (gelu, layer_norm_eps: None) are `init_from`'s,
-    the checkpoint fine-tuned (what its source computes, see weights/numerics.py)."""
+    the checkpoint fine-tuned (what its source computes, see weights/meta.py)."""
     fields = {k: v for k, v in model.items() if k != "name" and v is not None}
     if fields.get("representation_size") == 0:
         del fields["representation_size"]
     if init_from:
-        for key, value in read_numerics(init_from).items():
+        for key, value in read_meta(init_from).numerics.items():
             fields.setdefault(key, value)
     return get_model(model["name"], num_classes=num_classes, **fields)
-
-
-def initial_params(start: Start, model: VisionTransformer, image_size: int) -> Any:
-    """From scratch, or from a checkpoint (`start.init_from`, any format) for fine-tuning;
-    a `start.patch_size` other than the file's resamples its patch embedding."""
-    if start.init_from:
-        return load_pretrained(
-            start.init_from,
-            model,
-            image_size,
-            reset_head=start.reset_head,
-            patch_size=start.patch_size,
-        )
-    x = jnp.zeros((1, image_size, image_size, model.channels), jnp.float32)
-    return jax.jit(model.init)(jax.random.key(start.seed), x)["params"]
 
 
 def new_state(
@@ -97,31 +182,27 @@ def abstract_state(start: Start, model: VisionTransformer, tx: Any) -> TrainStat
 
 
 def create_state(
-    start: Start,
-    model: VisionTransformer,
-    tx: optax.GradientTransformation,
-    mesh: jax.sharding.Mesh,
+    start: Start, model: VisionTransformer, tx: optax.GradientTransformation, mesh: Any
 ) -> tuple[TrainState, Any]:
-    """A TrainState at step 0, created in its sharded layout, and its shardings."""
+    """A TrainState at step 0, created in its sharded layout (no device ever holds a
+    whole unsharded copy), and its shardings. Fine-tuning reads `start.init_from` (any
+    format; a `start.patch_size` other than the file's resamples its patch embedding)."""
     shardings = sharding.tree_shardings(mesh, abstract_state(start, model, tx))
     make = jax.jit(functools.partial(new_state, start, model, tx), out_shardings=shardings)
     if not start.init_from:
         return make(), shardings
-    params = initial_params(start, model, start.image_size)  # host arrays
+    params = load_pretrained(start.init_from, model, start.image_size,
+                             start.reset_head, start.patch_size)  # fmt: skip
     return make(sharding.put(params, shardings.params)), shardings
 
 
 def restore_or_create(
-    start: Start,
-    model: VisionTransformer,
-    tx: Any,
-    mesh: Any,
-    checkpoints: Checkpoints,
+    start: Start, model: VisionTransformer, tx: Any, mesh: Any, checkpoints: Checkpoints,
     from_scratch_if_damaged: bool = False,
-) -> tuple[TrainState, Any]:
+) -> tuple[TrainState, Any]:  # fmt: skip
     """The newest checkpoint in the workdir that verifies, laid out for `mesh` (whatever
     mesh wrote it), else a new state; damaged ones are named and set aside
-    (`Checkpoints.restore_newest`).
+    (`verify.restore_newest`).
 
     Raises:
         ValueError: a checkpoint of another model, optimizer or image size.
@@ -134,23 +215,29 @@ def restore_or_create(
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
-    state, _ = checkpoints.restore_newest(target, from_scratch_if_damaged)
+    state, _ = verify.restore_newest(checkpoints, target, from_scratch_if_damaged)
     if state is None:
         return create_state(start, model, tx, mesh)
     return state, shardings
 
 
-def export_npz(
-    path: str,
-    params: Any,
-    computes: dict | None = None,
-    labels: list[str] | None = None,
-    method: str | None = None,
-) -> None:
-    """`params` (sharded, possibly over several processes) -> a published-layout .npz,
-    written by process 0, with the model's numerics `computes` (`numerics.of_model`), its
-    head's class names `labels` and the preprocessing `method` it was trained with. Every
-    process must call it (the arrays are gathered)."""
+def export_npz(path: Any, params: Any, meta: Meta, checkpoints: Checkpoints) -> None:
+    """`params` (sharded, possibly over several processes) -> a published-layout .npz with
+    `meta`, written by process 0; every process must call it (the arrays are gathered).
+
+    Raises:
+        OSError: the file could not be written, with the newest intact checkpoint and the
+            way out (nothing half-written is left).
+    """
     host = distributed.to_host(params)
-    if distributed.is_lead():
-        save_npz(path, host, computes, labels, method)
+    if not distributed.is_lead():
+        return
+    try:
+        save_npz(path, host, meta)
+    except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
+        raise OSError(
+            f"could not write {path}: {store.explain(e, path)}. Nothing half-written was "
+            f"left. {checkpoints.newest_intact_sentence()}: free space there (or restore "
+            "access to it) and run the same command again, which writes it without training "
+            "again"
+        ) from e

@@ -1,348 +1,340 @@
-"""One training loop for pretraining and fine-tuning.
+"""One training loop for pretraining and fine-tuning, and the jitted step it runs.
 
-They differ only in config: the optimizer (Adam / SGD), `init_from` ('' = from
-scratch with the model's own initialisation, or a published .npz loaded with
-`weights.load_pretrained`: new zero head, position embeddings resized), the
-resolution and the head. The jitted steps and their contract are in `steps.py`;
-creating and restoring the state in `state.py`; the non-finite guard in `guard.py`;
-the workdir (its files, checkpoints, records, lock; local or gs://) in `vit_jax/workdir/`. This
-module reads the config, tells each of those what it needs (`plan_of`, `start_of`), and runs
-the loop: data in, steps, evaluations, saves, console lines and TensorBoard scalars out.
+They differ only in config: the optimizer (Adam / SGD), `init_from` ('' = from scratch,
+or a checkpoint of any format: new zero head, position embeddings resized), the
+resolution and the head. Read top to bottom: `run` checks the config, builds the model,
+the optimizer and the state (state.py), jits the steps and runs `train_loop`: a batch,
+`train_step`, then what is due (log, evaluate, few-shot, save, stop).
+
+The jit contract (`jit_steps`):
+  train_step(state, batch) -> (state, metrics)
+    state    TrainState laid out by `sharding.tree_shardings`: replicated, or each large
+             parameter and its optimizer state split over 'fsdp'; created in that layout
+             (state.create_state). DONATED: the old state's buffers are reused.
+    batch    {'image': f32[B, H, W, 3], 'label': f32[B, K]}, B split over all devices of
+             the ('data', 'fsdp') mesh, each process feeding its own block; with several
+             processes also 'stop' i32[B], each process's signal (stopping.Agreement).
+    metrics  replicated scalars: loss, grad_norm, lr, finite (1 when the loss and the
+             gradient norm are finite), skipped (steps skipped for non-finite gradients,
+             with config.skip_nonfinite); 'stop', the batch's largest signal, where it has one.
+  eval_step(params, batch) -> per-example f32[B] {'correct', 'loss'}, split as the batch.
+    `evaluation.batched.over_batches` runs it one batch in flight at a time: independent
+    steps with collectives, several in flight, can deadlock XLA's CPU collectives.
+
+A resumed run is bit-identical to an uninterrupted one: the state (step, dropout key,
+optimizer state with its skipped count) is all in the checkpoint, the input pipeline is
+a pure function of (config, seed, step), and dropout keys are folded with the step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import optax
 
 from vit_jax import data
-from vit_jax.base import console, store
-from vit_jax.configs import check
+from vit_jax.base import console
 from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.evaluation.batched import over_batches
-from vit_jax.models import count_params
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models import count_params, predict
 from vit_jax.parallel import distributed, sharding
-from vit_jax.training import optim, planner, preemption, progress, steps
-from vit_jax.training.events import EventWriter
-from vit_jax.training.guard import FiniteGuard
-from vit_jax.training.state import (
-    Start,
-    TrainState,
-    abstract_state,
-    build_model,
-    export_npz,
-    restore_or_create,
-)
-from vit_jax.weights import numerics
-from vit_jax.workdir import lock, record
+from vit_jax.training import check, report, stopping
+from vit_jax.training import state as state_lib
+from vit_jax.training.state import TrainState
+from vit_jax.weights.meta import Meta
+from vit_jax.workdir import lock
 from vit_jax.workdir.checkpoints import Checkpoints
 from vit_jax.workdir.workdir import Plan, Workdir, tree_bytes
 
 
+def loss_and_grads(model, params, batch: dict, rng: jax.Array, accum_steps: int,
+                   loss_name: str = "softmax_xent") -> tuple[jax.Array, Any]:  # fmt: skip
+    """Mean loss and gradients over the batch, in `accum_steps` micro-batches: micro-batch
+    i takes examples i, i + accum, ..., so each is spread over all devices."""
+
+    def loss_fn(p, images, labels, key):
+        logits = model.apply({"params": p}, images, train=True, rngs={"dropout": key})
+        return state_lib.LOSSES[loss_name](logits, labels).mean()
+
+    grad_fn = jax.value_and_grad(loss_fn)
+    if accum_steps == 1:
+        return grad_fn(params, batch["image"], batch["label"], rng)
+    micro = jax.tree.map(  # [B, ...] -> [accum, B/accum, ...]
+        lambda x: jnp.swapaxes(x.reshape(-1, accum_steps, *x.shape[1:]), 0, 1), batch
+    )
+
+    def body(carry, xs):
+        i, mb = xs
+        loss, grads = grad_fn(params, mb["image"], mb["label"], jax.random.fold_in(rng, i))
+        return jax.tree.map(jnp.add, carry, (loss, grads)), None
+
+    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    (loss, grads), _ = jax.lax.scan(body, zeros, (jnp.arange(accum_steps), micro))
+    return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
+
+
+def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTransformation,
+               lr_fn: optax.Schedule, accum_steps: int = 1,
+               loss_name: str = "softmax_xent") -> tuple[TrainState, dict]:  # fmt: skip
+    """One optimizer step on one global batch. A finite gradient norm means every
+    gradient is finite, and from finite gradients SGD and Adam make finite updates short
+    of overflow, so only the loss and the norm are checked here (a pass over the new
+    state costs ~3% of a step); the loop checks the whole state before each save."""
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    loss, grads = loss_and_grads(model, state.params, batch, rng, accum_steps, loss_name)
+    grad_norm = optax.tree.norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    metrics = {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "lr": lr_fn(state.step),
+        "finite": (jnp.isfinite(loss) & jnp.isfinite(grad_norm)).astype(jnp.float32),
+        "skipped": state_lib.skipped_steps(opt_state),
+    }
+    if "stop" in batch:  # the processes' signals, reduced with the step's own work
+        metrics["stop"] = jnp.max(batch["stop"])
+    params = optax.apply_updates(state.params, updates)
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params: Any, batch: dict, *, model, loss_name: str = "softmax_xent") -> dict:
+    """Each example's correct prediction (1 or 0) and loss (the training loss): [B] each."""
+    logits = predict.logits(model, params, batch["image"])  # [B, K]
+    correct = jnp.argmax(logits, -1) == jnp.argmax(batch["label"], -1)
+    loss = state_lib.LOSSES[loss_name](logits, batch["label"])
+    return {"correct": correct.astype(jnp.float32), "loss": loss}
+
+
+def jit_steps(model, tx, lr_fn, mesh: jax.sharding.Mesh, state_shardings: Any,
+              accum_steps: int = 1, loss_name: str = "softmax_xent"):  # fmt: skip
+    """The jitted train and eval steps (the contract is above): what the loop runs and the
+    planner compiles for a TPU topology (`config.accum_steps`, `config.loss`)."""
+    batch, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    step = functools.partial(train_step, model=model, tx=tx, lr_fn=lr_fn,
+                             accum_steps=accum_steps, loss_name=loss_name)  # fmt: skip
+    step = jax.jit(step, in_shardings=(state_shardings, batch),
+                   out_shardings=(state_shardings, rep), donate_argnums=0)  # fmt: skip
+    evaluate = functools.partial(eval_step, model=model, loss_name=loss_name)
+    evaluate = jax.jit(evaluate, in_shardings=(state_shardings.params, batch), out_shardings=batch)
+    return step, evaluate
+
+
 @dataclasses.dataclass
 class Loop:
-    """What the loop works with, built once by `run`."""
+    """What the loop works with, filled in by `run` as it builds them."""
 
     config: ml_collections.ConfigDict
-    mesh: jax.sharding.Mesh
-    model: VisionTransformer
-    train_step: Any  # jitted (state, batch) -> (state, metrics); see steps.py
-    eval_step: Any  # jitted (params, batch) -> per-example correct and loss
-    saver: Checkpoints  # saves with their integrity records; .manager is Orbax's
-    writer: EventWriter | None = None  # TensorBoard scalars, on the lead process
+    mesh: Any = None
+    model: Any = None
+    train_step: Any = None
+    eval_step: Any = None
+    saver: Checkpoints | None = None  # saves with their integrity records
+    writer: report.EventWriter | None = None  # TensorBoard scalars, on the lead process
     fewshot: fewshot_lib.FewShotEvaluator | None = None
-    stop: progress.StopRequest = dataclasses.field(default_factory=progress.StopRequest)
+    stop: stopping.StopRequest = dataclasses.field(default_factory=stopping.StopRequest)
+    step: int | None = None  # the last step done (for the message of an interrupted run)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
-    """Train (pretrain or fine-tune) as `config` says, in `workdir` (a local path or a
-    gs:// / s3:// URL); resumes from its newest intact checkpoint. Returns the final
-    metrics, also written to workdir/summary.json.
+    """Train as `config` says in `workdir` (a path or a gs:// / s3:// URL), resuming from
+    its newest intact checkpoint; returns the final metrics, also in summary.json.
 
-    A workdir that this config already finished (summary.json at total_steps, final.npz,
-    the last checkpoint of the same model and optimizer) is left as it is: the run says
-    so and returns the stored summary. A run that fails before it wrote anything removes
-    the directories it created. The lead process holds the workdir's lock (`workdir/lock.py`)
-    while it runs. SIGTERM or Ctrl-C saves the step reached and stops with
-    `preemption.Stopped`; a second Ctrl-C stops at once with `Interrupted`, which names
-    the step reached and the newest checkpoint, where the same command resumes.
+    A workdir this config finished is left as it is (the stored summary is returned). A
+    run that fails before it wrote anything removes the directories it created. The lead
+    process holds the workdir's lock (workdir/lock.py). SIGTERM or Ctrl-C saves the step
+    reached and raises `stopping.Stopped`; a second Ctrl-C raises `stopping.Interrupted`.
 
     Raises:
-        ConfigError: fields of `config` that cannot make sense, every one named
-            (`configs.check`), before anything is written (a ValueError).
-        OSError: the workdir is not writable or its disk too small (before training);
-            no checkpoint verifies (checkpoints.py); a save or the export failed.
+        ConfigError: every field of `config` that cannot make sense, before anything is
+            written (training/check.py; a ValueError).
+        OSError: an unwritable workdir or too small a disk (before training); no
+            checkpoint verifies; a save or the export failed.
         ValueError: the workdir's checkpoints are of another model or image size.
-        FloatingPointError: a non-finite loss, gradient or state (see FiniteGuard).
+        FloatingPointError: a non-finite loss, gradient or state (stopping.FiniteGuard).
         WorkdirLocked: another run holds the workdir (an OSError; nothing touched).
-        Stopped: SIGTERM or Ctrl-C, the step saved (a KeyboardInterrupt).
-        Interrupted: a second Ctrl-C (a KeyboardInterrupt).
     """
     check.check(config)  # every field that cannot make sense, before the workdir is touched
     wd = Workdir.at(workdir)
     plan = plan_of(config)
-    done = wd.finished(plan)
-    if done is not None:
-        if distributed.is_lead():
-            print(progress.finished_lines(wd, done), flush=True)
+    if (done := wd.finished(plan)) is not None:
+        report.say(report.finished_lines(wd, done))
         return done
-    created = wd.missing_dirs()
-    where = Where(wd)
+    created, loop = wd.missing_dirs(), Loop(config)
     try:
         wd.check_writable()  # before the lock, which writes into it
-        with lock.held(wd.root, distributed.is_lead()), progress.StopRequest() as stop:
-            return _run(config, plan, wd, where, stop)
+        with lock.held(wd.root, distributed.is_lead()), loop.stop:
+            return _run(loop, plan, wd)
     except lock.WorkdirLocked:
         raise  # another run's workdir: touch nothing
-    except preemption.Stopped:
-        wd.remove_empty(created)
-        raise
-    except KeyboardInterrupt as e:
-        wd.remove_empty(created)
-        raise Interrupted(where.message()) from e
-    except BaseException:
+    except BaseException as e:
         wd.remove_empty(created)  # only what this run created, and only if empty
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, stopping.Stopped):
+            saver = loop.saver or (Checkpoints(wd.checkpoints, read_only=True)
+                                   if wd.checkpoints.exists() else None)  # fmt: skip
+            raise stopping.Interrupted(stopping.where_stopped(loop.step, saver)) from e
         raise
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; str() is the one line that says where it stopped."""
-
-
-@dataclasses.dataclass
-class Where:
-    """How far a run got: the last completed step (None before the first)."""
-
-    workdir: Workdir
-    step: int | None = None
-    saver: Checkpoints | None = None
-
-    def message(self) -> str:
-        """'interrupted at step 37. The newest intact checkpoint is step 30 (DIR/30); a
-        rerun resumes there' (Checkpoints.newest_intact_sentence, as every stopped run)."""
-        if self.saver is not None:
-            try:
-                self.saver.wait()  # a save in flight: let it complete, it is the newest
-            except BaseException:  # noqa: BLE001 (a second Ctrl-C, a failed save)
-                pass
-            sentence = self.saver.newest_intact_sentence()
-        elif self.workdir.checkpoints.exists():
-            reader = Checkpoints(self.workdir.checkpoints, read_only=True)
-            sentence = reader.newest_intact_sentence()
-        else:
-            sentence = "There is no intact checkpoint yet; a rerun starts from step 0"
-        at = "before the first step" if self.step is None else f"at step {self.step}"
-        return f"interrupted {at}. {sentence}"
 
 
 def plan_of(config: ml_collections.ConfigDict) -> Plan:
     """What the workdir's checks need of `config`: length, saves, export, and the state's
-    description for the integrity record (model, optimizer, image size)."""
-    # Numerics left unset (taken from init_from, else the original's) are left out, so
-    # that a workdir finished before the fields existed still matches its config.
-    model = config.model.to_dict()
-    for field in ("gelu", "layer_norm_eps"):
-        if model.get(field) is None:
-            model.pop(field, None)
-    state = record.describe(model, config.optimizer.to_dict(), config.image_size)
-    return Plan(
-        total_steps=config.total_steps,
-        checkpoint_every=config.checkpoint_every,
-        keep_checkpoints=config.keep_checkpoints,
-        export_npz=bool(config.export_npz),
-        state=state,
-    )
+    description for the integrity record. Numerics left unset are left out, so that a
+    workdir finished before those fields existed still matches its config."""
+    model = {k: v for k, v in config.model.to_dict().items()
+             if not (k in ("gelu", "layer_norm_eps") and v is None)}  # fmt: skip
+    state = {"model": model, "optimizer": config.optimizer.to_dict(),
+             "image_size": config.image_size}  # fmt: skip
+    return Plan(config.total_steps, config.checkpoint_every, config.keep_checkpoints,
+                bool(config.export_npz), state)  # fmt: skip
 
 
-def start_of(config: ml_collections.ConfigDict) -> Start:
-    """How `config`'s state begins: seed, image size, and the checkpoint it fine-tunes."""
-    return Start(
-        seed=config.seed,
-        image_size=config.image_size,
-        init_from=config.init_from or None,
-        reset_head=config.reset_head,
-        patch_size=config.model.get("patch_size"),
-    )
-
-
-def _run(
-    config: ml_collections.ConfigDict,
-    plan: Plan,
-    workdir: Workdir,
-    where: Where,
-    stop: progress.StopRequest,
-) -> dict[str, Any]:
-    start_time = time.time()
-    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
-    model = build_model(config.model, data.num_classes(config.dataset), config.init_from or None)
-    tx, lr_fn = optim.for_config(config)
-    start = start_of(config)
-    abstract = abstract_state(start, model, tx)
-    state_bytes, npz_bytes = tree_bytes(abstract), 4 * count_params(abstract.params)
-    workdir.check_free_space(plan, state_bytes, npz_bytes)
-    # Everything that runs beside the loop (the saver's threads and Orbax's, the event
-    # writer's thread, the input pipeline's threads or processes) is closed when the run
-    # ends, however it ends: nothing of one run outlives it into the next.
+def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
+    config, began = loop.config, time.time()
+    loop.mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
+    classes = data.num_classes(config.dataset)
+    loop.model = state_lib.build_model(config.model, classes, config.init_from or None)
+    tx, lr_fn = state_lib.optimizer_of(config)
+    start = state_lib.Start.of(config)
+    abstract = state_lib.abstract_state(start, loop.model, tx)
+    wd.check_free_space(plan, tree_bytes(abstract), 4 * count_params(abstract.params))
+    # Everything that runs beside the loop (the saver's and Orbax's threads, the event
+    # writer's, the input pipeline's) ends with the run, however it ends.
     with contextlib.ExitStack() as running:
-        saver = running.enter_context(
-            Checkpoints(workdir.checkpoints, config.keep_checkpoints, plan.state)
-        )
-        where.saver = saver
+        loop.saver = running.enter_context(
+            Checkpoints(wd.checkpoints, config.keep_checkpoints, plan.state))
         scratch = config.get("from_scratch_if_damaged", False)
-        state, shardings = restore_or_create(start, model, tx, mesh, saver, scratch)
-        where.step = int(jax.device_get(state.step))
-        train_step, eval_step = steps.for_config(config, model, tx, lr_fn, mesh, shardings)
-        writer = running.enter_context(EventWriter(workdir.root)) if distributed.is_lead() else None
-        loop = Loop(
-            config, mesh, model, train_step, eval_step, saver, writer, fewshot_evaluator(config)
-        )
-        loop.stop = stop  # SIGTERM, Ctrl-C: save and stop between steps (preemption.py)
-        batches = running.enter_context(
-            data.train_iterator(
-                config.dataset,
-                global_batch=config.batch_size,
-                image_size=config.image_size,
-                seed=config.seed,
-                start_step=where.step,
-                process_index=jax.process_index(),
-                process_count=jax.process_count(),
-            )
-        )
-        state, metrics, evals = train_loop(loop, state, batches, where)
-        preemption.stop_if_asked(loop, state)  # before the final evaluation and export
+        state, shardings = state_lib.restore_or_create(
+            start, loop.model, tx, loop.mesh, loop.saver, scratch)
+        loop.step = int(jax.device_get(state.step))
+        loop.train_step, loop.eval_step = jit_steps(
+            loop.model, tx, lr_fn, loop.mesh, shardings, config.accum_steps, config.loss)
+        if distributed.is_lead():
+            loop.writer = running.enter_context(report.EventWriter(wd.root))
+        loop.fewshot = fewshot_lib.evaluator_of(config)
+        batches = running.enter_context(data.train_iterator(
+            config.dataset, global_batch=config.batch_size, image_size=config.image_size,
+            seed=config.seed, start_step=loop.step))  # fmt: skip
+        state, metrics, evals = train_loop(loop, state, batches)
+        _stop_if_asked(loop, state, stopping.Agreement(loop.mesh))  # before evaluating, export
         if "accuracy" not in evals:  # resumed after the last step: evaluate it again
             evals.update(evaluate(loop, state.params))
-        if config.export_npz:
-            computes = numerics.of_model(model)  # a run fine-tuned from timm or HF keeps them
-            names = data.class_names(config.dataset)  # infer names the classes with them
-            method = config.dataset.preprocessing  # infer and evaluate resize as it trained
-            _export(workdir.final_npz, state.params, saver, computes, names, method)
+        if config.export_npz:  # with the numerics, class names and resize it trained with
+            meta = Meta.of_model(loop.model, data.class_names(config.dataset),
+                                 config.dataset.preprocessing)  # fmt: skip
+            state_lib.export_npz(wd.final_npz, state.params, meta, loop.saver)
         summary = {
-            "model": config.model.name,
-            "steps": int(jax.device_get(state.step)),
-            "num_params": count_params(state.params),
-            "accuracy": evals["accuracy"],
-            "eval_loss": evals["loss"],
-            "train_loss": metrics.get("loss"),
-            "skipped_steps": int(jax.device_get(optim.skipped_steps(state.opt_state))),
+            "model": config.model.name, "steps": int(jax.device_get(state.step)),
+            "num_params": count_params(state.params), "accuracy": evals["accuracy"],
+            "eval_loss": evals["loss"], "train_loss": metrics.get("loss"),
+            "skipped_steps": int(jax.device_get(state_lib.skipped_steps(state.opt_state))),
             **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
             "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
-            "wall_seconds": time.time() - start_time,
-        }
-        if writer is not None:
-            progress.write_summary(workdir.summary, summary)
+            "wall_seconds": time.time() - began,
+        }  # fmt: skip
+        if loop.writer is not None:
+            report.write_summary(wd.summary, summary)
     return summary
 
 
+@jax.jit
+def all_finite(tree: Any) -> jax.Array:
+    """bool[]: whether every floating-point value of `tree` is finite."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+
+
+def due(step: int, every: int, total: int) -> bool:
+    """Whether an action of period `every` (0: never on a cadence) follows `step`: on its
+    multiples, and always after the last step."""
+    return step == total or (every > 0 and step % every == 0)
+
+
 def train_loop(
-    loop: Loop, state: TrainState, batches: Iterator[dict], where: Where | None = None
+    loop: Loop, state: TrainState, batches: Iterator[dict]
 ) -> tuple[TrainState, dict, dict]:
     """The steps from the state's own to config.total_steps: (state, metrics, evals);
     evals holds the last test accuracy and loss, and few-shot accuracies if any.
-    `batches` yields this process's share of each step's batch from the state's step on;
-    `where.step` follows the steps run (for the message of an interrupted run)."""
-    config, mesh = loop.config, loop.mesh
+    `batches` yields this process's share of each step's batch from the state's step on."""
+    config, mesh, total = loop.config, loop.mesh, loop.config.total_steps
     start = int(jax.device_get(state.step))
-    cadence = progress.Cadence(
-        config.total_steps, config.log_every, config.eval_every, config.checkpoint_every,
-        config.fewshot.every or config.eval_every,
-    )  # fmt: skip
-    speed = progress.Throughput(config.total_steps, config.batch_size, jax.device_count(), start)
-    guard = FiniteGuard(loop.saver, config.skip_nonfinite, start,
-                        int(jax.device_get(optim.skipped_steps(state.opt_state))))  # fmt: skip
-    agree = preemption.Agreement(mesh)
-    preemption.stop_if_asked(loop, state, agree)  # a signal during start-up
-    _announce(loop, state, start)
+    speed = report.Throughput(total, config.batch_size, jax.device_count(), start)
+    skipped = int(jax.device_get(state_lib.skipped_steps(state.opt_state)))
+    guard = stopping.FiniteGuard(loop.saver, config.skip_nonfinite, start, skipped)
+    agree = stopping.Agreement(mesh)
+    _stop_if_asked(loop, state, agree)  # a signal during start-up
+    if start < total:
+        report.say(f"training {config.model.name} ({count_params(state.params):,} parameters) "
+                   f"for {total - start} steps; compiling the first step...")  # fmt: skip
     metrics, evals = {}, {}
-    for step in range(start + 1, config.total_steps + 1):
+    for step in range(start + 1, total + 1):
         batch = sharding.global_batch(agree.into(next(batches), loop.stop.requested), mesh)
         state, m = loop.train_step(state, batch)
-        if where is not None:
-            where.step = step
+        loop.step = step
+        log = due(step, config.log_every, total) or step == 1
         if step == start + 1:  # compiled: neither the speed nor the ETA counts that step
             jax.block_until_ready(m)
-            _compiled(loop, step, speed.compiled(step), state, batch, cadence.due("log", step))
+            took = speed.compiled(step)
+            if not log:
+                report.say(f"step {step}: compiled and ran in {console.duration(took)}")
+            if line := report.compiled_line(loop.train_step, state, batch, report.loop_of(config)):
+                report.say(line)
         del batch
-        # What follows the step; a stop is the one every process agrees on (lagged).
-        due = cadence.after(step, agree.lagged(loop.stop.requested, m), loop.fewshot is not None)
-        if due.log or due.save:  # before any save: nothing non-finite is ever written
+        # A stop (the signal every process agrees on, lagged) saves now, evaluates nothing.
+        stopping_on = agree.lagged(loop.stop.requested, m)
+        save = due(step, config.checkpoint_every, total) or bool(stopping_on)
+        evaluating = due(step, config.eval_every, total) and not stopping_on
+        few = loop.fewshot is not None and not stopping_on and due(
+            step, config.fewshot.every or config.eval_every, total)  # fmt: skip
+        if log or save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items() if k != "stop"}
-            if due.log:  # timed here: the step is done, the checks below are not training
+            if log:  # timed here: the step is done, the checks below are not training
                 metrics.update(speed.update(step))
-            if due.save and not config.skip_nonfinite:  # skipped steps keep a finite state
-                metrics["finite"] = min(metrics["finite"], float(record.all_finite(state)))
+            if save and not config.skip_nonfinite:  # skipped steps keep a finite state
+                metrics["finite"] = min(metrics["finite"], float(all_finite(state)))
             guard.check(metrics, step)
-        if due.log:
-            progress.write(loop.writer, step, config.total_steps, metrics)
-        if due.eval:
+        if log:
+            report.write(loop.writer, step, total, metrics)
+        if evaluating:
             evals.update(evaluate(loop, state.params))
-            progress.write(loop.writer, step, config.total_steps, metrics, evals)
-        if due.fewshot:
+            report.write(loop.writer, step, total, metrics, evals)
+        if few:
             evals.update(loop.fewshot.run(loop.model, state.params, mesh))
-            progress.write_fewshot(loop.writer, step, evals)
-        if due.save:
-            _save(loop, step, state)
-        if due.eval or due.fewshot or due.save:  # the throughput clock counts training steps
+            report.write_fewshot(loop.writer, step, evals)
+        if save:
+            loop.saver.save(step, state)
+            report.say(f"step {step}: saving checkpoint {loop.saver.directory}/{step}")
+        if evaluating or few or save:  # the throughput clock counts training steps
             speed.pause(step)
-        if due.stopping:
-            preemption.stop(loop, step, due.stopping, saved=True)
+        if stopping_on:
+            _stop(loop, step, stopping_on, saved=True)
     loop.saver.wait()
     return state, metrics, evals
 
 
-def _announce(loop: Loop, state: TrainState, start: int) -> None:
-    """'training MODEL (N parameters) for S steps; compiling the first step...'"""
-    total = loop.config.total_steps
-    if distributed.is_lead() and start < total:
-        print(f"training {loop.config.model.name} ({count_params(state.params):,} parameters) "
-              f"for {total - start} steps; compiling the first step...", flush=True)  # fmt: skip
+def _stop_if_asked(loop: Loop, state: TrainState, agree: stopping.Agreement) -> None:
+    """Stops the run when a signal came outside the steps (start-up, the last step's
+    evaluation); the step reached is saved already, if any."""
+    if name := agree.now(loop.stop.requested):
+        _stop(loop, int(jax.device_get(state.step)), name, saved=False)
 
 
-def _compiled(
-    loop: Loop, step: int, took: float, state: TrainState, batch: dict, logged: bool
-) -> None:
-    """After the first step: how long it took to compile and run (where no log line says
-    it), and what the compiler says of the step (planner.own_plan_line)."""
-    if distributed.is_lead() and not logged:
-        print(f"step {step}: compiled and ran in {console.duration(took)}", flush=True)
-    own = planner.own_plan_line(loop.train_step, state, batch, planner.loop_of(loop.config))
-    if distributed.is_lead() and own:
-        print(own, flush=True)
-
-
-def _save(loop: Loop, step: int, state: TrainState) -> None:
-    """Starts the save of `step` (Orbax writes it in the background) and says so."""
-    loop.saver.save(step, state)
-    if distributed.is_lead():
-        print(f"step {step}: saving checkpoint {loop.saver.directory}/{step}", flush=True)
-
-
-def _export(
-    path: Any,
-    params: Any,
-    checkpoints: Checkpoints,
-    computes: dict | None = None,
-    labels: list[str] | None = None,
-    method: str | None = None,
-) -> None:
-    """export_npz, with the run's one message when the file cannot be written."""
-    try:
-        export_npz(path, params, computes, labels, method)
-    except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
-        raise OSError(
-            f"could not write {path}: {store.explain(e, path)}. Nothing half-written was "
-            f"left. {checkpoints.newest_intact_sentence()}: free space there (or restore "
-            "access to it) and run the same command again, which writes it without training "
-            "again"
-        ) from e
+def _stop(loop: Loop, step: int, signal_name: str, saved: bool) -> None:
+    """Waits for the save of `step`, flushes the event file, raises `stopping.Stopped`."""
+    loop.saver.wait()
+    if loop.writer is not None:
+        loop.writer.flush()
+    checkpoint = f"{loop.saver.directory}/{step}"
+    if not saved and step not in loop.saver.steps():
+        checkpoint = None
+    raise stopping.stopped(step, signal_name, checkpoint)
 
 
 def evaluate(loop: Loop, params: Any) -> dict[str, float]:
@@ -350,14 +342,8 @@ def evaluate(loop: Loop, params: Any) -> dict[str, float]:
     config = loop.config
     split = config.dataset.test_split
     n = data.num_examples(config.dataset, split)
-    batches = data.eval_iterator(
-        config.dataset,
-        split,
-        global_batch=config.eval_batch_size,
-        image_size=config.image_size,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-    )
+    batches = data.eval_iterator(config.dataset, split, global_batch=config.eval_batch_size,
+                                 image_size=config.image_size)  # fmt: skip
     show = distributed.is_lead() and config.progress_bars
     correct = loss = count = 0.0
     with batches:
@@ -367,23 +353,4 @@ def evaluate(loop: Loop, params: Any) -> dict[str, float]:
             loss += float(out["loss"].sum())
             count += len(out["loss"])
     count = max(count, 1.0)
-    return {"accuracy": float(correct) / count, "loss": float(loss) / count}
-
-
-def fewshot_evaluator(config: ml_collections.ConfigDict) -> fewshot_lib.FewShotEvaluator | None:
-    """The FewShotEvaluator of `config.fewshot`, or None when it names no dataset."""
-    f = config.fewshot
-    names = [n.strip() for n in f.datasets.split(",") if n.strip()]
-    if not names:
-        return None
-    datasets = fewshot_lib.dataset_configs(
-        names,
-        f.source or None,
-        f.data_dir or None,
-        f.train_split,
-        f.test_split,
-        preprocessing=config.dataset.preprocessing,  # the probe sees what training sees
-    )
-    return fewshot_lib.FewShotEvaluator(
-        datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size
-    )
+    return {"accuracy": correct / count, "loss": loss / count}

@@ -2,16 +2,17 @@
 
   errors.py          CheckpointError: a file that cannot be read or does not fit
   architecture.py    what a checkpoint's parameters say about its model; native resolution
-  numerics.py        what they cannot say: the GELU form and LayerNorm epsilon, per format
-  labels.py          the head's class names, per format
+  meta.py            what they cannot say (GELU form, LayerNorm epsilon, class names,
+                     preprocessing), one record written and read once per format
   npz.py             the published .npz: every layout read, the original one written
   safetensors_io.py  the safetensors file format
   timm.py, hf.py     timm's state dict; Hugging Face ViTForImageClassification directories
+  _tensors.py        what the PyTorch-layout formats (timm, Hugging Face) share
   remote.py          published files at gs:// and https:// paths, fetched into a cache
   read.py            any of those -> the original-layout tree (`read_checkpoint`)
   adapt.py           a tree fitted to a model: position embeddings, patch kernel, head
   load.py            read, then adapt: `load_pretrained`, `load` / `load_model`
-  export.py          ONNX (onnx_graph.py) and TensorFlow SavedModel exports
+  onnx_export.py     the ONNX export: the graph written from the parameters
   convert.py         one converter (library side of `python -m vit_jax.convert`)
   published.py       the published checkpoints (name, data, resolution, path, accuracy)
 

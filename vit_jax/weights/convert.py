@@ -14,13 +14,12 @@ Formats written:
                model.safetensors and preprocessor_config.json (this package's resize and
                [-1, 1] scaling)
   onnx         an ONNX model with a dynamic batch dimension (see export.py)
-  saved_model  a TensorFlow SavedModel, signature serving_default: images -> logits
-Every output but saved_model keeps the head's class names (labels.py), the input's own
-unless `labels` says others. Every output computes the model's function, its numerics
-(GELU form, LayerNorm epsilon) included: npz and timm files record them (numerics.py),
+Every output keeps the head's class names, the input's own unless `labels` says others.
+Every output computes the model's function, its numerics (GELU form, LayerNorm epsilon)
+included: npz and timm files record them (meta.py),
 hf's config.json says them as transformers reads them, the timm recipe builds timm's
-model with them, and the ONNX and SavedModel graphs compute them. Every output is
-written under a temporary name and renamed when complete.
+model with them, and the ONNX graph computes them. Every output is written under a
+temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -36,13 +35,13 @@ from flax import traverse_util
 from vit_jax.base import store
 from vit_jax.data import images
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import hf, npz, numerics, preprocessing, safetensors_io, timm
-from vit_jax.weights import labels as labels_lib
+from vit_jax.weights import hf, npz, safetensors_io, timm
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.load import Loaded
 from vit_jax.weights.load import load as load_checkpoint
+from vit_jax.weights.meta import Meta, checked
 
-FORMATS = ("npz", "timm", "hf", "onnx", "saved_model")
+FORMATS = ("npz", "timm", "hf", "onnx")
 
 
 @dataclasses.dataclass
@@ -90,12 +89,12 @@ def convert(
     """Read `path` (any format read), write it as `fmt` at `out`.
 
     `preprocessing`: the resize the weights expect, recorded in the output (npz, timm,
-    hf); None keeps the input's (preprocessing.py).
+    hf); None keeps the input's (meta.py).
 
     `labels`: the head's class names, one per output, or the path of a text file with
     one a line (as `python -m vit_jax.infer --labels`); None keeps the input's own (the
-    files this package writes name them), where the head is kept. Every format but
-    saved_model carries them (labels.py; an ONNX model as metadata).
+    files this package writes name them), where the head is kept. Every format
+    carries them (meta.py; an ONNX model as metadata).
 
     Raises:
       ValueError: an unknown format, one that cannot hold the model, or labels that do
@@ -112,8 +111,8 @@ def convert(
         labels = images.class_names(m.num_classes or 0, str(labels))
     elif labels is None:
         labels = loaded.labels
-    method = preprocessing or loaded.preprocessing
-    return write(loaded.params, m, loaded.image_size, fmt, out, labels, method)
+    meta = Meta(labels=labels, preprocessing=preprocessing or loaded.preprocessing)
+    return write(loaded.params, m, loaded.image_size, fmt, out, meta)
 
 
 def write(
@@ -122,14 +121,13 @@ def write(
     size: tuple[int, int],
     fmt: str,
     out: str | os.PathLike,
-    labels: Sequence[str] | None = None,
-    method: str | None = None,
+    meta: Meta | None = None,
 ) -> Converted:
-    """Write a model's parameters (original layout) as `fmt` at `out` with `labels`, the
+    """Write a model's parameters (original layout) as `fmt` at `out`, with `meta`: the
     head's class names (None: none; an hf export then names a 1000-class head with
-    ImageNet's, any other LABEL_i), and `method`, the preprocessing the weights expect
-    (npz, timm and hf files record it; see preprocessing.py). The directory that holds
-    `out` is created if it does not exist."""
+    ImageNet's, any other LABEL_i) and the preprocessing the weights expect (npz, timm
+    and hf files record it; meta.py); its numerics are the model's. The directory that
+    holds `out` is created if it does not exist."""
     out = str(out)
     where = out if store.is_remote(out) else os.path.abspath(out)  # in the printed lines
     if not store.is_remote(out):
@@ -139,60 +137,29 @@ def write(
             npz.unstack_blocks(traverse_util.flatten_dict(params, sep="/")), sep="/"
         )
         model = model.clone(scan=False)
-    computes = numerics.of_model(model)
-    if labels is not None:
-        labels = labels_lib.checked(labels, model.num_classes or 0, "the class names")
+    meta = meta or Meta()
+    labels = checked(meta.labels, model.num_classes or 0, "the class names")
+    if fmt == "hf" and labels is None and model.num_classes == 1000:
+        labels = images.imagenet_class_names()
+    meta = Meta.of_model(model, labels, meta.preprocessing)
     if fmt == "npz":
-        npz.save_npz(out, params, computes, labels, method)
+        npz.save_npz(out, params, meta)
         how = f"vit_jax.weights.load_model({out!r})"
-        if numerics.is_original(computes):
+        if meta.original_numerics:
             how += "  # or the original code's np.load"
     elif fmt == "timm":
         tensors = {k: np.asarray(v, np.float32) for k, v in timm.to_timm(params).items()}
+        metadata = {"format": "pt", "num_heads": str(model.num_heads), **meta.to_timm()}
+        safetensors_io.write(out, tensors, metadata)
         how = timm.recipe(model, size, where)
-        meta = {"format": "pt", "num_heads": str(model.num_heads)}
-        meta.update(numerics.to_timm_metadata(computes), **labels_lib.to_timm_metadata(labels))
-        meta.update(preprocessing.to_timm_metadata(method))
-        safetensors_io.write(out, tensors, meta)
     elif fmt == "hf":
         tensors = {k: np.asarray(v, np.float32) for k, v in hf.to_hf(params).items()}
-        if labels is None and model.num_classes == 1000:
-            labels = images.imagenet_class_names()
-        cfg = hf.config(model, size, labels)  # before writing: it checks the labels
-        cfg.update(preprocessing.to_hf_config(method))
+        cfg = hf.config(model, size, meta)  # before writing: it checks the labels
         hf.write_dir(out, tensors, cfg, hf.preprocessor_config(size))
-        d, fetch = where, ""
-        if store.is_remote(out):  # from_pretrained reads a local directory: a copy of it
-            fetch = (
-                "import fsspec, tempfile\n"
-                "d = tempfile.mkdtemp()  # transformers reads a local copy of the directory\n"
-                f"fs, root = fsspec.core.url_to_fs({out!r})\n"
-                "fs.get(root + '/', d + '/', recursive=True)\n"
-            )
-            d = "d"
-        q = d if d == "d" else repr(d)
-        resize = (
-            "# PIL's resize, as vit_jax computes (transformers prefers torchvision's where\n"
-            "# torchvision is installed, which rounds differently)\n"
-        )
-        if method == "tf_bilinear":
-            resize = (
-                "# PIL's antialiased resize: transformers has none without antialiasing, and\n"
-                "# these weights were trained on tf.image.resize's (vit_jax's preprocessing\n"
-                "# 'tf_bilinear'): probabilities differ slightly from vit_jax.infer's\n"
-            )
-        how = fetch + (
-            "import transformers\n"
-            f"model = transformers.ViTForImageClassification.from_pretrained({q})\n"
-            + resize
-            + f"processor = transformers.AutoImageProcessor.from_pretrained({q}, backend='pil')\n"
-            "classify = transformers.pipeline(\n"
-            f"    'image-classification', model=model, image_processor=processor\n"
-            ")\n"
-            "# classify('cat.jpg') -> the top 5 classes with their probabilities"
-        )
+        how = hf.how_to_load(out, where, meta.preprocessing)
     else:
-        from vit_jax.weights import export
+        from vit_jax.weights import onnx_export
 
-        how = export.export(params, model, size, fmt, out, labels)
+        onnx_export.export_onnx(params, model, size, out, labels=labels)
+        how = f"onnxruntime.InferenceSession({out!r}).run(['logits'], {{'images': x}})"
     return Converted(out, fmt, model, size, how)

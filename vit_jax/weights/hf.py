@@ -9,14 +9,14 @@ Linear weights are the transpose of Flax kernels. transformers' ViT config defau
 to layer_norm_eps=1e-12 and the exact GELU ('gelu'); the original ViT uses 1e-6 and the
 tanh approximation, whose name there is 'gelu_pytorch_tanh' (the same function as
 'gelu_new'). A directory read here computes what its config.json says, and `config`
-writes the model's own GELU form and epsilon (numerics.py), so the logits agree both
+writes the model's own GELU form and epsilon (meta.py), so the logits agree both
 ways. Files converted by others from the original checkpoints (e.g. google/vit-base-
 patch16-224) say 'gelu' and 1e-12 although their weights were trained with tanh and
 1e-6: load them with the original numerics (--numerics=original). Plain ViTs with a
 class token only: transformers' ViT has no hybrid stem, no 'gap' pooling and no
 representation layer. `preprocessor_config` writes this package's image preprocessing
 for transformers' image processors, so that `pipeline('image-classification',
-model=DIR)` runs, and `config(labels=...)` the class names pipelines print.
+model=DIR)` runs, and `config` the class names pipelines print.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from flax import traverse_util
 from vit_jax.base import files, store
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import numerics, safetensors_io
+from vit_jax.weights import safetensors_io
 from vit_jax.weights._tensors import (
     Shape,
     check_table,
@@ -41,6 +41,7 @@ from vit_jax.weights._tensors import (
 )
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.meta import Meta
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -128,11 +129,10 @@ def _block_to(name: str, a: Any) -> Any:
     return a.T if name.endswith("kernel") else a
 
 
-def config(model: VisionTransformer, image_size: tuple[int, int], labels=None) -> dict:
-    """transformers' ViTConfig fields for `model` at `image_size` (square sizes only).
-
-    `labels` (one name per class) become id2label / label2id, which pipelines print;
-    None: transformers' default names, LABEL_0, LABEL_1, ...
+def config(model: VisionTransformer, image_size: tuple[int, int], meta: Meta | None = None) -> dict:
+    """transformers' ViTConfig fields for `model` at `image_size` (square sizes only), with
+    `meta`'s numerics and preprocessing; its labels (one name per class) become id2label /
+    label2id, which pipelines print (None: transformers' LABEL_0, LABEL_1, ...).
 
     Raises:
       ValueError: a non-square size, or labels that do not fit the head (names repeated
@@ -140,8 +140,9 @@ def config(model: VisionTransformer, image_size: tuple[int, int], labels=None) -
     """
     if image_size[0] != image_size[1]:
         raise ValueError(f"transformers' ViT takes square images; got {image_size}")
+    meta = meta or Meta.of_model(model)
     k = model.num_classes or 0
-    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(k)]
+    names = list(meta.labels) if meta.labels is not None else [f"LABEL_{i}" for i in range(k)]
     if len(names) != k:
         raise ValueError(f"{len(names)} class names for a head of {k} classes: give one a class")
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -157,7 +158,7 @@ def config(model: VisionTransformer, image_size: tuple[int, int], labels=None) -
         "num_hidden_layers": model.depth,
         "num_attention_heads": model.num_heads,
         "intermediate_size": model.mlp_dim,
-        **numerics.to_hf_config(numerics.of_model(model)),  # hidden_act, layer_norm_eps
+        **meta.to_hf(),  # hidden_act, layer_norm_eps, vit_jax_preprocessing
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
         "image_size": image_size[0],
@@ -306,3 +307,37 @@ def write_dir(
         (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
         if preprocessor is not None:
             (tmp / PREPROCESSOR).write_text(json.dumps(preprocessor, indent=2) + "\n")
+
+
+def how_to_load(out: str, where: str, method: str | None) -> str:
+    """Python lines that load the directory `out` (`where`: its absolute path) into
+    transformers' image-classification pipeline, with PIL's resize."""
+    d, fetch = repr(where), ""
+    if store.is_remote(out):  # from_pretrained reads a local directory: a copy of it
+        fetch = (
+            "import fsspec, tempfile\n"
+            "d = tempfile.mkdtemp()  # transformers reads a local copy of the directory\n"
+            f"fs, root = fsspec.core.url_to_fs({out!r})\n"
+            "fs.get(root + '/', d + '/', recursive=True)\n"
+        )
+        d = "d"
+    resize = (
+        "# PIL's resize, as vit_jax computes (transformers prefers torchvision's where\n"
+        "# torchvision is installed, which rounds differently)\n"
+    )
+    if method == "tf_bilinear":
+        resize = (
+            "# PIL's antialiased resize: transformers has none without antialiasing, and\n"
+            "# these weights were trained on tf.image.resize's (vit_jax's preprocessing\n"
+            "# 'tf_bilinear'): probabilities differ slightly from vit_jax.infer's\n"
+        )
+    return fetch + (
+        "import transformers\n"
+        f"model = transformers.ViTForImageClassification.from_pretrained({d})\n"
+        + resize
+        + f"processor = transformers.AutoImageProcessor.from_pretrained({d}, backend='pil')\n"
+        "classify = transformers.pipeline(\n"
+        "    'image-classification', model=model, image_processor=processor\n"
+        ")\n"
+        "# classify('cat.jpg') -> the top 5 classes with their probabilities"
+    )

@@ -10,9 +10,10 @@ from typing import Any
 
 from vit_jax.models import get_model
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import architecture, labels
+from vit_jax.weights import architecture
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.meta import checked
 from vit_jax.weights.read import read_checkpoint, read_source
 
 
@@ -37,7 +38,7 @@ def load_pretrained(
     by a zero-initialised one for the model's classes, without it the stored head is
     kept. The result is in the model's layout (blocks stacked if `model.scan`).
     The model's own numerics (GELU form, LayerNorm epsilon) are used, whatever the file
-    says: `read.read_numerics(path)` gives the file's, to build the model with.
+    says: `read.read_meta(path).numerics` gives the file's, to build the model with.
 
     Raises:
       FileNotFoundError, CheckpointError: unreadable file, or one that does not fit
@@ -98,7 +99,7 @@ def load(
       **overrides: any `VisionTransformer` field, e.g. posemb='sincos_2d' for a file
         without learned position embeddings, or dtype='bfloat16'. `gelu` and
         `layer_norm_eps` default to what the file says its model computes (see
-        numerics.py); `**models.ORIGINAL_NUMERICS` computes the original ViT's instead.
+        meta.py); `**models.ORIGINAL_NUMERICS` computes the original ViT's instead.
 
     Raises:
       FileNotFoundError, CheckpointError: unreadable file, one that does not fit
@@ -106,7 +107,7 @@ def load(
     """
     heads = overrides.get("num_heads") or (get_model(name, None).num_heads if name else None)
     source = read_source(path, heads)
-    params, computes = source.params, source.numerics
+    params, computes = source.params, source.meta.numerics
     arch = {**architecture.architecture(params), **computes}
     if arch["posemb"] is None and "posemb" not in overrides:
         raise CheckpointError(
@@ -131,5 +132,5 @@ def load(
     else:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     params = adapt(params, model, size, False, str(path), patch_size)
-    names = labels.checked(source.labels, classes, str(path)) if classes else None
-    return Loaded(model, params, size, names, source.preprocessing)
+    names = checked(source.meta.labels, classes, str(path)) if classes else None
+    return Loaded(model, params, size, names, source.meta.preprocessing)

@@ -13,10 +13,8 @@ Layouts read by `load_npz` (keys joined with '/'):
 All are turned into the original layout, which is also the parameter tree of this
 package's models (with scan=False) and what `save_npz` writes. A big_vision file's
 class token had no position embedding, so its class row is zero here: same function.
-A model of other numerics than the original's (exact GELU, another LayerNorm epsilon)
-is saved with one more entry, `vit_jax_numerics` (numerics.py), and a head whose class
-names are known with `vit_jax_labels` (labels.py); `read_npz` returns both apart from
-the parameters.
+What a file says beyond its parameters (numerics, class names, preprocessing) is in
+`vit_jax_*` entries (meta.py); `read_npz` returns it apart from the parameters.
 """
 
 from __future__ import annotations
@@ -30,10 +28,9 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax.base import files, store
-from vit_jax.weights import labels as labels_lib
-from vit_jax.weights import numerics, preprocessing
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.meta import NPZ_KEYS, Meta
 
 __all__ = ["canonical", "load_npz", "read_npz", "save_npz", "stack_blocks", "unstack_blocks"]
 _NEW_TO_OLD = {
@@ -147,42 +144,28 @@ def load_npz(path: str | os.PathLike) -> dict:
     return read_npz(path)[0]
 
 
-def read_npz(path: str | os.PathLike) -> tuple[dict, dict[str, Any], list[str] | None, str]:
-    """`load_npz`'s tree, the numerics the file's model computes (GELU form, LayerNorm
-    epsilon: the original's unless the file says otherwise, see numerics.py), its
-    head's class names (None where the file names none, see labels.py) and the resize
-    its weights expect (preprocessing.py)."""
+def read_npz(path: str | os.PathLike) -> tuple[dict, Meta]:
+    """`load_npz`'s tree and what the file says beyond it (meta.py)."""
     arrays = _read(path)
-    computes = numerics.from_npz(arrays, str(path))
-    names = labels_lib.from_npz(arrays, str(path))
-    method = preprocessing.from_npz(arrays, str(path))
-    return traverse_util.unflatten_dict(canonical(arrays), sep="/"), computes, names, method
+    meta = Meta.from_npz(arrays, str(path))
+    return traverse_util.unflatten_dict(canonical(arrays), sep="/"), meta
 
 
-def read_numerics(path: str | os.PathLike) -> dict[str, Any]:
-    """The numerics of `read_npz` without reading the parameters."""
+def read_meta(path: str | os.PathLike) -> Meta:
+    """`read_npz`'s Meta without reading the parameters."""
     try:
         with store.path(path).open("rb") as raw, np.load(raw, allow_pickle=False) as f:
-            entry = {numerics.NPZ_KEY: f[numerics.NPZ_KEY]} if numerics.NPZ_KEY in f.files else {}
+            entries = {k: f[k] for k in NPZ_KEYS.values() if k in f.files}
     except (ValueError, zipfile.BadZipFile, EOFError, OSError, KeyError, AttributeError):
-        return numerics.from_npz(_read(path), str(path))  # its error names what is wrong
-    return numerics.from_npz(entry, str(path))
+        return read_npz(path)[1]  # its error names what is wrong
+    return Meta.from_npz(entries, str(path))
 
 
-def save_npz(
-    path: str | os.PathLike,
-    params: dict,
-    computes: dict | None = None,
-    labels: list[str] | None = None,
-    method: str | None = None,
-) -> None:
-    """Write `params` in the original published layout (per-block names, float32).
-
-    `computes`: the model's numerics (`numerics.of_model`); other than the original's
-    (tanh GELU, LayerNorm eps 1e-6) they are stored with the arrays, so that loading the
-    file computes the same function (see numerics.py). `labels`: the head's class names,
-    stored with them (labels.py). `method`: the preprocessing the weights were trained
-    with, stored unless it is the published files' tf_bilinear (preprocessing.py).
+def save_npz(path: str | os.PathLike, params: dict, meta: Meta | None = None) -> None:
+    """Write `params` in the original published layout (per-block names, float32), with
+    `meta` (numerics, class names, preprocessing) in entries of its own (meta.py): a
+    model of the original's numerics and preprocessing without names is written as the
+    published files are.
 
     The file is written whole to a temporary name and then renamed, so a crash
     never leaves a half-written checkpoint at `path`; a failed write (a full disk)
@@ -195,8 +178,6 @@ def save_npz(
     for k, v in flat.items():
         a = np.asarray(v)
         arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
-    arrays.update(numerics.to_npz(computes))
-    arrays.update(labels_lib.to_npz(labels))
-    arrays.update(preprocessing.to_npz(method))
+    arrays.update((meta or Meta()).to_npz())
     with files.atomic_write(path) as f:
         np.savez(f, **arrays)

@@ -4,9 +4,7 @@ Hugging Face directory, local or remote.
 `read_checkpoint(path)` recognises the input format from the file and returns the
 original-layout parameter tree that `adapt.adapt` fits to a model, so every command that
 takes --checkpoint (and `init_from`) reads every format; `read_source` also returns what
-the file says beyond its parameters: the numerics its model computes (GELU form,
-LayerNorm epsilon; numerics.py), its head's class names (labels.py) and the resize its
-weights expect (preprocessing.py).
+the file says beyond its parameters (numerics, class names, preprocessing: meta.py).
 """
 
 from __future__ import annotations
@@ -16,25 +14,16 @@ import os
 
 from vit_jax.base import store
 from vit_jax.models import get_model
-from vit_jax.weights import (
-    architecture,
-    hf,
-    labels,
-    npz,
-    numerics,
-    preprocessing,
-    remote,
-    safetensors_io,
-    timm,
-)
+from vit_jax.weights import architecture, hf, npz, remote, safetensors_io, timm
 from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.meta import Meta
 
 __all__ = [
     "FORMATS_READ",
     "Source",
     "detect_format",
     "read_checkpoint",
-    "read_numerics",
+    "read_meta",
     "read_source",
 ]
 
@@ -72,15 +61,11 @@ def detect_format(path: str | os.PathLike) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """What a checkpoint file holds: the parameters in the original layout, the numerics
-    its model computes ({'gelu': 'tanh' or 'exact', 'layer_norm_eps': float}, as the file
-    says or its format implies), its head's class names (None: the file names none) and
-    the preprocessing its weights expect (as the file says or its format implies)."""
+    """What a checkpoint file holds: the parameters in the original layout, and what it
+    says beyond them (as the file says or its format implies)."""
 
     params: dict
-    numerics: dict
-    labels: list[str] | None = None
-    preprocessing: str = preprocessing.PUBLISHED
+    meta: Meta
 
 
 def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> dict:
@@ -91,7 +76,7 @@ def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> di
 
 def read_source(path: str | os.PathLike, num_heads: int | None = None) -> Source:
     """Any checkpoint (npz, timm safetensors, HF directory; local or remote) -> its
-    `Source`: parameters, numerics and class names.
+    `Source`: parameters and Meta.
 
     Args:
       path: a local path, a gs:// or s3:// path (read in place), or a published file's
@@ -108,9 +93,7 @@ def read_source(path: str | os.PathLike, num_heads: int | None = None) -> Source
         return Source(*npz.read_npz(path))
     if fmt == "hf":
         params, cfg = hf.read_dir(path)
-        computes = numerics.from_hf_config(cfg, str(path / hf.CONFIG))
-        method = preprocessing.from_hf_config(cfg, str(path / hf.CONFIG))
-        return Source(params, computes, labels.from_hf_config(cfg), method)
+        return Source(params, Meta.from_hf(cfg, str(path / hf.CONFIG)))
     tensors, meta = safetensors_io.read(path)
     if any(k.startswith(("vit.", "embeddings.")) for k in tensors):
         raise CheckpointError(
@@ -122,14 +105,12 @@ def read_source(path: str | os.PathLike, num_heads: int | None = None) -> Source
     model = get_model(None, architecture.num_classes(params), **arch)
     size = architecture.native_image_size(params, model.token_stride)
     timm.check(tensors, model, size, str(path))
-    computes = numerics.from_timm_metadata(meta, str(path))
-    method = preprocessing.from_timm_metadata(meta, str(path))
-    return Source(params, computes, labels.from_timm_metadata(meta, str(path)), method)
+    return Source(params, Meta.from_timm(meta, str(path)))
 
 
-def read_numerics(path: str | os.PathLike) -> dict:
-    """`read_source`'s numerics alone, reading only the file's metadata (an .npz's one
-    entry, the safetensors header, config.json), not its tensors.
+def read_meta(path: str | os.PathLike) -> Meta:
+    """`read_source`'s Meta alone, reading only the file's metadata (an .npz's entries,
+    the safetensors header, config.json), not its tensors.
 
     Raises:
       FileNotFoundError, CheckpointError: as `read_source`.
@@ -137,7 +118,7 @@ def read_numerics(path: str | os.PathLike) -> dict:
     path = remote.resolve(path)
     fmt = detect_format(path)
     if fmt == "npz":
-        return npz.read_numerics(path)
+        return npz.read_meta(path)
     if fmt == "hf":
-        return numerics.from_hf_config(hf.read_config(path), str(path / hf.CONFIG))
-    return numerics.from_timm_metadata(safetensors_io.read_metadata(path), str(path))
+        return Meta.from_hf(hf.read_config(path), str(path / hf.CONFIG))
+    return Meta.from_timm(safetensors_io.read_metadata(path), str(path))

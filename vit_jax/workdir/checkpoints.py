@@ -1,33 +1,35 @@
-"""A run's checkpoints, `workdir/checkpoints/<step>`, on Orbax's documented surface.
+"""A run's checkpoints, `workdir/checkpoints/<step>`: saving one, with its integrity
+record, and listing them, on Orbax's documented surface (verifying and restoring them:
+verify.py).
 
 Saving: Orbax's asynchronous CheckpointManager in its commit-file mode, on a disk and on
 an object store alike (a store has no rename): it writes `<step>/` in place and marks it
 complete with a commit file; a `<step>` without it is an interrupted save, which no
 listing returns and which the next run deletes (after naming it). Between writing the
 arrays and marking them complete, Orbax calls `post_finalization_callback`: process 0
-writes the integrity record there (`record.py`), so a complete checkpoint has one. The
-CRC-32 of every shard is taken as the save starts, from the arrays training holds;
-processes hand theirs to process 0 with `multihost_utils.process_allgather`. Orbax keeps
-the last `keep` checkpoints, deleting an older one only after a newer one is complete.
+writes the integrity record there, so a complete checkpoint has one. Orbax keeps the
+last `keep` checkpoints, deleting an older one only after a newer one is complete.
 
-Restoring only what verifies (the record's files at their sizes, an Orbax restore, every
-shard's checksum, finite values): a checkpoint that does not is set aside into
-`workdir/damaged/<step>` (nothing is deleted: a person can look; Orbax never lists it)
-and the run falls back to the one before. One without a record (Orbax alone, or an older
-vit_jax, wrote it) is used when it restores whole and finite, and said to be unchecked.
-A checkpoint of another shape is not damage: it stops the run (`does_not_fit`).
+The integrity record `<step>/integrity.json` holds:
 
-Every process takes part in each save and restore, each writing the slices its devices
-hold; a restore lays the arrays out as the new run's mesh says.
+    step      the step saved
+    state     what the state is: model, optimizer and image size (config fields)
+    arrays    {name: {'shape', 'dtype', 'shards': {'0:32,0:64': crc32}}}: a CRC-32 of the
+              bytes of every shard that some process saved (each process hashes its own
+              addressable shards on the host, as the save starts, one copy of each
+              replicated slice; process 0 gathers them with process_allgather)
+    files     {path inside the checkpoint: bytes} of every file Orbax wrote for the state
+
+Names are Orbax's own ('opt_state.1.mu.head.kernel'). Every process takes part in each
+save, each writing the slices its devices hold.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import json
 import os
-import re
+import zlib
 from typing import Any
 
 import jax
@@ -35,32 +37,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from vit_jax.base import store
-from vit_jax.base.text import first_few
-from vit_jax.workdir import record as record_lib
+from vit_jax.base import files, store
 
 COMMIT = ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
+NAME = "integrity.json"  # the record, in each checkpoint
+FORMAT = 2  # 1: files as [bytes, crc32] (read too)
 DAMAGED = "DAMAGED"
-SCRATCH_FIELD = "from_scratch_if_damaged"
-
-
-@dataclasses.dataclass
-class Verdict:
-    """What checking one checkpoint found: `problems` empty means it verifies."""
-
-    step: int
-    problems: list[str]
-    recorded: bool  # it has an integrity record (else: restored whole and finite)
-    state: Any = None  # the restored state, when it verifies
-
-    def line(self) -> str:
-        if self.problems:
-            return f"{DAMAGED}: " + "; ".join(self.problems)
-        return "verifies" if self.recorded else "unchecked: no integrity record (restores, finite)"
 
 
 class Checkpoints:
-    """The checkpoints of one workdir: `save`, `wait`, `restore_newest`, `verify`.
+    """The checkpoints of one workdir: `save`, `wait`, `steps`, `newest_intact`, `set_aside`.
 
     `directory` is `workdir/checkpoints` (local or gs://...); `keep` the number kept (0:
     all); `description` the state's, for the record. `read_only` opens without creating
@@ -108,9 +94,9 @@ class Checkpoints:
             OSError: this save or the one before failed (`failed`).
         """
         self.wait()  # a failure of the previous save is named with its own step
-        mine = record_lib.checksums(state, self._pool)  # before the buffers are reused
+        mine = checksums(state, self._pool)  # before the buffers are reused
         if jax.process_count() > 1:
-            mine = record_lib.merge(_gather(mine))
+            mine = merge(_gather(mine))
         self._step = step
         self._recording = (step, mine)
         try:
@@ -139,7 +125,7 @@ class Checkpoints:
             (step, arrays), self._recording = self._recording, None
             record = {"step": step, "state": self.description, "arrays": arrays,
                       "process_count": jax.process_count()}  # fmt: skip
-            record_lib.write(self.directory / str(step), record)
+            write_record(self.directory / str(step), record)
 
     def failed(self, step: int, error: BaseException) -> None:
         """Removes what the failed save of `step` left, then raises the run's one message.
@@ -234,87 +220,12 @@ class Checkpoints:
 
     def _quick_problems(self, step: int) -> list[str]:
         try:
-            found = record_lib.read(self.directory / str(step))
+            found = read_record(self.directory / str(step))
         except ValueError as e:
             return [str(e)]
         if found is None:
-            return [f"it has no integrity record {record_lib.NAME}"]
-        return record_lib.file_problems(self.directory / str(step), found)
-
-    # ------------------------------------------------------------------ restoring
-
-    def check(self, step: int, target: Any = None) -> Verdict:
-        """Checks checkpoint `step`, restoring it laid out as `target` (ShapeDtypeStructs
-        with shardings); None: as saved, on one device (`verify`).
-
-        Raises:
-            ValueError: with a target, the checkpoint was written by a state of another shape.
-        """
-        step_dir = self.directory / str(step)
-        try:
-            found = record_lib.read(step_dir)
-        except ValueError as e:
-            return Verdict(step, [str(e)], True)
-        if found is not None:
-            if target is not None and (misfit := record_lib.misfits(found, target)):
-                saved = record_lib.summary(found.get("state"))
-                detail = f"it holds {saved}; {first_few(misfit, '; ')}"
-                raise does_not_fit(step_dir, detail, misfit)
-            if problems := record_lib.file_problems(step_dir, found):
-                return Verdict(step, [first_few(problems, "; ", unit="files")], True)
-        try:
-            layout = target if target is not None else self._as_saved(step)
-            state = self.manager.restore(step, args=ocp.args.StandardRestore(layout))
-        except Exception as e:  # noqa: BLE001 (whatever Orbax or TensorStore raise)
-            misfit = self._metadata_misfits(step, target) if found is None and target else []
-            if misfit:
-                raise does_not_fit(step_dir, first_few(misfit, "; "), misfit) from e
-            return Verdict(step, [f"it is unreadable ({_cause(e)})"], found is not None)
-        problems = []
-        if found is not None and (bad := record_lib.mismatches(state, found)):
-            problems.append(f"{len(bad)} arrays fail their checksums ({first_few(bad)})")
-        if not problems and not bool(record_lib.all_finite(state)):
-            problems.append("it restores non-finite values")
-        return Verdict(step, problems, found is not None, None if problems else state)
-
-    def restore_newest(self, target: Any, from_scratch: bool = False) -> tuple[Any, int | None]:
-        """(state, step) of the newest checkpoint that verifies, laid out as `target`;
-        (None, None) when there is none. Every process must call it.
-
-        Raises:
-            ValueError: a checkpoint of another shape (`does_not_fit`).
-            OSError: there are checkpoints, none verifies and not `from_scratch`.
-        """
-        lead, damaged = jax.process_index() == 0, []
-        for step in reversed(self.steps()):
-            verdict = self.check(step, target)
-            if _everywhere(not verdict.problems):
-                if lead:
-                    if not verdict.recorded:
-                        print(f"checkpoint {self.directory}/{step} has no integrity record "
-                              "(an older vit_jax, or Orbax directly, wrote it): it restores "
-                              "whole and finite; its checksums cannot be checked",
-                              flush=True)  # fmt: skip
-                    print(f"resuming from step {step} (checkpoint {self.directory}/{step})",
-                          flush=True)  # fmt: skip
-                return verdict.state, step
-            why = "; ".join(verdict.problems) or "it fails on another process"
-            aside = self.set_aside(step)
-            if lead:
-                print(f"checkpoint {self.directory}/{step} is damaged: {why}. Set aside as "
-                      f"{aside} (nothing deleted); trying the one before", flush=True)  # fmt: skip
-            damaged.append(f"step {step} ({why}; now {aside})")
-        if damaged and not from_scratch:
-            raise OSError(
-                f"no checkpoint in {self.directory} verifies: {'; '.join(damaged)}. To start "
-                f"again from step 0 in this workdir, rerun with {SCRATCH_FIELD}=True; the "
-                "damaged ones stay set aside"
-            )
-        if damaged and lead:
-            print(
-                f"no checkpoint verifies; starting from step 0 ({SCRATCH_FIELD}=True)", flush=True
-            )
-        return None, None
+            return [f"it has no integrity record {NAME}"]
+        return file_problems(self.directory / str(step), found)
 
     def set_aside(self, step: int) -> store.Path:
         """Moves checkpoint `step` to workdir/damaged/<step> (or <step>.2, ...); its path.
@@ -331,49 +242,107 @@ class Checkpoints:
         self.manager.reload()  # Orbax's list of steps forgets it
         return aside
 
-    def verify(self) -> list[tuple[str, str]]:
-        """[(name, what it is)] of every checkpoint, incomplete save and set-aside one,
-        each checkpoint restored on one device and checked; nothing is changed."""
-        rows = [(name, "incomplete (an interrupted save; the next run deletes it)")
-                for name in self.incomplete()]  # fmt: skip
-        rows += [(str(step), self.check(step).line()) for step in self.steps()]
-        if self.damaged.exists():
-            rows += [(f"damaged/{p.name}", "set aside (found damaged by an earlier run)")
-                     for p in self.damaged.iterdir()]  # fmt: skip
-        return sorted(rows, key=lambda row: _order(row[0]))
 
-    def _as_saved(self, step: int) -> Any:
-        """A restore target from Orbax's metadata: every array as saved, on one device."""
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        metadata = self.manager.item_metadata(step)
-        return jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata
-        )
-
-    def _metadata_misfits(self, step: int, target: Any) -> list[str]:
-        try:
-            saved = record_lib.named_leaves(self.manager.item_metadata(step))
-        except Exception:  # noqa: BLE001 (unreadable metadata is damage, not another shape)
-            return []
-        arrays = {n: {"shape": list(m.shape), "dtype": str(m.dtype)} for n, m in saved}
-        return record_lib.misfits({"arrays": arrays}, target)
+def leaf_name(path: tuple) -> str:
+    """A tree path -> Orbax's name of the array ('opt_state.1.mu.head.kernel')."""
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+    return ".".join(parts)
 
 
-def does_not_fit(path: Any, detail: str, misfit: list[str] = ()) -> ValueError:
-    """The error of a checkpoint written by a state of another shape (not damage); one
-    with the TrainState of a vit_jax before optax.apply_if_finite says so."""
-    if any(m.startswith("skipped ") for m in misfit):  # the old TrainState.skipped
-        return ValueError(
-            f"checkpoint {path} was written by an older vit_jax, which counted skipped "
-            "non-finite steps beside the optimizer state (this one counts them inside it, "
-            "with optax.apply_if_finite), so it cannot be resumed here: finish that run "
-            "with the vit_jax that wrote it, or start in another workdir"
-        )
-    return ValueError(
-        f"checkpoint {path} does not fit this run's state (another model, optimizer or "
-        f"image size?): {detail}. Resume with the config that wrote it, or start in "
-        "another workdir"
-    )
+def named_leaves(tree: Any) -> list[tuple[str, Any]]:
+    """[(name, leaf)] of a TrainState, or of the dict tree Orbax's metadata has."""
+    return [(leaf_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _slice_key(index: tuple, shape: tuple) -> str:
+    """A shard's index (tuple of slices) -> '0:32,0:64' ('' for a scalar)."""
+    bounds = (s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
+    return ",".join(f"{start}:{stop}" for start, stop in bounds)
+
+
+def slices(key: str) -> tuple:
+    """'0:32,0:64' -> the shard's index (a tuple of slices)."""
+    return tuple(slice(*map(int, part.split(":"))) for part in key.split(",") if part)
+
+
+def crc(a: np.ndarray) -> int:
+    """CRC-32 of the array's bytes, any dtype (bfloat16 has no buffer format of its own)."""
+    return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
+def checksums(tree: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
+    """This process's part of a record's 'arrays': a CRC-32 of each of its shards (one
+    copy of each slice over all processes), hashed on `pool` (CRC-32 drops the GIL)."""
+    started = {}
+    for name, x in named_leaves(tree):
+        shards = {}
+        for s in getattr(x, "addressable_shards", ()):
+            if s.replica_id == 0:
+                shards[_slice_key(s.index, x.shape)] = pool.submit(crc, np.asarray(s.data))
+        if not hasattr(x, "addressable_shards"):
+            shards[_slice_key((slice(None),) * np.ndim(x), np.shape(x))] = pool.submit(crc, x)
+        started[name] = {"shape": list(np.shape(x)), "dtype": str(x.dtype), "shards": shards}
+    return {
+        name: {**a, "shards": {k: f.result() for k, f in a["shards"].items()}}
+        for name, a in started.items()
+    }
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The 'arrays' of every process -> one, with every process's slices."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        for name, a in part.items():
+            out.setdefault(name, {**a, "shards": {}})["shards"].update(a["shards"])
+    return out
+
+
+def write_record(step_dir: store.Path, record: dict[str, Any]) -> None:
+    """Writes the record of `step_dir`, with the sizes of every file Orbax wrote there."""
+    found = store.walk_files(step_dir)
+    record = {**record, "format": FORMAT, "files": {k: n for k, n in found.items() if "/" in k}}
+    with files.atomic_write(step_dir / NAME, "w", sync=True) as f:
+        json.dump(record, f)
+
+
+def read_record(step_dir: store.Path) -> dict[str, Any] | None:
+    """The record of `step_dir`, or None when it has none.
+
+    Raises:
+        ValueError: the record is there but unreadable (damaged).
+    """
+    path = step_dir / NAME
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+        if record.get("format") not in (1, FORMAT) or not {"step", "arrays", "files"} <= set(
+            record
+        ):
+            raise ValueError("fields missing")
+        return record
+    except (OSError, ValueError) as e:
+        raise ValueError(f"its integrity record {NAME} is unreadable ({e})") from None
+
+
+def file_problems(step_dir: store.Path, record: dict[str, Any]) -> list[str]:
+    """What is wrong with the files of `step_dir`: missing, or of another size."""
+    found = store.walk_files(step_dir)
+    problems = []
+    for rel, size in sorted(record["files"].items()):
+        size = size[0] if isinstance(size, list) else size  # format 1: [bytes, crc]
+        if rel not in found:
+            problems.append(f"file {rel} is missing")
+        elif found[rel] != size:
+            problems.append(f"file {rel} has {found[rel]} bytes, {size} when written")
+    return problems
 
 
 def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
@@ -386,25 +355,3 @@ def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
     return [json.loads(bytes(row).rstrip(b"\0")) for row in np.asarray(every)]
 
 
-def _everywhere(ok: bool) -> bool:
-    """Whether `ok` holds on every process (all of them decide alike)."""
-    if jax.process_count() == 1:
-        return ok
-    return bool(np.all(multihost_utils.process_allgather(np.array(ok))))
-
-
-def _cause(e: BaseException) -> str:
-    """A TensorStore or Orbax error in a few words: 'DATA_LOSS reading params.cls'."""
-    text = str(e).strip()
-    code = re.match(r"([A-Z][A-Z_]{3,}): ", text)
-    if not code:
-        return (text.splitlines()[0] if text else type(e).__name__)[:300]
-    words = [code[1]]
-    if array := re.search(r'Error reading "([^"/]+)/', text):
-        words.append(f"reading {array[1]}")
-    return " ".join(words)
-
-
-def _order(name: str) -> tuple[int, str]:
-    digits = name.removeprefix("damaged/").split(".")[0]
-    return (int(digits) if digits.isdigit() else -1, name)

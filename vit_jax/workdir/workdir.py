@@ -22,15 +22,15 @@ import jax
 import numpy as np
 
 from vit_jax.base import store
-from vit_jax.base.text import size
-from vit_jax.workdir import record
+from vit_jax.base.console import size
+from vit_jax.workdir.checkpoints import read_record
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What the checks need to know of a run: how long, how often it saves, how many
     checkpoints it keeps, whether it exports final.npz, and what its state is (the
-    integrity record's description, `record.describe`)."""
+    integrity record's description: model, optimizer and image size)."""
 
     total_steps: int
     checkpoint_every: int
@@ -83,7 +83,7 @@ class Workdir:
         if plan.export_npz and not self.final_npz.exists():
             return None
         try:
-            found = record.read(self.checkpoints / str(step))
+            found = read_record(self.checkpoints / str(step))
         except ValueError:
             return None
         wrote = json.loads(json.dumps(plan.state))  # as the record stores it

@@ -1,13 +1,15 @@
 """One check of a whole run config, before anything is compiled, read or written.
 
-`problems(config)` names every field that cannot make sense from the config alone (a
-`Problem` each: the field, its value, what is allowed); `device_problems` those that do
-not fit the devices and processes of this run; `data_problems` those that need the
-data's sizes (split boundaries, class ids, few-shot shots against each class's
-examples) and the `init_from` file: it reads them, and writes nothing. `check(config)`
-runs all three and raises one `ConfigError` naming every bad field. `train.run` calls it
-before it touches the workdir, and `vit_jax.recipe` checks its three parts before the
-first of them trains.
+Each section of the config has one table, field -> rule (`base.problems`), whose lists
+of choices are those of the code that consumes them; the rules that relate two fields
+follow each table. `problems(config)` names every field that cannot make sense from the
+config alone (a `Problem` each: the field, its value, what is allowed);
+`device_problems` those that do not fit the devices and processes of this run;
+`data_problems` those that need the data's sizes (split boundaries, class ids, few-shot
+shots against each class's examples) and the `init_from` file: it reads them, and writes
+nothing. `check(config)` runs all three and raises one `ConfigError` naming every bad
+field. `train.run` calls it before it touches the workdir, and `vit_jax.recipe` checks
+its three parts before the first of them trains.
 """
 
 from __future__ import annotations
@@ -25,166 +27,131 @@ from vit_jax.base.problems import (
     is_number,
     number,
     one_of,
+    optional,
     raise_if_any,
+    table_problems,
 )
 from vit_jax.data import config as data_config
+from vit_jax.data import splits
+from vit_jax.models import DTYPES, GELUS, get_model, variant_config
+from vit_jax.models.posemb import KINDS
+from vit_jax.training.state import DECAYS, LOSSES, MU_DTYPES, OPTIMIZERS
 
 __all__ = ["ConfigError", "Problem", "check", "data_problems", "device_problems", "problems"]
 
-OPTIMIZERS = ("adam", "sgd")
-LOSSES = ("softmax_xent", "sigmoid_xent")  # training/steps.py's LOSSES
-DECAYS = ("cosine", "linear", "constant")
-MU_DTYPES = ("", "float32", "bfloat16")
 TRAINABLE_CLASSIFIERS = ("token", "gap")  # 'unpooled' has no logits per image to train on
+EVERY = " (0: only after the last step)"
+RUN = {
+    "seed": integer(0), "total_steps": integer(1), "batch_size": integer(1),
+    "eval_batch_size": integer(1), "accum_steps": integer(1), "log_every": integer(0, EVERY),
+    "eval_every": integer(0, EVERY), "checkpoint_every": integer(0, EVERY),
+    "keep_checkpoints": integer(0, " (0: keep all)"), "loss": one_of(tuple(LOSSES)),
+}  # fmt: skip
+MODEL = {
+    "width": optional(integer(1, " (or None: the variant's)")),
+    "depth": optional(integer(1, " (or None: the variant's)")),
+    "num_heads": optional(integer(1, " (or None: the variant's)")),
+    "mlp_dim": optional(integer(1, " (or None: the variant's)")),
+    "patch_size": optional(integer(1, " (or None: the variant's)")),
+    "representation_size": optional(integer(0, " (0: no layer)")),
+    "classifier": one_of(TRAINABLE_CLASSIFIERS),
+    "posemb": one_of(KINDS),
+    "dropout": number(0, 1, high_open=True),
+    "attention_dropout": number(0, 1, high_open=True),
+    "stochastic_depth": number(0, 1, high_open=True),
+    "dtype": one_of(tuple(DTYPES)),
+    "gelu": optional(one_of(GELUS)),
+    "layer_norm_eps": optional(number(0, 1, low_open=True, high_open=True)),
+    "head_bias_init": number(),
+}
+OPTIMIZER = {
+    "name": one_of(OPTIMIZERS), "lr": number(0, low_open=True), "decay": one_of(DECAYS),
+    "momentum": number(0, 1, high_open=True), "b1": number(0, 1, high_open=True),
+    "b2": number(0, 1, high_open=True), "weight_decay": number(0),
+    "grad_clip": number(0, note=" (0: no clipping)"), "mu_dtype": one_of(MU_DTYPES),
+}  # fmt: skip
+FEWSHOT = {
+    "source": lambda v: None if not v else one_of(data_config.SOURCES)(v),
+    "train_split": splits.spec_rule, "test_split": splits.spec_rule,
+    "shots": lambda v: None if isinstance(v, (tuple, list)) and v and all(
+        is_int(k) and k >= 1 for k in v) else "expected examples per class >= 1, e.g. (1, 5)",
+    "l2": number(0), "seed": integer(0), "batch_size": integer(1),
+    "every": integer(0, " (0: with each evaluation)"),
+}  # fmt: skip
+MESH = {"data": lambda v: None if v == -1 or (is_int(v) and v >= 1)
+        else "expected -1 (every device left) or >= 1", "fsdp": integer(1)}  # fmt: skip
+DISTRIBUTED = {
+    "num_processes": integer(0, " (0: not set)"), "process_id": integer(-1, " (-1: not set)"),
+    "timeout_seconds": number(0, low_open=True),
+}  # fmt: skip
 
 
 def problems(config: ml_collections.ConfigDict) -> list[Problem]:
     """Every field of `config` that cannot make sense, from the config alone."""
-    c, out = config, []
-    integer(out, "seed", c.seed, 0)
-    integer(out, "total_steps", c.total_steps, 1)
-    for field in ("batch_size", "eval_batch_size", "accum_steps"):
-        integer(out, field, c[field], 1)
-    if is_int(c.batch_size) and is_int(c.accum_steps) and c.accum_steps >= 1:
-        if c.batch_size % c.accum_steps:
-            out.append(
-                Problem(
-                    "accum_steps",
-                    c.accum_steps,
-                    f"expected a divisor of batch_size ({c.batch_size}): it splits each "
-                    "batch into that many micro-batches",
-                )
-            )
-    for field in ("log_every", "eval_every", "checkpoint_every"):
-        integer(out, field, c[field], 0, " (0: only after the last step)")
-    integer(out, "keep_checkpoints", c.keep_checkpoints, 0, " (0: keep all)")
-    if "loss" in c:
-        one_of(out, "loss", c.loss, LOSSES)
+    c = config
+    out = table_problems(c, RUN)
+    if not out and c.batch_size % c.accum_steps:
+        why = (f"expected a divisor of batch_size ({c.batch_size}): it splits each batch into "
+               "that many micro-batches")  # fmt: skip
+        out.append(Problem("accum_steps", c.accum_steps, why))
     out += _model_problems(c.model, c.image_size)
     out += _optimizer_problems(c.optimizer, c.total_steps)
     out += data_config.problems(c.dataset, "dataset.")
     out += _fewshot_problems(c.fewshot)
-    if not (c.mesh.data == -1 or (is_int(c.mesh.data) and c.mesh.data >= 1)):
-        out.append(Problem("mesh.data", c.mesh.data, "expected -1 (every device left) or >= 1"))
-    integer(out, "mesh.fsdp", c.mesh.fsdp, 1)
-    d = c.distributed
-    integer(out, "distributed.num_processes", d.num_processes, 0, " (0: not set)")
-    integer(out, "distributed.process_id", d.process_id, -1, " (-1: not set)")
-    number(out, "distributed.timeout_seconds", d.timeout_seconds, 0, low_open=True)
+    out += table_problems(c.mesh, MESH, "mesh.")
+    out += table_problems(c.distributed, DISTRIBUTED, "distributed.")
     if not isinstance(c.init_from, str):
         out.append(Problem("init_from", c.init_from, "expected a path ('' trains from scratch)"))
     return out
 
 
 def _model_problems(m: Any, image_size: Any) -> list[Problem]:
-    from vit_jax.models import GELUS, get_model, variant_config
-    from vit_jax.models.posemb import KINDS
-
     out: list[Problem] = []
     try:
         variant_config(m.name)
     except (ValueError, TypeError) as e:
         out.append(Problem("model.name", m.name, str(e)))
-    for field in ("width", "depth", "num_heads", "mlp_dim", "patch_size"):
-        if m[field] is not None:
-            integer(out, f"model.{field}", m[field], 1, " (or None: the variant's)")
-    if m.representation_size is not None:
-        integer(out, "model.representation_size", m.representation_size, 0, " (0: no layer)")
-    one_of(out, "model.classifier", m.classifier, TRAINABLE_CLASSIFIERS)
-    one_of(out, "model.posemb", m.posemb, KINDS)
-    for field in ("dropout", "attention_dropout", "stochastic_depth"):
-        number(out, f"model.{field}", m[field], 0, 1, high_open=True)
-    one_of(out, "model.dtype", m.dtype, ("float32", "bfloat16", "float16"))
-    if m.gelu is not None:
-        one_of(out, "model.gelu", m.gelu, GELUS)
-    if m.layer_norm_eps is not None:
-        number(out, "model.layer_norm_eps", m.layer_norm_eps, 0, 1, low_open=True, high_open=True)
-    if "head_bias_init" in m:
-        number(out, "model.head_bias_init", m.head_bias_init)
+    out += table_problems(m, MODEL, "model.")
     if not is_int(image_size) or image_size < 1:
         out.append(Problem("image_size", image_size, "expected an integer >= 1 (pixels a side)"))
     if out:
         return out
     fields = {k: v for k, v in m.items() if k != "name" and v not in (None, 0)}
-    model = get_model(m.name, num_classes=None, **fields)
+    model = get_model(m.name, None, **fields)
     if model.width % model.num_heads:
-        out.append(
-            Problem(
-                "model.num_heads",
-                model.num_heads,
-                f"expected a divisor of the width ({model.width}): each head takes width / heads",
-            )
-        )
+        why = f"expected a divisor of the width ({model.width}): each head takes width / heads"
+        out.append(Problem("model.num_heads", model.num_heads, why))
     s = model.token_stride
     if image_size % s:
         near = max(s, round(image_size / s) * s)
         stem = " (the stem's downsampling x the patch)" if model.resnet_stages is not None else ""
-        out.append(
-            Problem(
-                "image_size",
-                image_size,
-                f"expected a multiple of the model's {s} px per token{stem}, e.g. {near}",
-            )
-        )
+        why = f"expected a multiple of the model's {s} px per token{stem}, e.g. {near}"
+        out.append(Problem("image_size", image_size, why))
     return out
 
 
 def _optimizer_problems(o: Any, total_steps: Any) -> list[Problem]:
-    out: list[Problem] = []
-    one_of(out, "optimizer.name", o.name, OPTIMIZERS)
-    number(out, "optimizer.lr", o.lr, 0, low_open=True)
-    lr_ok = is_number(o.lr) and o.lr > 0
-    number(out, "optimizer.end_lr", o.end_lr, 0, o.lr if lr_ok else None,
-           note=" (the learning rate decays to it)")  # fmt: skip
+    out = table_problems(o, OPTIMIZER, "optimizer.")
+    high = o.lr if is_number(o.lr) and o.lr > 0 else None
+    if why := number(0, high, note=" (the learning rate decays to it)")(o.end_lr):
+        out.append(Problem("optimizer.end_lr", o.end_lr, why))
+    rule = integer(0)
     if is_int(total_steps) and total_steps >= 1:
-        if not (is_int(o.warmup_steps) and 0 <= o.warmup_steps <= total_steps):
-            out.append(
-                Problem(
-                    "optimizer.warmup_steps",
-                    o.warmup_steps,
-                    f"expected an integer from 0 to total_steps ({total_steps})",
-                )
-            )
-    else:
-        integer(out, "optimizer.warmup_steps", o.warmup_steps, 0)
-    one_of(out, "optimizer.decay", o.decay, DECAYS)
-    for field in ("momentum", "b1", "b2"):
-        number(out, f"optimizer.{field}", o[field], 0, 1, high_open=True)
-    number(out, "optimizer.weight_decay", o.weight_decay, 0)
-    number(out, "optimizer.grad_clip", o.grad_clip, 0, note=" (0: no clipping)")
-    one_of(out, "optimizer.mu_dtype", o.mu_dtype, MU_DTYPES)
+        rule = lambda v: None if is_int(v) and 0 <= v <= total_steps else (  # noqa: E731
+            f"expected an integer from 0 to total_steps ({total_steps})")  # fmt: skip
+    if why := rule(o.warmup_steps):
+        out.append(Problem("optimizer.warmup_steps", o.warmup_steps, why))
     return out
 
 
 def _fewshot_problems(f: Any) -> list[Problem]:
-    from vit_jax.data import splits
-
-    out: list[Problem] = []
     if not isinstance(f.datasets, str):
-        out.append(Problem("fewshot.datasets", f.datasets, "expected names, comma-separated"))
-        return out
-    if f.source:
-        one_of(out, "fewshot.source", f.source, data_config.SOURCES)
+        return [Problem("fewshot.datasets", f.datasets, "expected names, comma-separated")]
+    out = table_problems(f, FEWSHOT, "fewshot.")
     names = [n.strip() for n in f.datasets.split(",") if n.strip()]
     tfds = f.source == "tfds" or (not f.source and any(n != "fashion_mnist" for n in names))
     if tfds and data_config.remote_tfds(f.data_dir):
         out.append(Problem("fewshot.data_dir", f.data_dir, data_config.REMOTE_TFDS))
-    for field in ("train_split", "test_split"):
-        try:
-            splits.check_spec(f[field])
-        except ValueError as e:
-            out.append(Problem(f"fewshot.{field}", f[field], str(e)))
-    shots = f.shots
-    if not isinstance(shots, (tuple, list)) or not shots:
-        shots = None
-    if shots is None or any(not is_int(k) or k < 1 for k in shots):
-        out.append(
-            Problem("fewshot.shots", f.shots, "expected examples per class >= 1, e.g. (1, 5)")
-        )
-    number(out, "fewshot.l2", f.l2, 0)
-    integer(out, "fewshot.seed", f.seed, 0)
-    integer(out, "fewshot.batch_size", f.batch_size, 1)
-    integer(out, "fewshot.every", f.every, 0, " (0: with each evaluation)")
     return out
 
 

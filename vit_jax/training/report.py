@@ -1,0 +1,297 @@
+"""What a run reports: its console lines, TensorBoard scalars (without TensorFlow, local or
+on a bucket), summary.json, throughput, and what the compiler says of its step.
+
+    tensorboard --logdir=WORKDIR
+
+shows loss, lr, grad_norm, eval/accuracy, eval/loss, fewshot/... per step. Only the lead
+process writes. For a workdir on a store (gs://, s3://) the event file is written in a
+local temporary directory and uploaded whole at every flush (every 30 s) and at the end,
+so TensorBoard can read it from the bucket while the run goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from vit_jax.base import console, files, store
+from vit_jax.evaluation import fewshot as fewshot_lib
+
+UPLOAD_SECONDS = 30
+
+
+class Throughput:
+    """Images/s per device and the ETA, from the steps between two log lines.
+
+    The first step of a run (or of a resumed run) compiles the train step, which can
+    take longer than hundreds of steps: `compiled(step)` restarts the clock once it is
+    done, so neither the speed nor the ETA counts it. Until a step after that has been
+    timed, `update` returns no speed and no ETA. `clock` (seconds) is for tests.
+    """
+
+    def __init__(self, total_steps: int, batch: int, devices: int, start_step: int = 0,
+                 clock: Callable[[], float] = time.perf_counter):  # fmt: skip
+        self.total, self.batch, self.devices, self.clock = total_steps, batch, devices, clock
+        self.last_step, self.last_time = start_step, clock()
+
+    def compiled(self, step: int) -> float:
+        """The first step (compilation included) ended at `step`: restart the clock;
+        returns the seconds that step took."""
+        now = self.clock()
+        took = now - self.last_time
+        self.last_step, self.last_time = step, now
+        return took
+
+    def pause(self, step: int) -> None:
+        """Restart the clock after work that is not training (evaluation, saving)."""
+        self.last_step, self.last_time = step, self.clock()
+
+    def update(self, step: int) -> dict[str, float]:
+        """Speed and ETA over the steps since the last update, pause or compile;
+        {} when no step was timed since (the log line right after compiling)."""
+        now = self.clock()
+        steps, secs = step - self.last_step, max(now - self.last_time, 1e-9)
+        self.last_step, self.last_time = step, now
+        if steps <= 0:
+            return {}
+        return {
+            "img_per_sec_per_device": steps * self.batch / secs / self.devices,
+            "eta_seconds": secs / steps * (self.total - step),
+        }
+
+
+# ---------------------------------------------------------------------- console lines
+
+
+def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    """'step 100/1000 | loss 1.234 | lr 1.0e-03 | grad_norm 0.52 | 812 img/s/device | ETA 3m20s'."""
+    parts = [f"step {step}/{total}"]
+    for key, fmt in (("loss", "loss {:.4f}"), ("lr", "lr {:.2e}"),
+                     ("grad_norm", "grad_norm {:.3f}"),
+                     ("img_per_sec_per_device", "{:.0f} img/s/device")):  # fmt: skip
+        if key in metrics:
+            parts.append(fmt.format(metrics[key]))
+    if metrics.get("skipped"):
+        parts.append(f"skipped {metrics['skipped']:.0f} non-finite")
+    if "eta_seconds" in metrics:
+        parts.append(f"ETA {console.duration(metrics['eta_seconds'])}")
+    return " | ".join(parts)
+
+
+def eval_line(step: int, accuracy: float, loss: float | None) -> str:
+    """'step 400: test accuracy 0.7758, loss 0.5990' (the loss left out where unknown)."""
+    loss_part = f", loss {loss:.4f}" if isinstance(loss, float) else ""
+    return f"step {step}: test accuracy {accuracy:.4f}{loss_part}"
+
+
+def fewshot_lines(step: int, evals: dict) -> list[str]:
+    """'step 400: few-shot fashion_mnist 1/5/10/25-shot 41.2/63.0/70.1/76.5%', a dataset
+    a line, from the few-shot entries of `evals` (or of a stored summary)."""
+    lines = []
+    for name, row in fewshot_lib.by_dataset(evals).items():
+        shots, accs = "/".join(map(str, row)), "/".join(f"{100 * a:.1f}" for a in row.values())
+        lines.append(f"step {step}: few-shot {name} {shots}-shot {accs}%")
+    return lines
+
+
+def finished_lines(workdir: Any, summary: dict[str, Any]) -> str:
+    """'WORKDIR: finished at step 20 (summary.json); nothing to do' and its results."""
+    step = summary.get("steps")
+    lines = [f"{workdir}: finished at step {step} (summary.json); nothing to do"]
+    if summary.get("accuracy") is not None:
+        lines.append(eval_line(step, summary["accuracy"], summary.get("eval_loss")))
+    return "\n".join(lines + fewshot_lines(step, summary))
+
+
+def say(line: str) -> None:
+    """Prints on the lead process only."""
+    if jax.process_index() == 0:
+        print(line, flush=True)
+
+
+def write(writer: Any, step: int, total: int, metrics: dict, evals: dict | None = None) -> None:
+    """The console line and TensorBoard scalars of a log step, or of an evaluation."""
+    if writer is None:
+        return
+    if evals is None:
+        print(console_line(step, total, metrics), flush=True)
+        writer.write_scalars(step, {k: v for k, v in metrics.items() if k != "eta_seconds"})
+    else:
+        accuracy, loss = evals["accuracy"], evals["loss"]
+        print(eval_line(step, accuracy, loss), flush=True)
+        writer.write_scalars(step, {"eval/accuracy": accuracy, "eval/loss": loss})
+
+
+def write_fewshot(writer: Any, step: int, evals: dict) -> None:
+    """The few-shot lines (`fewshot_lines`) and their TensorBoard scalars."""
+    if writer is None:
+        return
+    for line in fewshot_lines(step, evals):
+        print(line, flush=True)
+    writer.write_scalars(step, {k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)})
+
+
+def write_summary(path: Any, summary: dict[str, Any]) -> None:
+    """Write a run's summary.json at `path`, whole or not at all (non-finite numbers as
+    null)."""
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+             for k, v in summary.items()}  # fmt: skip
+    with files.atomic_write(path, "w") as f:
+        json.dump(clean, f, indent=2, sort_keys=True)
+
+
+# ---------------------------------------------------------------------- TensorBoard
+
+
+class EventWriter:
+    """Scalars per step into WORKDIR/events.out.tfevents.* (tensorboardX's writer)."""
+
+    def __init__(self, logdir: str | os.PathLike):
+        from tensorboardX import SummaryWriter  # noqa: PLC0415 -- imports protobuf
+
+        self._remote = store.path(logdir) if store.is_remote(logdir) else None
+        local = tempfile.mkdtemp(prefix="vit_jax_events_") if self._remote else os.fspath(logdir)
+        self._local = local
+        self._writer = SummaryWriter(local, flush_secs=UPLOAD_SECONDS)
+        self._uploaded = time.monotonic()
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        for name, value in scalars.items():
+            self._writer.add_scalar(name, float(np.asarray(value)), global_step=int(step))
+        if self._remote is not None and time.monotonic() - self._uploaded > UPLOAD_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        self._writer.flush()
+        self._upload()
+
+    def close(self) -> None:
+        """Writes what is pending and ends the writer's thread."""
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        self._upload()
+        if self._remote is not None:
+            shutil.rmtree(self._local, ignore_errors=True)
+
+    def _upload(self) -> None:
+        if self._remote is None:
+            return
+        self._uploaded = time.monotonic()
+        for name in os.listdir(self._local):
+            with open(os.path.join(self._local, name), "rb") as source:
+                with files.atomic_write(self._remote / name) as f:
+                    shutil.copyfileobj(source, f)
+
+    def __enter__(self) -> EventWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} in step order, from the event files in `logdir`:
+    TFRecord-framed `Event` protos (per record a little-endian uint64 length, its CRC,
+    the bytes, their CRC, not checked here)."""
+    from tensorboardX.proto import event_pb2  # noqa: PLC0415
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(store.path(logdir).glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
+    return {tag: sorted(rows) for tag, rows in out.items()}
+
+
+# ---------------------------------------------------------------------- the compiled step
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One JAX device of a TPU generation: its memory, peak bf16 rate, TensorCores."""
+
+    hbm_bytes: int
+    peak_flops: float  # bf16 FLOP/s
+    cores: int  # TensorCores per device (core-days count these, as the paper's TPUv3-core-days)
+
+
+GiB = 2**30
+# Google Cloud's published figures per chip, divided per JAX device: a v3 or v4 device is
+# one TensorCore (two per chip), a v5p device a megacore chip (two cores), v5e and v6e
+# chips one core each.
+CHIPS = {
+    "TPU v3": Chip(16 * GiB, 123e12 / 2, 1),
+    "TPU v4": Chip(16 * GiB, 275e12 / 2, 1),
+    "TPU v5": Chip(95 * GiB, 459e12, 2),  # v5p
+    "TPU v5 lite": Chip(16 * GiB, 197e12, 1),  # v5e
+    "TPU v6 lite": Chip(32 * GiB, 918e12, 1),  # v6e (Trillium)
+}
+
+
+def compiled_figures(compiled: Any) -> tuple[int, int, float, float]:
+    """(temporaries, total bytes per device, FLOPs per device, the compiler's step-time
+    estimate in seconds, 0 where it gives none) of a compiled step."""
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+             - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+             + memory.generated_code_size_in_bytes)  # fmt: skip
+    seconds = float(cost.get("optimal_seconds") or 0.0)
+    # Measured: libtpu 0.0.42.1's cost model gives ViT-B/16 at 384 px on v4-8 a negative
+    # time (-90 s); an estimate that is not a positive number is no estimate.
+    seconds = seconds if math.isfinite(seconds) and seconds > 0 else 0.0
+    return memory.temp_size_in_bytes, total, float(cost.get("flops", 0.0)), seconds
+
+
+def loop_of(config: Any) -> str | None:
+    """The config field that makes the train step a loop ('model.scan': the blocks;
+    'accum_steps': the micro-batches), or None. XLA's cost analysis counts a loop's body
+    once, so such a step's FLOPs and time are a fraction of the step's (measured: B/16
+    scanned gave 1/11 of the FLOPs and 1/5 of the time; accum_steps=2 halves the FLOPs)."""
+    if config.model.get("scan"):
+        return "model.scan"
+    return "accum_steps" if config.accum_steps > 1 else None
+
+
+def compiled_line(step: Any, state: Any, batch: Any, loop: str | None = None) -> str | None:
+    """One line of what the compiler says of the loop's own step on this host's devices,
+    after its first call (whose executable the lowering finds again: no second compile):
+    bytes per device, FLOPs per step, and its step-time estimate where the backend gives
+    one (TPU); `loop` (`loop_of`): no FLOPs or time, which the compiler counts a part of.
+    None where the backend reports no memory analysis."""
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                            (state, batch))  # fmt: skip
+    try:
+        temp, total, flops, seconds = compiled_figures(step.lower(*abstract).compile())
+    except Exception:  # noqa: BLE001 - a backend without the analyses: say nothing
+        return None
+    kind = jax.devices()[0].device_kind
+    hbm = CHIPS[kind].hbm_bytes if kind in CHIPS else 0
+    of = f" of {console.size(hbm)}" if hbm else ""
+    line = f"compiled step: {console.size(total)} per device{of} ({console.size(temp)} temporaries)"
+    if loop:
+        return line + f"; no FLOPs or step time: XLA counts the {loop} loop's body once"
+    amount = f"{flops / 1e12:.3g} TFLOP" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP"
+    line += f", {amount} per device per step"
+    if seconds:
+        images = batch["image"].shape[0] / seconds
+        return line + f"; the compiler predicts {seconds * 1e3:.0f} ms a step ({images:,.0f} img/s)"
+    return line + f" (the {jax.default_backend()} backend gives no step-time estimate)"

@@ -1,0 +1,207 @@
+"""What a weights file says beyond its parameters, as one record (`Meta`), written and read
+once per format.
+
+  gelu, layer_norm_eps  the function the weights compute. Neither leaves parameters
+                 behind, yet each moves logits by ~1e-4: 'tanh' (the original ViT's GELU)
+                 or 'exact' (erf); the LayerNorm epsilon.
+  labels         the head's class names, in class order (None: the file names none; the
+                 commands then use ImageNet's for a 1000-class head, else 'class i').
+  preprocessing  the resize the weights were trained and evaluated with
+                 (`vit_jax.data.pixels.METHODS`); fed the other, a model sees other pixels
+                 than its numbers were measured on.
+
+Each format says them its own way, and what a file leaves unsaid is what its tool meant:
+
+  npz   the published files carry nothing: tanh, 1e-6, tf_bilinear, no names. Others get
+        0-d string entries that the original code and timm's npz loader leave unread:
+        `vit_jax_numerics` (JSON, only where the numerics are not the original's),
+        `vit_jax_labels` (a JSON list) and `vit_jax_preprocessing` (only where it is not
+        tf_bilinear), so files of the original's stay byte for byte what they were.
+  timm  safetensors metadata `gelu`, `layer_norm_eps`, `labels` (JSON) and
+        `preprocessing`. Without `gelu` a file was saved by timm itself: timm's exact GELU
+        and 1e-6 (one with only this package's older `num_heads` entry was written here
+        before the numerics were recorded: the original's); without `preprocessing`,
+        PIL's antialiased resize (timm's transforms).
+  hf    config.json's `hidden_act` ('gelu' is exact; 'gelu_pytorch_tanh', 'gelu_new',
+        'gelu_fast' the tanh form), `layer_norm_eps` (transformers' defaults 'gelu',
+        1e-12), `id2label` (its defaults LABEL_i name nothing) and
+        `vit_jax_preprocessing` (without it, PIL's: transformers' processors).
+
+Files converted by others from the original JAX weights, such as
+google/vit-base-patch16-224 on the Hugging Face hub, say 'gelu' and 1e-12 although the
+weights were trained with tanh and 1e-6: load them with `ORIGINAL_NUMERICS` as overrides
+(the commands' --numerics=original). Options a user names win over what a file says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from vit_jax.data.pixels import METHODS, PUBLISHED
+from vit_jax.models import GELUS, ORIGINAL_NUMERICS
+from vit_jax.weights.errors import CheckpointError
+
+NPZ_KEYS = {"numerics": "vit_jax_numerics", "labels": "vit_jax_labels",
+            "preprocessing": "vit_jax_preprocessing"}  # fmt: skip
+TIMM_DEFAULT = {"gelu": "exact", "layer_norm_eps": 1e-6}  # timm's VisionTransformer defaults
+HF_TANH = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
+OTHER_TOOLS = "pil_antialias"  # what timm's and transformers' processors compute
+_HF_DEFAULT_NAME = re.compile(r"LABEL_(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """What a weights file says beyond its parameters (the defaults: a published file's)."""
+
+    gelu: str = "tanh"
+    layer_norm_eps: float = 1e-6
+    labels: tuple[str, ...] | None = None
+    preprocessing: str | None = None  # None: not known (nothing is written)
+
+    def __post_init__(self):
+        if self.gelu not in GELUS:
+            raise CheckpointError(f"GELU {self.gelu!r}: this package computes {' or '.join(GELUS)}")
+        try:
+            object.__setattr__(self, "layer_norm_eps", float(self.layer_norm_eps))
+        except (TypeError, ValueError):
+            raise CheckpointError(f"layer_norm_eps {self.layer_norm_eps!r} is no number") from None
+        if self.labels is not None:
+            object.__setattr__(self, "labels", tuple(str(n) for n in self.labels))
+        if self.preprocessing not in (None, *METHODS):
+            methods = " or ".join(METHODS)
+            what = f"preprocessing {self.preprocessing!r}"
+            raise CheckpointError(f"{what}: this package computes {methods}")
+
+    @classmethod
+    def of_model(cls, model: Any, labels=None, preprocessing: str | None = None) -> Meta:
+        """A VisionTransformer's numerics, with the head's class names and the resize."""
+        return cls(model.gelu, model.layer_norm_eps, labels, preprocessing)
+
+    @property
+    def numerics(self) -> dict[str, Any]:
+        """{'gelu': ..., 'layer_norm_eps': ...}: the model fields it sets."""
+        return {"gelu": self.gelu, "layer_norm_eps": self.layer_norm_eps}
+
+    @property
+    def original_numerics(self) -> bool:
+        return self.numerics == ORIGINAL_NUMERICS
+
+    # ------------------------------------------------------------------ npz
+
+    def to_npz(self) -> dict[str, np.ndarray]:
+        out = {}
+        if not self.original_numerics:
+            out["numerics"] = json.dumps(self.numerics, sort_keys=True)
+        if self.labels is not None:
+            out["labels"] = json.dumps(list(self.labels))
+        if self.preprocessing not in (None, PUBLISHED):
+            out["preprocessing"] = self.preprocessing
+        return {NPZ_KEYS[k]: np.array(v) for k, v in out.items()}
+
+    @classmethod
+    def from_npz(cls, arrays: dict[str, Any], source: str) -> Meta:
+        """Pops the entries from an .npz's arrays."""
+        found = {k: str(arrays.pop(key)) for k, key in NPZ_KEYS.items() if key in arrays}
+        numerics = _json(found, "numerics", dict, f"{source} ({NPZ_KEYS['numerics']})")
+        labels = _json(found, "labels", list, f"{source} ({NPZ_KEYS['labels']})")
+        method = found.get("preprocessing", PUBLISHED)
+        return _made(f"{source} (vit_jax_*)", **(numerics or ORIGINAL_NUMERICS),
+                     labels=labels, preprocessing=method)  # fmt: skip
+
+    # ------------------------------------------------------------------ timm safetensors
+
+    def to_timm(self) -> dict[str, str]:
+        out = {"gelu": self.gelu, "layer_norm_eps": repr(self.layer_norm_eps)}
+        if self.labels is not None:
+            out["labels"] = json.dumps(list(self.labels))
+        if self.preprocessing is not None:
+            out["preprocessing"] = self.preprocessing
+        return out
+
+    @classmethod
+    def from_timm(cls, metadata: dict[str, str], source: str) -> Meta:
+        if "gelu" in metadata:
+            numerics = {k: metadata.get(k) for k in ("gelu", "layer_norm_eps")}
+        else:  # timm's own file, or one written here before the numerics were recorded
+            numerics = ORIGINAL_NUMERICS if "num_heads" in metadata else TIMM_DEFAULT
+        labels = _json(metadata, "labels", list, f"{source} (metadata labels)")
+        method = metadata.get("preprocessing", OTHER_TOOLS)
+        return _made(f"{source} (metadata)", **numerics, labels=labels, preprocessing=method)
+
+    # ------------------------------------------------------------------ Hugging Face
+
+    def to_hf(self) -> dict[str, Any]:
+        """config.json's entries (id2label is hf.config's, which knows the head's width)."""
+        act = "gelu_pytorch_tanh" if self.gelu == "tanh" else "gelu"
+        out = {"hidden_act": act, "layer_norm_eps": self.layer_norm_eps}
+        if self.preprocessing is not None:
+            out["vit_jax_preprocessing"] = self.preprocessing
+        return out
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], source: str) -> Meta:
+        act = cfg.get("hidden_act", "gelu")
+        if act != "gelu" and act not in HF_TANH:
+            raise CheckpointError(
+                f"{source} computes hidden_act {act!r}; this package's ViT computes 'gelu' "
+                f"(exact) or the tanh form ({', '.join(HF_TANH)})"
+            )
+        id2label, labels = cfg.get("id2label"), None
+        if isinstance(id2label, dict) and id2label:
+            labels = [str(id2label.get(str(i), id2label.get(i, ""))) for i in range(len(id2label))]
+            if all(_HF_DEFAULT_NAME.fullmatch(n) and int(n[6:]) == i for i, n in enumerate(labels)):
+                labels = None
+        return _made(source, "exact" if act == "gelu" else "tanh",
+                     cfg.get("layer_norm_eps", 1e-12), labels,
+                     cfg.get("vit_jax_preprocessing", OTHER_TOOLS))  # fmt: skip
+
+
+def checked(labels: Sequence[str] | None, num_classes: int, source: str) -> list[str] | None:
+    """`labels` as a list when they fit a head of `num_classes`: one distinct name each.
+
+    Raises:
+        ValueError: another number of names, or a name given twice (named with `source`).
+    """
+    if labels is None:
+        return None
+    names = [str(n) for n in labels]
+    if len(names) != num_classes:
+        raise ValueError(
+            f"{source}: {len(names)} class names for a head of {num_classes} classes: give "
+            "one a class"
+        )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(
+            f"{source}: class names must differ; repeated: {', '.join(map(repr, twice[:5]))}"
+        )
+    return names
+
+
+def _json(found: dict[str, str], key: str, kind: type, source: str) -> Any:
+    """The JSON value of `found[key]` (None where absent), of type `kind`."""
+    if key not in found:
+        return None
+    try:
+        value = json.loads(found[key])
+    except ValueError:
+        value = None
+    if not isinstance(value, kind) or (kind is list and not all(isinstance(n, str) for n in value)):
+        what = "a JSON list of class names" if kind is list else "JSON"
+        raise CheckpointError(f"{source} is not {what}: {found[key][:80]!r}")
+    return value
+
+
+def _made(source: str, gelu=None, layer_norm_eps=None, labels=None, preprocessing=None) -> Meta:
+    """A Meta from a file's entries; what does not fit is named with the file."""
+    try:
+        return Meta(gelu, 1e-6 if layer_norm_eps is None else layer_norm_eps, labels,
+                    preprocessing)  # fmt: skip
+    except CheckpointError as e:
+        raise CheckpointError(f"{source} names {e}") from None
