@@ -1,5 +1,6 @@
-"""Lines of library code: the modules under vit_jax/'s folders (the commands at the top
-left out), counting lines that hold code, not docstrings, comments or blank lines.
+"""Lines of code of the package: every module of vit_jax/ (the commands at the top and
+the library under its folders), counting lines that hold code, not docstrings, comments or
+blank lines; and the house's limits: files over 350 lines and functions over 60.
 
     python benchmarks/code_lines.py [--by-file] [--ref=GIT_REF]
 
@@ -41,17 +42,31 @@ def code_lines(source: str) -> int:
 
 
 def library_files(ref: str | None) -> dict[str, str]:
-    """{path: source} of the modules under vit_jax/'s folders, now or at `ref`."""
+    """{path: source} of the modules of vit_jax/, now or at `ref`."""
     if ref is None:
-        paths = sorted(p for p in (ROOT / "vit_jax").rglob("*.py") if p.parent.name != "vit_jax")
+        paths = sorted((ROOT / "vit_jax").rglob("*.py"))
         return {str(p.relative_to(ROOT)): p.read_text() for p in paths}
     names = subprocess.run(
         ["git", "ls-tree", "-r", "--name-only", ref, "vit_jax"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
-    names = [n for n in names if n.endswith(".py") and n.count("/") >= 2]
+    names = [n for n in names if n.endswith(".py")]
     git = dict(cwd=ROOT, capture_output=True, text=True, check=True)
     return {n: subprocess.run(["git", "show", f"{ref}:{n}"], **git).stdout for n in names}
+
+
+def over_limits(files: dict[str, str], file_lines: int = 350, function_lines: int = 60):
+    """['vit_jax/x.py: 351 lines', 'vit_jax/y.py:f: 61 lines', ...]: files over
+    `file_lines` lines and functions over `function_lines`, each counted whole."""
+    out = []
+    for path, source in files.items():
+        if (n := len(source.splitlines())) > file_lines:
+            out.append(f"{path}: {n} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if (n := node.end_lineno - node.lineno + 1) > function_lines:
+                    out.append(f"{path}:{node.name}: {n} lines")
+    return out
 
 
 def main() -> None:
@@ -64,7 +79,10 @@ def main() -> None:
         for path, n in sorted(counts.items(), key=lambda kv: -kv[1]):
             print(f"{n:6d}  {path}")
     where = args.ref or "the working tree"
-    print(f"{sum(counts.values())} code lines in {len(counts)} library modules ({where})")
+    files = library_files(args.ref)
+    over = over_limits(files)
+    print(f"over the limits (files 350 lines, functions 60): {', '.join(over) or 'none'}")
+    print(f"{sum(counts.values())} code lines in {len(counts)} modules of vit_jax/ ({where})")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ CASES = {
 
 
 def make_jpeg_folder(root: str, num_images: int, size=(300, 400), num_classes: int = 4) -> None:
+    size = tuple(size)
     """root/{train,test}/class_k/*.jpg: smooth random RGB images (they compress like photos)."""
     from PIL import Image
 
@@ -92,8 +93,12 @@ def worker(args) -> None:
     _, size, batch = CASES[args.case]
     cfg = config(args.case, args.folder, args.preprocessing)
     if args.impl in ("grain", "before"):
-        cfg.threads = args.cores if args.mode == "threads" else 1
+        cfg.threads = args.cores if args.mode in ("threads", "pool") else 1
         cfg.workers = args.cores if args.mode == "workers" else 0
+    if args.mode == "pool":  # a hand-written thread pool in place of Grain's prefetch
+        from vit_jax.data import pipeline
+
+        pipeline.Batches = HandPool
     if args.setting:
         from vit_jax.configs import augreg
 
@@ -107,6 +112,44 @@ def worker(args) -> None:
     elapsed = time.perf_counter() - start
     assert out["image"].shape == (batch, size, size, 3)
     print(json.dumps({"ips": args.batches * batch / elapsed}))
+
+
+class HandPool:
+    """`pipeline.Batches` done by a hand-written thread pool (the pipeline's own until
+    Grain's `ReadOptions` threads measured as fast): what Grain's prefetch is measured
+    against."""
+
+    def __init__(self, make, indices: range, threads: int, workers: int):
+        import collections
+        import concurrent.futures
+
+        self._make, self._indices, self._ahead = make, iter(indices), 2 * threads
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads)
+        self._queue = collections.deque()
+        self._fill()
+
+    def _fill(self) -> None:
+        while len(self._queue) < self._ahead and (i := next(self._indices, None)) is not None:
+            self._queue.append(self._pool.submit(self._make, i))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self._queue:
+            raise StopIteration
+        batch = self._queue.popleft().result()
+        self._fill()
+        return batch
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def bound(case: str, folder: str, preprocessing: str, repeats: int = 3) -> float:
@@ -123,7 +166,7 @@ def bound(case: str, folder: str, preprocessing: str, repeats: int = 3) -> float
 def _bound(case: str, folder: str, preprocessing: str, repeats: int) -> float:
     import functools
 
-    from vit_jax.data import augment, tables
+    from vit_jax.data import augment, pixels, tables
 
     _, size, batch = CASES[case]
     cfg = config(case, folder, preprocessing)
@@ -133,7 +176,13 @@ def _bound(case: str, folder: str, preprocessing: str, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        for i, u in zip(index, draws, strict=True):
+        if table.images is not None:  # what the pipeline does for in-memory images
+            h, w = table.images.shape[1:3]
+            boxes = [augment.crop_window(h, w, u, cfg.crop_min_area) for u in draws]
+            out = pixels.resize_batch(table.images[index], boxes, (size, size), cfg.preprocessing)
+            mirror = draws[:, -1] < 0.5
+            out[mirror] = out[mirror, :, ::-1]
+        for i, u in zip(index, draws, strict=True) if table.images is None else ():
             crop = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
             window = None if case == "eval384" else crop
             image, _ = tables.load(table, int(i), (size, size), cfg.preprocessing, window)
@@ -183,6 +232,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=8, help="untimed batches per run")
     parser.add_argument("--jpegs", type=int, default=256, help="JPEGs in the generated folder")
+    parser.add_argument("--jpeg_size", default="300x400", help="their HxW, e.g. 375x500")
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell (median)")
     parser.add_argument("--baseline", default="c6b96ae", help="commit with tf.data, or none")
     parser.add_argument("--before", default="37b897f", help="an earlier Grain commit, or none")
@@ -210,7 +260,7 @@ def main() -> None:
         return augreg_costs(args, cases, cores, here)
     with tempfile.TemporaryDirectory() as tmp:
         args.folder = os.path.join(tmp, "jpegs")
-        make_jpeg_folder(args.folder, args.jpegs)
+        make_jpeg_folder(args.folder, args.jpegs, map(int, args.jpeg_size.split("x")))
         old = None if args.baseline == "none" else baseline_tree(args.baseline, tmp + "/old")
         before = None if args.before == "none" else baseline_tree(args.before, tmp + "/before")
         rows = []
@@ -218,7 +268,7 @@ def main() -> None:
             one_core = bound(case, args.folder, args.preprocessing)
             for n in cores:
                 row = dict(case=case, cores=n, bound=one_core * n)
-                for mode in ("threads", "workers"):
+                for mode in ("threads", "workers", "pool"):
                     row[mode] = run_worker(args, "grain", case, n, mode, here)
                 if before:
                     row["before"] = run_worker(args, "before", case, n, "threads", before)
@@ -231,10 +281,11 @@ def main() -> None:
     )
     print("bound = the per-image work alone on one core x cores")
     print(f"preprocessing {args.preprocessing}; before = Grain at {args.before} (threads)")
-    print("ratios: Grain (the better of threads and workers) over tf.data and over the bound")
+    print("ratios: Grain (the better of threads and workers) over tf.data and over the bound;")
+    print("pool = a hand-written thread pool in place of Grain's ReadOptions threads")
     header = (
         f"{'case':<8} {'cores':>5} {'tf.data':>8} {'before':>8} {'threads':>8} {'workers':>8} "
-        f"{'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"
+        f"{'pool':>9} {'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"
     )
     print(header + "\n" + "-" * len(header))
     for r in rows:
@@ -244,7 +295,8 @@ def main() -> None:
         ratio = f"{best / r['tfdata']:>10.2f}" if "tfdata" in r else f"{'-':>10}"
         print(
             f"{r['case']:<8} {r['cores']:>5} {tf_cell} {before} {r['threads']:>8.0f} "
-            f"{r['workers']:>8.0f} {r['bound']:>8.0f} {ratio} {best / r['bound']:>9.2f}"
+            f"{r['workers']:>8.0f} {r['pool']:>9.0f} {r['bound']:>8.0f} {ratio} "
+            f"{best / r['bound']:>9.2f}"
         )
 
 
@@ -255,7 +307,7 @@ def augreg_costs(args, cases: list[str], cores: list[int], pythonpath: str) -> N
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         args.folder = os.path.join(tmp, "jpegs")
-        make_jpeg_folder(args.folder, args.jpegs)
+        make_jpeg_folder(args.folder, args.jpegs, map(int, args.jpeg_size.split("x")))
         for case in cases:
             for n in cores:
                 for setting in augreg.SETTINGS:

@@ -53,7 +53,7 @@ from vit_jax.training.state import build_model, create_state  # noqa: E402
 from vit_jax.workdir import checkpoints as checkpoints_lib  # noqa: E402
 from vit_jax.workdir import verify  # noqa: E402
 from vit_jax.workdir.checkpoints import COMMIT, Checkpoints  # noqa: E402
-from vit_jax.workdir.workdir import tree_bytes  # noqa: E402
+from vit_jax.workdir.workdir import Plan, tree_bytes  # noqa: E402
 
 
 def make_state(model_name: str, image_size: int):
@@ -113,7 +113,7 @@ def main() -> None:
     try:
         options = ocp.CheckpointManagerOptions(create=True, atomicity_options=COMMIT)
         plain = ocp.CheckpointManager(root / "plain", options=options)
-        saver = Checkpoints(root / "record", 0, train.plan_of(config).state)
+        saver = Checkpoints(root / "record", 0, Plan.of(config).state)
         rows = {"plain": ([], []), "record": ([], [])}
         for n in range(1, args.repeats + 1):
             for name in rows:

@@ -4,6 +4,7 @@ comparison, random parameters, a model set up for training, idx files, images.""
 from __future__ import annotations
 
 import gzip
+import importlib
 import os
 import re
 import subprocess
@@ -303,3 +304,20 @@ def tf_resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     top = x[y0][:, x0] + (x[y0][:, x1] - x[y0][:, x0]) * fx[None, :, None]
     bottom = x[y1][:, x0] + (x[y1][:, x1] - x[y1][:, x0]) * fx[None, :, None]
     return top + (bottom - top) * fy[:, None, None]
+
+
+def defined_flags(module_name: str) -> set[str]:
+    """The flags that the command's define_flags defines in its own module or in
+    vit_jax.cli (define_model_flags), found in this process."""
+    from absl import flags
+
+    module = importlib.import_module(module_name)
+    before = set(flags.FLAGS)
+    module.define_flags()
+    new = set(flags.FLAGS) - before
+    try:
+        owners = {name: flags.FLAGS.find_module_defining_flag(name) for name in new}
+        return {name for name in new if owners[name] in (module_name, "vit_jax.cli")}
+    finally:
+        for name in new:
+            delattr(flags.FLAGS, name)

@@ -163,13 +163,13 @@ def test_input_pipeline_prints_grain_bound_and_augreg_costs():
         "--jpegs=8",
         "--repeats=1",
     )
-    # case cores tf.data before threads workers bound vs-tf.data vs-bound
+    # case cores tf.data before threads workers pool bound vs-tf.data vs-bound
     for case in ("idx32", "eval384"):
         cells = row(out, case)
-        assert cells[1] == "1" and cells[2] == "-" and cells[3] == "-" and cells[7] == "-"
-        threads, workers, bound = (float(c) for c in cells[4:7])
-        assert min(threads, workers, bound) > 0
-        assert float(cells[8]) == pytest.approx(max(threads, workers) / bound, abs=0.01)
+        assert cells[1] == "1" and cells[2] == "-" and cells[3] == "-" and cells[8] == "-"
+        threads, workers, pool, bound = (float(c) for c in cells[4:8])
+        assert min(threads, workers, pool, bound) > 0
+        assert float(cells[9]) == pytest.approx(max(threads, workers) / bound, abs=0.01)
     assert "preprocessing tf_bilinear" in out
     out = run(
         "input_pipeline.py",
@@ -205,7 +205,10 @@ def test_code_lines_counts_code_only():
     assert code_lines.code_lines(source) == 6  # import, def, x = (2 lines), return (2 lines)
     out = run("code_lines.py", "--by-file")
     total = int(out.splitlines()[-1].split()[0])
-    assert total == sum(int(line.split()[0]) for line in out.splitlines()[:-1]) > 5000
+    assert total == sum(int(line.split()[0]) for line in out.splitlines()[:-2]) > 5000
+    assert out.splitlines()[-2].endswith(": none")  # no file over 350 lines, no function over 60
+    long_file = "x = 1\n" * 351 + "def f():\n" + "    y = 1\n" * 60
+    assert code_lines.over_limits({"m.py": long_file}) == ["m.py: 412 lines", "m.py:f: 61 lines"]
 
 
 def test_plan_matrix_resumes_from_its_file_and_prints_rows(tmp_path):

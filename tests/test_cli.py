@@ -4,7 +4,6 @@ JAX's left to --helpfull), and a mistake in the flags is one `error:` line with 
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ROOT
+from helpers import ROOT, defined_flags
 
 COMMANDS = {  # python -m NAME -> the module that defines its flags
     "vit_jax.main": "vit_jax.main",
@@ -58,23 +57,6 @@ def runs():
         stdout, stderr = proc.communicate(timeout=300)
         out[key] = (proc.returncode, stdout, stderr)
     return out
-
-
-def defined_flags(module_name: str) -> set[str]:
-    """The flags that the command's define_flags defines in its own module or in
-    vit_jax.cli (define_model_flags), found in this process."""
-    from absl import flags
-
-    module = importlib.import_module(module_name)
-    before = set(flags.FLAGS)
-    module.define_flags()
-    new = set(flags.FLAGS) - before
-    try:
-        owners = {name: flags.FLAGS.find_module_defining_flag(name) for name in new}
-        return {name for name in new if owners[name] in (module_name, "vit_jax.cli")}
-    finally:
-        for name in new:
-            delattr(flags.FLAGS, name)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

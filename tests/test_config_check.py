@@ -9,8 +9,7 @@ from helpers import needs_embedded_data, run_command, snapshot, tiny_config
 
 from vit_jax import configs, main, recipe
 from vit_jax.configs import augreg, common, fashion_mnist, finetune, pretrain
-from vit_jax.training import check
-from vit_jax.training import train
+from vit_jax.training import check, train
 
 
 def every_preset() -> list[str]:
@@ -224,3 +223,19 @@ def test_the_recipe_checks_its_three_parts_before_the_first_trains(tmp_path, cap
     assert run_command(recipe, f"--workdir={tmp_path}/r", "--examples_per_class=0") == 1
     assert "--examples_per_class=0" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_setting_one_field_changes_no_other():
+    """Each field of the base config is its own (two fields sharing one placeholder
+    reference would move together)."""
+    c = common.base("ViT-B_16")
+    flat = lambda cfg: {k: v for k, v in cfg.items() if not hasattr(v, "items")}  # noqa: E731
+    for section in ("model", "optimizer", "dataset", "fewshot", "distributed"):
+        for field in flat(c[section]):
+            fresh = common.base("ViT-B_16")
+            before = dict(flat(fresh[section]))
+            kind = fresh[section].get_ref(field).get_type()  # a placeholder's too
+            value = {str: "other", bool: not before[field], float: 0.125, tuple: (7,)}.get(kind, 7)
+            fresh[section][field] = value
+            changed = {k for k, v in flat(fresh[section]).items() if v != before[k]}
+            assert changed == {field}, (section, field, changed)

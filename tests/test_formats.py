@@ -6,14 +6,7 @@ import re
 import numpy as np
 import pytest
 from format_helpers import HYBRID, TI16, TINY, make, reference_logits, run_in_timm
-from helpers import (
-    FIDELITY_ATOL,
-    assert_npz_equal,
-    assert_trees_equal,
-    images,
-    logits,
-    python_m,
-)
+from helpers import FIDELITY_ATOL, assert_npz_equal, assert_trees_equal, images, logits, python_m
 
 from vit_jax import weights
 from vit_jax.models import get_model

@@ -26,6 +26,7 @@ from vit_jax.training import stopping, train
 from vit_jax.workdir import checkpoints as checkpoints_lib
 from vit_jax.workdir import workdir
 from vit_jax.workdir.checkpoints import Checkpoints
+from vit_jax.workdir.workdir import Plan
 
 NAN = float("nan")
 
@@ -83,7 +84,9 @@ def test_skip_nonfinite_keeps_the_state_and_counts_the_step():
     state, m = step(state, sharding.global_batch(bad, mesh))
     assert float(m["finite"]) == 0.0 and int(m["skipped"]) == 1 and np.isnan(float(m["loss"]))
     after = jax.device_get(state)
-    assert int(after.step) == 2 and int(state_lib.skipped_steps(after.opt_state)) == 1  # data move on
+    assert (
+        int(after.step) == 2 and int(state_lib.skipped_steps(after.opt_state)) == 1
+    )  # data move on
     assert int(after.opt_state.notfinite_count) == 1 and not after.opt_state.last_finite
     kept = (
         (before.params, before.opt_state.inner_state),
@@ -141,7 +144,7 @@ def test_a_workdir_saved_before_apply_if_finite_gets_one_line(tmp_path, skip):
         new.step + 3, new.params, new.opt_state, new.rng, jax.numpy.ones((), jax.numpy.int32)
     )
     workdir = str(tmp_path / "run")
-    with Checkpoints(f"{workdir}/checkpoints", 3, train.plan_of(c).state) as saver:
+    with Checkpoints(f"{workdir}/checkpoints", 3, Plan.of(c).state) as saver:
         saver.save(3, old)
         saver.wait()
     step_dir = os.path.join(workdir, "checkpoints", "3")
@@ -194,9 +197,9 @@ def test_small_disk_fails_before_training(tmp_path, monkeypatch):
 def test_disk_needed():
     c = tiny_config(total_steps=100, checkpoint_every=10, keep_checkpoints=3, export_npz=True)
     # 10 saves: 3 kept, a 4th while a new one replaces the oldest; final.npz.
-    assert workdir.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 4 * 1000 + 10
-    assert workdir.disk_needed(train.plan_of(c), 1000, 10, existing=3000) == 1000 + 10  # resuming
+    assert workdir.disk_needed(Plan.of(c), 1000, 10, existing=0) == 4 * 1000 + 10
+    assert workdir.disk_needed(Plan.of(c), 1000, 10, existing=3000) == 1000 + 10  # resuming
     c.update(keep_checkpoints=0, export_npz=False)  # keep all ten
-    assert workdir.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 10_000
+    assert workdir.disk_needed(Plan.of(c), 1000, 10, existing=0) == 10_000
     c.update(total_steps=20, keep_checkpoints=3)  # only two saves
-    assert workdir.disk_needed(train.plan_of(c), 1000, 10, existing=0) == 2000
+    assert workdir.disk_needed(Plan.of(c), 1000, 10, existing=0) == 2000

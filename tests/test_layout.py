@@ -194,3 +194,11 @@ def test_every_command_ends_with_cli_run(name):
 def test_the_top_holds_commands_and_cli_only():
     top = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
     assert top == COMMANDS | {"cli"}
+
+
+def test_no_file_over_350_lines_and_no_function_over_60():
+    """The house's limits (STYLE.md): a file or function past them asks to be split along a
+    real seam (`python benchmarks/code_lines.py` prints them)."""
+    from benchmarks.code_lines import library_files, over_limits
+
+    assert over_limits(library_files(None)) == []

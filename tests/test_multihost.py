@@ -132,11 +132,15 @@ def test_two_processes_train_like_one(tmp_path):
     # The integrity record merges both processes' checksums (all-gathered at the save): an
     # array FSDP splits over the 8 devices has 8 slices, 4 hashed by each process; read
     # back here, the step verifies.
-    record = checkpoints_lib.read_record(Checkpoints(f"{workdir}/checkpoints", read_only=True).directory / "8")
+    record = checkpoints_lib.read_record(
+        Checkpoints(f"{workdir}/checkpoints", read_only=True).directory / "8"
+    )
     assert record["process_count"] == 2
     split = [name for name, a in record["arrays"].items() if len(a["shards"]) == 8]
     assert any("MlpBlock" in name and name.endswith("kernel") for name in split), record
-    assert verify.verify(Checkpoints(f"{workdir}/checkpoints", read_only=True)) == [("8", "verifies")]
+    assert verify.verify(Checkpoints(f"{workdir}/checkpoints", read_only=True)) == [
+        ("8", "verifies")
+    ]
     want = flat(weights.load_npz(tmp_path / "one" / "final.npz"))
     got = flat(weights.load_npz(f"{workdir}/final.npz"))
     assert_trees_equal(got, want, atol=1e-6)

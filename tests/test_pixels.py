@@ -133,23 +133,6 @@ def test_pil_antialias_is_pil_bit_for_bit():
                 np.testing.assert_array_equal(got, want, err_msg=f"{box} -> {size}")
 
 
-def test_gray_resized_into_an_rgb_slot_repeats_its_channel():
-    """A gray image (the idx files') resized into a batch's RGB slot: each channel is the
-    gray resize, for both methods, and tf_bilinear's is tf.image.resize's."""
-    rng = np.random.default_rng(2)
-    for image, box in zip(rng.integers(0, 256, (5, 28, 28, 1), np.uint8),
-                          windows(28, 28, rng, 5), strict=True):  # fmt: skip
-        for method in pixels.METHODS:
-            slot = np.zeros((32, 32, 3), pixels.dtype_of(method))
-            one = pixels.resize(image, (32, 32), method, box)
-            assert pixels.resize(image, (32, 32), method, box, out=slot) is slot
-            np.testing.assert_array_equal(slot, np.repeat(one, 3, -1))
-        y0, x0, ch, cw = box
-        want = tf_resize(image[y0 : y0 + ch, x0 : x0 + cw], (32, 32))
-        np.testing.assert_allclose(pixels.resize(image, (32, 32), "tf_bilinear", box), want,
-                                   atol=1e-3)  # fmt: skip
-
-
 def test_an_unknown_method_is_named_with_the_choices():
     with pytest.raises(
         ValueError, match=r"preprocessing 'bicubic' is not one of tf_bilinear or pil_antialias"

@@ -22,6 +22,7 @@ from vit_jax.training import stopping, train
 from vit_jax.workdir import checkpoints as checkpoints_lib
 from vit_jax.workdir import lock
 from vit_jax.workdir.checkpoints import Checkpoints
+from vit_jax.workdir.workdir import Plan
 
 # 8 steps, a checkpoint every 2 (2 kept), dropout on: what is restored matters.
 RUN = {"total_steps": 8, "checkpoint_every": 2, "keep_checkpoints": 2, "eval_every": 0}
@@ -36,12 +37,12 @@ def test_every_checkpoint_is_committed_with_its_record_and_retention_keeps_two(t
     checkpoints = f"{workdir}/checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["6", "8"]  # keep_checkpoints=2
     for step in ("6", "8"):
-        assert {"commit_success.txt", checkpoints_lib.NAME} <= set(os.listdir(f"{checkpoints}/{step}"))
+        assert {"commit_success.txt", checkpoints_lib.NAME} <= set(
+            os.listdir(f"{checkpoints}/{step}")
+        )
         found = checkpoints_lib.read_record(store.path(f"{checkpoints}/{step}"))
         assert found["files"] and all(f.startswith("default/") for f in found["files"])
-        assert (
-            found["step"] == int(step) and found["state"] == train.plan_of(tiny_config(**RUN)).state
-        )
+        assert found["step"] == int(step) and found["state"] == Plan.of(tiny_config(**RUN)).state
 
 
 def test_a_second_run_is_refused_a_stale_lock_taken_over(tmp_path, capsys):

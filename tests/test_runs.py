@@ -20,7 +20,7 @@ from vit_jax.training import report, stopping, train
 from vit_jax.training import state as state_lib
 from vit_jax.weights import CheckpointError
 from vit_jax.workdir import checkpoints as checkpoints_lib
-from vit_jax.workdir.workdir import Workdir
+from vit_jax.workdir.workdir import Plan, Workdir
 
 # 1 device; saves at 5, 10, 15, 20; a log line every step, so Ctrl-C lands mid-run.
 RUN = dict(total_steps=20, checkpoint_every=5, log_every=1, eval_every=20)
@@ -107,10 +107,10 @@ def test_finished_means_this_config_ran_to_its_end(tmp_path):
     step_dir = tmp_path / "checkpoints" / "4"
     step_dir.mkdir(parents=True)
     saved = {"format": checkpoints_lib.FORMAT, "step": 4, "arrays": {}, "files": {}}
-    (step_dir / checkpoints_lib.NAME).write_text(json.dumps(dict(saved, state=train.plan_of(c).state)))
+    (step_dir / checkpoints_lib.NAME).write_text(json.dumps(dict(saved, state=Plan.of(c).state)))
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 4, "accuracy": 0.5}))
     (tmp_path / "final.npz").write_bytes(b"")
-    finished = lambda config: Workdir.at(tmp_path).finished(train.plan_of(config))
+    finished = lambda config: Workdir.at(tmp_path).finished(Plan.of(config))
     assert finished(c) == {"steps": 4, "accuracy": 0.5}
     assert finished(tiny_config(total_steps=3)) is not None
     assert finished(tiny_config(total_steps=8)) is None  # resumes
@@ -179,8 +179,7 @@ def test_init_from_of_another_patch_size_names_both_patches(tmp_path):
     wide = tiny_config(**{"model.patch_size": 4, "model.width": 64})
     path = str(tmp_path / "patch4.npz")
     weights.save_npz(
-        path,
-        initial_params(state_lib.Start.of(wide), state_lib.build_model(wide.model, 10), 28),
+        path, initial_params(state_lib.Start.of(wide), state_lib.build_model(wide.model, 10), 28)
     )
     c = tiny_config(init_from=path)  # patch 7, width 32
     with pytest.raises(CheckpointError) as error:
@@ -220,8 +219,7 @@ def test_failed_runs_remove_only_the_empty_directories_they_created(tmp_path):
     wide = tiny_config(**{"model.width": 64})
     path = str(tmp_path / "wide.npz")
     weights.save_npz(
-        path,
-        initial_params(state_lib.Start.of(wide), state_lib.build_model(wide.model, 10), 28),
+        path, initial_params(state_lib.Start.of(wide), state_lib.build_model(wide.model, 10), 28)
     )
     with pytest.raises(CheckpointError):
         train.run(tiny_config(init_from=path), str(new))

@@ -1,19 +1,11 @@
 """What every command shares: flag parsing, quiet library logs, and user errors as one line.
 
 A command module holds its flags, one call into the library and its printing, and ends
-with `cli.run(main, define_flags)`. The library never imports a command.
-
-User errors (a missing file, a bad value, a config that does not fit, a non-finite run,
-a missing optional package) print `error: ...` with the way out and exit 1, without a
-Python traceback; set VIT_JAX_DEBUG=1 to see it. Other exceptions are programming
-errors and keep their tracebacks. Flag errors (an unknown flag, a bad flag value, a
-missing required flag, an unknown config field, a preset argument that does not exist)
-print the same `error: ...` line, naming `python -m vit_jax.NAME --help`, which lists the
-command's own flags, the shared model flags included.
-
-Ctrl-C prints one line (a training run says where it stopped and that the same command
-resumes) and exits 130, without the KeyboardInterrupt traceback; a training run stopped by
-SIGTERM exits 143 (`vit_jax.training.stopping`).
+with `cli.run(main, define_flags)`. User errors (a missing file, a bad value or flag, a
+config that does not fit, a non-finite run, a missing optional package) print `error: ...`
+with the way out and exit 1, without a traceback (VIT_JAX_DEBUG=1 shows it); other
+exceptions are bugs and keep theirs. Ctrl-C prints one line and exits 130; a training run
+stopped by SIGTERM exits 143 (`vit_jax.training.stopping`).
 """
 
 from __future__ import annotations
@@ -33,12 +25,9 @@ def debug() -> bool:
     return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
 
 
-def run(
-    main: Callable[[], object],
-    define_flags: Callable[[], None] | None = None,
-    argv: Sequence[str] | None = None,
-    prepare_argv: Callable[[list[str]], list[str]] | None = None,
-) -> None:
+def run(main: Callable[[], object], define_flags: Callable[[], None] | None = None,
+        argv: Sequence[str] | None = None,
+        prepare_argv: Callable[[list[str]], list[str]] | None = None) -> None:  # fmt: skip
     """Defines the command's flags, parses `argv` (default sys.argv) and calls `main()`.
 
     `prepare_argv` may rewrite the arguments before absl parses them (main.py turns
@@ -98,15 +87,10 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
 
 
 class HeldErrors:
-    """Libraries' error reports, held back while a command runs (inside `with`): error
-    logs of other loggers than the package's, and unraisable exceptions.
-
-    A failing background write reports itself before the command's own `error:` line
-    says what failed and the way out: Orbax's checkpoint thread logs the traceback,
-    TensorStore's callbacks into Orbax's closed event loop raise 'Event loop is closed'
-    where nobody catches it, asyncio reports an 'exception never retrieved'. Held back,
-    they are shown only if the command goes on to succeed (`release`), and dropped when
-    it fails with its one line. Warnings pass at once; VIT_JAX_DEBUG=1 holds nothing."""
+    """Libraries' error reports (other loggers' errors, unraisable exceptions), held back
+    while a command runs: a failing background write (Orbax's thread, TensorStore's
+    callbacks, asyncio) reports itself before the command's own `error:` line. Shown if
+    the command succeeds (`release`), dropped when it fails with its one line."""
 
     def __init__(self) -> None:
         self.records: list = []
@@ -282,47 +266,30 @@ def define_model_flags() -> None:
     figures, evaluate, convert)."""
     from absl import flags
 
+    # fmt: off
     flags.DEFINE_string(
-        "checkpoint",
-        None,
-        "Checkpoint: a published .npz (or final.npz), a timm .safetensors file, a Hugging "
-        "Face model directory, or a published file's gs:// path (needs network).",
-    )
+        "checkpoint", None, "Checkpoint: a published .npz (or final.npz), a timm .safetensors "
+        "file, a Hugging Face model directory, or a published file's gs:// path.")
     flags.DEFINE_string(
-        "model", None, "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16. Default: read from the file."
-    )
+        "model", None, "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16. Default: read from the file.")
     flags.DEFINE_multi_string(
-        "override", [], "Model option KEY=VALUE (e.g. posemb=sincos_2d, dtype=bfloat16); repeat."
-    )
+        "override", [], "Model option KEY=VALUE (e.g. posemb=sincos_2d, dtype=bfloat16); repeat.")
     flags.DEFINE_string("image_size", None, "Resolution N or H,W. Default: the checkpoint's own.")
     flags.DEFINE_integer(
-        "patch_size",
-        None,
-        "Use another patch size than the checkpoint's: its patch embedding is resampled "
-        "(FlexiViT) and the default resolution keeps the token grid.",
-        lower_bound=1,
-    )
+        "patch_size", None, "Another patch size than the checkpoint's: its patch embedding is "
+        "resampled (FlexiViT); the default resolution keeps the token grid.", lower_bound=1)
     flags.DEFINE_enum(
-        "numerics",
-        "file",
-        ["file", "original"],
-        "GELU form and LayerNorm epsilon. file: what the checkpoint says (published .npz: "
-        "the original's; timm: exact GELU, eps 1e-6 unless this package wrote it; Hugging "
-        "Face: config.json's hidden_act and layer_norm_eps). original: the original ViT's "
-        "(tanh GELU, eps 1e-6), for files converted by others from the published weights, "
-        "such as google/vit-* on the hub (their config.json says gelu, 1e-12). "
-        "--override=gelu=exact|tanh and --override=layer_norm_eps=X set one.",
-    )
+        "numerics", "file", ["file", "original"], "GELU form and LayerNorm epsilon. file: what "
+        "the checkpoint says (a published .npz: the original's; timm: exact GELU, eps 1e-6 "
+        "unless this package wrote it; Hugging Face: config.json's). original: tanh GELU, eps "
+        "1e-6, for files others converted from the published weights, such as google/vit-* on "
+        "the hub (their config.json says gelu, 1e-12). --override=gelu=... sets one.")
     flags.DEFINE_enum(
-        "preprocessing",
-        None,
-        ["tf_bilinear", "pil_antialias"],
-        "How images are resized to the model: tf_bilinear (tf.image.resize, no "
-        "antialiasing; the published checkpoints were trained and evaluated with it) or "
-        "pil_antialias (PIL's antialiased bilinear; HF's and timm's). Default: what the "
-        "checkpoint records (a published .npz: tf_bilinear; a timm or HF file another tool "
-        "wrote: pil_antialias).",
-    )
+        "preprocessing", None, ["tf_bilinear", "pil_antialias"], "How images are resized: "
+        "tf_bilinear (tf.image.resize, no antialiasing: the published checkpoints') or "
+        "pil_antialias (PIL's antialiased bilinear: HF's and timm's). Default: what the "
+        "checkpoint records (a published .npz: tf_bilinear; another tool's file: pil_antialias).")
+    # fmt: on
     flags.mark_flag_as_required("checkpoint")
 
 

@@ -52,18 +52,9 @@ def main() -> None:
     overrides = cli.model_overrides()
     size = images.parse_image_size(f.image_size)
     try:
-        done = convert.convert(
-            f.checkpoint,
-            f.format,
-            f.out,
-            f.model,
-            size,
-            f.num_classes,
-            f.patch_size,
-            labels=f.labels,
-            preprocessing=f.preprocessing,
-            **overrides,
-        )
+        done = convert.convert(f.checkpoint, f.format, f.out, f.model, size, f.num_classes,
+                               f.patch_size, labels=f.labels, preprocessing=f.preprocessing,
+                               **overrides)  # fmt: skip
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
     h, w = done.image_size

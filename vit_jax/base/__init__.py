@@ -4,4 +4,5 @@
   files.py     files and directories written whole or not at all
   problems.py  config rules, and config values that cannot make sense, all named at once
   console.py   durations, sizes and short lists in messages; progress bars; silenced stderr
+Everything above them imports these; they import nothing of the package.
 """

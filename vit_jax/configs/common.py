@@ -16,21 +16,11 @@ from vit_jax.evaluation.fewshot import DEFAULT_L2, DEFAULT_SHOTS
 
 # The short names of the paper presets ('b16' in --config=finetune:b16,cifar10).
 MODELS = {
-    "ti16": "ViT-Ti_16",
-    "s16": "ViT-S_16",
-    "s32": "ViT-S_32",
-    "b8": "ViT-B_8",
-    "b16": "ViT-B_16",
-    "b32": "ViT-B_32",
-    "l16": "ViT-L_16",
-    "l32": "ViT-L_32",
-    "h14": "ViT-H_14",
-    "r_ti16": "R+ViT-Ti_16",
-    "r26_s32": "R26+ViT-S_32",
-    "r26_b32": "R26+ViT-B_32",
-    "r50_b16": "R50+ViT-B_16",
-    "r50_l32": "R50+ViT-L_32",
-}
+    "ti16": "ViT-Ti_16", "s16": "ViT-S_16", "s32": "ViT-S_32", "b8": "ViT-B_8",
+    "b16": "ViT-B_16", "b32": "ViT-B_32", "l16": "ViT-L_16", "l32": "ViT-L_32",
+    "h14": "ViT-H_14", "r_ti16": "R+ViT-Ti_16", "r26_s32": "R26+ViT-S_32",
+    "r26_b32": "R26+ViT-B_32", "r50_b16": "R50+ViT-B_16", "r50_l32": "R50+ViT-L_32",
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,46 +54,21 @@ def model_fields(model: str) -> ml_collections.ConfigDict:
     other fields are VisionTransformer options. None keeps the variant's own value; for
     `gelu` and `layer_norm_eps`, None is the init_from file's (its source's numerics, see
     vit_jax/weights/meta.py), or the original ViT's (tanh, 1e-6) from scratch."""
-    return ml_collections.ConfigDict(
-        dict(
-            name=model,
-            representation_size=config_dict.placeholder(int),
-            classifier="token",
-            posemb="learned",
-            dropout=0.0,
-            attention_dropout=0.0,
-            stochastic_depth=0.0,
-            dtype="float32",
-            remat=False,
-            scan=False,
-            width=config_dict.placeholder(int),
-            depth=config_dict.placeholder(int),
-            num_heads=config_dict.placeholder(int),
-            mlp_dim=config_dict.placeholder(int),
-            patch_size=config_dict.placeholder(int),
-            gelu=config_dict.placeholder(str),
-            layer_norm_eps=config_dict.placeholder(float),
-        )
-    )
+    unset = config_dict.placeholder  # a new reference each call: fields set one by one
+    return ml_collections.ConfigDict(dict(
+        name=model, representation_size=unset(int), classifier="token", posemb="learned",
+        dropout=0.0, attention_dropout=0.0, stochastic_depth=0.0, dtype="float32",
+        remat=False, scan=False, width=unset(int), depth=unset(int), num_heads=unset(int),
+        mlp_dim=unset(int), patch_size=unset(int), gelu=unset(str), layer_norm_eps=unset(float),
+    ))  # fmt: skip
 
 
 def optimizer_fields() -> ml_collections.ConfigDict:
     """config.optimizer: the paper's fine-tuning SGD by default (vit_jax/training/optim.py)."""
-    return ml_collections.ConfigDict(
-        dict(
-            name="sgd",
-            lr=0.03,
-            end_lr=0.0,
-            warmup_steps=500,
-            decay="cosine",
-            momentum=0.9,
-            b1=0.9,
-            b2=0.999,
-            weight_decay=0.0,
-            grad_clip=1.0,
-            mu_dtype="",
-        )
-    )
+    return ml_collections.ConfigDict(dict(
+        name="sgd", lr=0.03, end_lr=0.0, warmup_steps=500, decay="cosine", momentum=0.9,
+        b1=0.9, b2=0.999, weight_decay=0.0, grad_clip=1.0, mu_dtype="",
+    ))  # fmt: skip
 
 
 def fewshot_fields() -> ml_collections.ConfigDict:
@@ -111,20 +76,10 @@ def fewshot_fields() -> ml_collections.ConfigDict:
     (pretraining runs; vit_jax/evaluation/fewshot.py): dataset names, comma-separated
     ('fashion_mnist' reads the idx files, any other name TFDS, unless `source` says
     otherwise); '' turns it off. `every` 0 runs it with each evaluation (eval_every)."""
-    return ml_collections.ConfigDict(
-        dict(
-            datasets="",
-            source="",
-            data_dir="",
-            train_split="train",
-            test_split="test",
-            shots=DEFAULT_SHOTS,
-            l2=DEFAULT_L2,
-            seed=0,
-            batch_size=256,
-            every=0,
-        )
-    )
+    return ml_collections.ConfigDict(dict(
+        datasets="", source="", data_dir="", train_split="train", test_split="test",
+        shots=DEFAULT_SHOTS, l2=DEFAULT_L2, seed=0, batch_size=256, every=0,
+    ))  # fmt: skip
 
 
 def base(model: str) -> ml_collections.ConfigDict:
@@ -152,11 +107,9 @@ def base(model: str) -> ml_collections.ConfigDict:
     # (vit_jax/parallel/sharding.py); the batch is split over all data x fsdp devices.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: all devices left
     # Multi-host: see vit_jax/parallel/distributed.py. Nothing set: one process.
-    c.distributed = ml_collections.ConfigDict(
-        dict(
-            coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
-        )
-    )
+    c.distributed = ml_collections.ConfigDict(dict(
+        coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
+    ))  # fmt: skip
     # A step whose loss, gradient or new state is not finite: False stops the run at
     # the next log or save (nothing non-finite is ever saved); True skips the step
     # inside the jitted update (state unchanged, counted in metrics 'skipped').

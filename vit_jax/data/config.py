@@ -66,28 +66,14 @@ def default_config() -> ml_collections.ConfigDict:
         workers: Grain worker processes that prepare batches (each with one thread);
             0 prepares them in this process, on `threads` threads.
     """
-    return ml_collections.ConfigDict(
-        {
-            "source": "idx",
-            "name": "fashion_mnist",
-            "data_dir": config_dict.placeholder(str),
-            "train_split": "train",
-            "test_split": "test",
-            "classes": config_dict.placeholder(tuple),
-            "examples_per_class": config_dict.placeholder(int),
-            "subset_seed": 0,
-            "preprocessing": "tf_bilinear",
-            "crop_min_area": 0.05,
-            "flip": True,
-            "mixup": 0.0,
-            "randaugment": config_dict.placeholder(tuple),
-            "label_smoothing": 0.0,
-            "skip_corrupt": False,
-            "cache": False,
-            "threads": 0,
-            "workers": 0,
-        }
-    )
+    return ml_collections.ConfigDict(dict(
+        source="idx", name="fashion_mnist", data_dir=config_dict.placeholder(str),
+        train_split="train", test_split="test", classes=config_dict.placeholder(tuple),
+        examples_per_class=config_dict.placeholder(int), subset_seed=0,
+        preprocessing="tf_bilinear", crop_min_area=0.05, flip=True, mixup=0.0,
+        randaugment=config_dict.placeholder(tuple), label_smoothing=0.0, skip_corrupt=False,
+        cache=False, threads=0, workers=0,
+    ))  # fmt: skip
 
 
 def _classes(ids: Any) -> str | None:

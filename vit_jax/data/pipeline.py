@@ -15,12 +15,11 @@ stops them when closed: a run closes every iterator it opens, so none outlives i
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import dataclasses
 import functools
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator
 
 import grain
@@ -108,19 +107,29 @@ class TrainBatch:
     def __call__(self, step: int) -> Batch:
         cfg = self.cfg
         table, index, slots, draws = self.share(step)
-        method = cfg.preprocessing
-        dtype = pixels.dtype_of(method)
-        hot = dtype == np.float32 and cfg.randaugment is None  # normalised in its slot
-        images, labels = np.empty([len(index), *self.size, 3], dtype), []
-        for j, (i, u) in enumerate(zip(index, draws, strict=True)):
-            window = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
-            labels.append(tables.load(table, int(i), self.size, method, window, images[j])[1])
-            if cfg.flip and u[-1] < 0.5:
-                pixels.mirror(images[j])
-            if hot:
-                pixels.normalize(images[j], in_place=True)
+        method, area, hot = cfg.preprocessing, cfg.crop_min_area, False
+        if table.images is not None:  # in memory, one size: the batch cropped and resized
+            images, labels = table.images[index], table.labels[index]
+            h, w = images.shape[1:3]
+            boxes = [augment.crop_window(h, w, u, area) for u in draws]
+            images = pixels.resize_batch(images, boxes, self.size, method)
+            if cfg.flip:  # whole-batch operations: the per-image Python is the cost here
+                mirror = draws[:, -1] < 0.5
+                images[mirror] = images[mirror, :, ::-1]
+        else:  # each file resized into its slot of the batch, flipped and normalised there
+            dtype = pixels.dtype_of(method)
+            hot = dtype == np.float32 and cfg.randaugment is None
+            images, labels = np.empty([len(index), *self.size, 3], dtype), []
+            for j, (i, u) in enumerate(zip(index, draws, strict=True)):
+                window = functools.partial(augment.crop_window, u=u, min_area=area)
+                labels.append(tables.load(table, int(i), self.size, method, window, images[j])[1])
+                if cfg.flip and u[-1] < 0.5:
+                    pixels.mirror(images[j])
+                if hot:
+                    pixels.normalize(images[j], in_place=True)
         if cfg.randaugment is not None:  # after crop, resize and flip, as big_vision
             images = pixels.to_uint8(images)
+            images = np.repeat(images, 3, -1) if images.shape[-1] == 1 else images
             for j, slot in enumerate(range(slots.start, slots.stop)):
                 rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slot)
                 images[j] = randaugment.randaugment(images[j], rng, *cfg.randaugment)
@@ -152,10 +161,15 @@ class EvalBatch:
 
     def __call__(self, number: int) -> Batch:
         table, start, stop = self.rows(number)
-        images = np.zeros([self.batch_size, *self.size, 3], np.float32)  # zero padding
+        method, n = self.cfg.preprocessing, max(stop - start, 0)
+        images = np.zeros([self.batch_size, *self.size, 3], np.float32)  # the padding: 0
         labels = np.zeros([self.batch_size, table.num_classes], np.float32)
-        method = self.cfg.preprocessing
-        for j, i in enumerate(range(start, stop)):
+        if table.images is not None and n:  # in memory, one size: resized as one batch
+            whole = [(0, 0, *table.images.shape[1:3])] * n
+            resized = pixels.resize_batch(table.images[start:stop], whole, self.size, method)
+            images[:n] = pixels.normalize(resized)
+            labels[np.arange(n), table.labels[start:stop]] = 1.0
+        for j, i in enumerate(range(start, stop) if table.images is None else ()):
             if pixels.dtype_of(method) == np.float32:  # resized into its slot, normalised there
                 label = tables.load(table, i, self.size, method, out=images[j])[1]
                 pixels.normalize(images[j], in_place=True)
@@ -168,72 +182,65 @@ class EvalBatch:
 
 
 class Batches(Iterator[Batch]):
-    """`make(i)` for each i of `indices`, prepared ahead of the consumer; `close()` (or
-    the end of a `with` block, or the last batch taken) stops the work and waits for it,
-    so that no thread or process of the pipeline outlives it.
-
-    With `workers` = 0, `threads` threads each prepare whole batches, at most
-    2 x threads ahead (PIL and NumPy release the GIL). With `workers` > 0, Grain's
-    worker processes prepare them (`mp_prefetch`), each on one thread.
+    """`make(i)` for each i of `indices`, prepared ahead of the consumer by Grain
+    (`MapDataset.range(...).map(make).to_iter_dataset(ReadOptions)`): on `threads` threads,
+    or with `workers` > 0 in Grain's worker processes (`mp_prefetch`), each on one thread.
+    `close()` (or the end of a `with` block) stops the work and, Grain's own close not
+    waiting for them, waits for the batches in flight: no thread of the pipeline outlives it.
     """
 
     def __init__(self, make: Callable[[int], Batch], indices: range, threads: int, workers: int):
-        self._grain = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._queue: collections.deque[concurrent.futures.Future] = collections.deque()
+        self._busy, self._ran, self._done = 0, set(), threading.Condition()
+        ds = grain.MapDataset.range(indices.start, indices.stop)
         if workers > 0:
             from absl import flags  # noqa: PLC0415
 
             if not flags.FLAGS.is_parsed():  # Grain reads its absl flags (defaults will do)
                 flags.FLAGS.mark_as_parsed()
-            ds = grain.MapDataset.range(indices.start, indices.stop).map(make)
-            options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
-            ds = ds.to_iter_dataset(options)
-            self._grain = iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)))
-            return
-        self._make, self._indices, self._ahead = make, iter(indices), 2 * threads
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "vit_jax-batches")
-        self._fill()
+            ds = ds.map(make).to_iter_dataset(
+                grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)
+            )
+            self._it = iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers)))
+        else:
+            options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+            self._it = iter(ds.map(functools.partial(self._counted, make)).to_iter_dataset(options))
 
-    def _fill(self) -> None:
-        while len(self._queue) < self._ahead and (i := next(self._indices, None)) is not None:
-            self._queue.append(self._pool.submit(self._make, i))
+    def _counted(self, make: Callable[[int], Batch], i: int) -> Batch:
+        with self._done:
+            self._busy += 1
+            self._ran.add(threading.current_thread())
+        try:
+            return make(i)
+        finally:
+            with self._done:
+                self._busy -= 1
+                self._done.notify_all()
 
     def __next__(self) -> Batch:
-        if self._grain is not None:
-            return next(self._grain)
-        if self._pool is None or not self._queue:
-            self.close()
+        if self._it is None:
             raise StopIteration
-        batch = self._queue.popleft().result()  # an error in make() is raised here
-        self._fill()
-        return batch
+        try:
+            return next(self._it)  # an error in make() is raised here
+        except StopIteration:
+            self.close()  # the last batch taken: nothing is left running
+            raise
 
     def close(self) -> None:
         """Cancels the batches not started, waits for the running ones; idempotent."""
-        if self._grain is not None:
-            self._grain.close()  # stops and joins the worker processes
-            self._grain = None
-        if self._pool is not None:
-            for future in self._queue:
-                future.cancel()
-            self._queue.clear()
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        if self._it is not None:
+            self._it.close()  # cancels; stops and joins Grain's worker processes
+            self._it = None
+        with self._done:
+            self._done.wait_for(lambda: self._busy == 0)
+        for thread in self._ran - {threading.current_thread()}:
+            thread.join()  # each ends once idle: Grain has shut its pool down
+        self._ran.clear()
 
     def __enter__(self) -> Batches:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:  # an iterator dropped unclosed: stop, without waiting
-        if getattr(self, "_pool", None) is not None:
-            for future in self._queue:
-                future.cancel()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        if getattr(self, "_grain", None) is not None:
-            self._grain.close()
 
 
 def _batches(make: TrainBatch | EvalBatch, indices: range, cfg: ml_collections.ConfigDict):
@@ -279,15 +286,9 @@ def train_iterator(
     return _batches(make, range(start_step, _FOREVER), cfg)
 
 
-def eval_iterator(
-    cfg: ml_collections.ConfigDict,
-    split: str,
-    *,
-    global_batch: int,
-    image_size: int | tuple[int, int],
-    process_index: int | None = None,
-    process_count: int | None = None,
-) -> Batches:
+def eval_iterator(cfg: ml_collections.ConfigDict, split: str, *, global_batch: int,
+                  image_size: int | tuple[int, int], process_index: int | None = None,
+                  process_count: int | None = None) -> Batches:  # fmt: skip
     """One pass over a split: each example exactly once over all processes.
 
     Every process yields the same number of batches; the tail is padded to full batches

@@ -51,13 +51,8 @@ HELP = (
 )
 
 # What PIL raises for a file that is not a readable image.
-DECODE_ERRORS = (
-    UnidentifiedImageError,
-    OSError,
-    SyntaxError,
-    ValueError,
-    Image.DecompressionBombError,
-)
+DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError,
+                 Image.DecompressionBombError)  # fmt: skip
 
 
 @functools.cache
@@ -193,13 +188,8 @@ def decode(source: str | os.PathLike | bytes, method: str = "pil_antialias") -> 
         raise ValueError(str(e) or type(e).__name__) from None
 
 
-def resize(
-    image: np.ndarray,
-    size: tuple[int, int],
-    method: str,
-    window: Window | None = None,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
+def resize(image: np.ndarray, size: tuple[int, int], method: str, window: Window | None = None,
+           out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Crops `window` (the whole image if None) and resizes it to `size` (H, W).
 
     uint8 [h, w, c] (c = 1 or 3) -> [H, W, c]: float32 in [0, 255] (tf_bilinear) or uint8
@@ -207,9 +197,6 @@ def resize(
     slot, without another copy.
     """
     h, w, c = image.shape
-    if out is not None and out.shape[-1] != c:  # a gray image into an RGB slot
-        out[...] = resize(image, size, method, window)
-        return out
     y0, x0, ch, cw = (0, 0, h, w) if window is None else (int(v) for v in window)
     crop = image[y0 : y0 + ch, x0 : x0 + cw]
     target = np.empty([size[0], size[1], c], dtype_of(method)) if out is None else out
@@ -228,13 +215,9 @@ def resize(
     return target
 
 
-def decode_crop_resize(
-    source: str | os.PathLike | bytes | np.ndarray,
-    size: tuple[int, int],
-    method: str,
-    window: Window | Callable[[int, int], Window] | None = None,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
+def decode_crop_resize(source: str | os.PathLike | bytes | np.ndarray, size: tuple[int, int],
+                       method: str, window: Window | Callable[[int, int], Window] | None = None,
+                       out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """The one preprocessing primitive: an image (file, bytes, or a decoded uint8
     [h, w, c] array) -> its window resized to `size`, [H, W, c] float32 in [0, 255]
     (tf_bilinear) or uint8 (pil_antialias).
@@ -288,3 +271,12 @@ def normalize(images: np.ndarray, in_place: bool = False) -> np.ndarray:
         return images
     x = (images.astype(np.float32) - 127.5) / 127.5
     return np.repeat(x, 3, axis=-1) if x.shape[-1] == 1 else x
+
+
+def resize_batch(images: np.ndarray, boxes, size: tuple[int, int], method: str) -> np.ndarray:
+    """`resize` of each same-size image [b, h, w, c] with its window (y0, x0, height,
+    width) -> [b, H, W, c], float32 (tf_bilinear) or uint8 (pil_antialias)."""
+    out = np.empty([len(images), *size, images.shape[-1]], dtype_of(method))
+    for i, box in enumerate(np.asarray(boxes).tolist()):
+        resize(images[i], size, method, box, out[i])
+    return out

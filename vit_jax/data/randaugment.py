@@ -53,23 +53,10 @@ from vit_jax.data import pixels
 
 # big_vision's available_ops, in its order (the op index is drawn over this tuple).
 OPS = (
-    "AutoContrast",
-    "Equalize",
-    "Invert",
-    "Rotate",
-    "Posterize",
-    "Solarize",
-    "Color",
-    "Contrast",
-    "Brightness",
-    "Sharpness",
-    "ShearX",
-    "ShearY",
-    "TranslateX",
-    "TranslateY",
-    "Cutout",
-    "SolarizeAdd",
-)
+    "AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "Color",
+    "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX", "TranslateY",
+    "Cutout", "SolarizeAdd",
+)  # fmt: skip
 REPLACE = 128  # fill of rotate/shear/translate/cutout
 MAX_LEVEL = 10.0
 TRANSLATE_CONST = 100  # pixels at M = 10
@@ -231,9 +218,6 @@ def cutout(image: np.ndarray, pad: int, row: int, col: int) -> np.ndarray:
     return out
 
 
-# --- Geometry: TF's ImageProjectiveTransform, nearest, fill 128 ----------------------------
-
-
 def _nearest(v: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """std::round(v) (half away from zero) of float32 coordinates, and whether it falls in
     [0, n).  -> (int32 index, bool inside)"""
@@ -289,8 +273,7 @@ def _shift(image: np.ndarray, pixels: float, axis: int) -> np.ndarray:
         return affine(image, a)
     p, n = int(p), image.shape[axis]
     out = np.full_like(image, REPLACE)
-    src = [slice(None)] * 2
-    dst = [slice(None)] * 2
+    src, dst = [slice(None)] * 2, [slice(None)] * 2
     if abs(p) < n:
         src[axis] = slice(max(p, 0), n + min(p, 0))
         dst[axis] = slice(max(-p, 0), n - max(p, 0))
@@ -307,58 +290,40 @@ def translate_y(image: np.ndarray, pixels: float) -> np.ndarray:
     return _shift(image, pixels, axis=0)
 
 
-# --- The policy ----------------------------------------------------------------------------
-
-
-def apply_op(
-    image: np.ndarray, name: str, magnitude: float, negate: bool = False, row: int = 0, col: int = 0
-) -> np.ndarray:
+def apply_op(image: np.ndarray, name: str, magnitude: float, negate: bool = False, row: int = 0,
+             col: int = 0) -> np.ndarray:  # fmt: skip
     """One op of OPS at `magnitude`, as big_vision's level_to_arg maps it. `negate` flips
     the sign of rotate/shear/translate; (row, col) is the cutout centre."""
     level = magnitude / MAX_LEVEL
-    sign = -1.0 if negate else 1.0
-    if name == "AutoContrast":
-        return autocontrast(image)
-    if name == "Equalize":
-        return equalize(image)
-    if name == "Invert":
-        return invert(image)
-    if name == "Rotate":
-        return rotate(image, sign * level * 30.0)
-    if name == "Posterize":
-        return posterize(image, int(level * 4))
-    if name == "Solarize":
-        return solarize(image, int(level * 256))
-    if name == "SolarizeAdd":
-        return solarize_add(image, int(level * 110))
-    if name in ("Color", "Contrast", "Brightness", "Sharpness"):
-        fn = {"Color": color, "Contrast": contrast, "Brightness": brightness}.get(name, sharpness)
-        return fn(image, level * 1.8 + 0.1)
-    if name == "ShearX":
-        return shear_x(image, sign * level * 0.3)
-    if name == "ShearY":
-        return shear_y(image, sign * level * 0.3)
-    if name == "TranslateX":
-        return translate_x(image, sign * level * TRANSLATE_CONST)
-    if name == "TranslateY":
-        return translate_y(image, sign * level * TRANSLATE_CONST)
-    if name == "Cutout":
-        return cutout(image, int(level * CUTOUT_CONST), row, col)
-    raise ValueError(f"randaugment: unknown op {name!r}; the ops are {', '.join(OPS)}")
+    signed, factor = (-level if negate else level), level * 1.8 + 0.1
+    ops = {
+        "AutoContrast": lambda: autocontrast(image), "Equalize": lambda: equalize(image),
+        "Invert": lambda: invert(image), "Rotate": lambda: rotate(image, signed * 30.0),
+        "Posterize": lambda: posterize(image, int(level * 4)),
+        "Solarize": lambda: solarize(image, int(level * 256)),
+        "SolarizeAdd": lambda: solarize_add(image, int(level * 110)),
+        "Color": lambda: color(image, factor), "Contrast": lambda: contrast(image, factor),
+        "Brightness": lambda: brightness(image, factor),
+        "Sharpness": lambda: sharpness(image, factor),
+        "ShearX": lambda: shear_x(image, signed * 0.3),
+        "ShearY": lambda: shear_y(image, signed * 0.3),
+        "TranslateX": lambda: translate_x(image, signed * TRANSLATE_CONST),
+        "TranslateY": lambda: translate_y(image, signed * TRANSLATE_CONST),
+        "Cutout": lambda: cutout(image, int(level * CUTOUT_CONST), row, col),
+    }  # fmt: skip
+    if name not in ops:
+        raise ValueError(f"randaugment: unknown op {name!r}; the ops are {', '.join(OPS)}")
+    return ops[name]()
 
 
 def check_args(num_layers: int, magnitude: float) -> None:
     """Raises ValueError naming a bad (num_layers, magnitude)."""
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
-        raise ValueError(
-            f"randaugment num_layers={num_layers!r}: expected an int >= 0 (AugReg uses 2)"
-        )
+        raise ValueError(f"randaugment num_layers={num_layers!r}: expected an int >= 0 (AugReg 2)")
     if isinstance(magnitude, bool) or not isinstance(magnitude, (int, float)):
         raise ValueError(f"randaugment magnitude={magnitude!r}: expected a number (AugReg: 0..20)")
     if not 0 <= magnitude <= 30:
-        raise ValueError(
-            f"randaugment magnitude={magnitude}: expected 0 <= M <= 30 (AugReg: 0, 10, 15, 20)"
-        )
+        raise ValueError(f"randaugment magnitude={magnitude}: expected 0 <= M <= 30 (AugReg 0..20)")
 
 
 def randaugment(
@@ -375,9 +340,8 @@ def randaugment(
     for op_u, sign_u, row_u, col_u in u:
         name = OPS[min(int(op_u * len(OPS)), len(OPS) - 1)]
         # big_vision keeps the sign when floor(u + 0.5) is 1, i.e. u >= 0.5.
-        image = apply_op(
-            image, name, float(magnitude), sign_u < 0.5, int(row_u * h), int(col_u * w)
-        )
+        where = int(row_u * h), int(col_u * w)
+        image = apply_op(image, name, float(magnitude), sign_u < 0.5, *where)
     return image
 
 

@@ -36,6 +36,8 @@ class Table:
         class_names: The name of each class, in label order (after subsetting), where
             the source names them: the folder names, TFDS's ClassLabel names, the
             Fashion-MNIST and MNIST classes of the idx source.
+        images: All images, where they are in memory and of one size (idx files), for
+            the batched path of the pipeline.  # uint8 [N, h, w, c]
     """
 
     size: int
@@ -46,6 +48,7 @@ class Table:
     num_skipped: int = 0
     labels: np.ndarray | None = None
     class_names: tuple[str, ...] | None = None
+    images: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.size
@@ -117,7 +120,8 @@ def _open_idx(cfg, spec: str, classes, epc) -> Table:
     example = lambda i: (kept_images[i], int(new_labels[i]))
     names = IDX_CLASS_NAMES.get(cfg.name)
     names = _kept(names, classes) if names is not None and len(names) == total else None
-    return Table(len(kept), num_classes, example, labels=new_labels, class_names=names)
+    return Table(len(kept), num_classes, example, labels=new_labels, class_names=names,
+                 images=kept_images)  # fmt: skip
 
 
 def _open_folder(cfg, spec: str, classes, epc) -> Table:
@@ -154,16 +158,9 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     paths, new_labels = paths[ok], new_labels[ok]
     read = images.__getitem__ if cfg.cache else (lambda i: folder_source.read(paths[i]))
     example = lambda i: (read(i), int(new_labels[i]))
-    return Table(
-        len(paths),
-        num_classes,
-        example,
-        lambda i, why: folder_source.corrupt_error(paths[i], why),
-        paths,
-        num_skipped=len(failures),
-        labels=new_labels,
-        class_names=_kept(class_names, classes),
-    )
+    return Table(len(paths), num_classes, example, lambda i,
+                 why: folder_source.corrupt_error(paths[i], why), paths, num_skipped=len(failures),
+                 labels=new_labels, class_names=_kept(class_names, classes))  # fmt: skip
 
 
 def _open_tfds(cfg, spec: str, classes, epc) -> Table:

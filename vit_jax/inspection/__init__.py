@@ -18,11 +18,7 @@ from vit_jax.inspection.attention import (
     upsample,
 )
 from vit_jax.inspection.filters import FilterPCA, NotPixelFilters, embedding_kernel, filter_pca
-from vit_jax.inspection.posemb import (
-    NoPositionEmbeddings,
-    cosine_similarity_maps,
-    patch_embeddings,
-)
+from vit_jax.inspection.posemb import NoPositionEmbeddings, cosine_similarity_maps, patch_embeddings
 from vit_jax.inspection.report import Inspection, analyse_images, compute, sample_images, write
 
 __all__ = [

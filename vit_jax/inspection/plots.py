@@ -98,13 +98,8 @@ def plot_attention_distance(distance: np.ndarray, path: str, title: str) -> None
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     colors = plt.get_cmap("tab20" if heads > 10 else "tab10")
     for h in range(heads):
-        ax.scatter(
-            np.arange(1, depth + 1),
-            distance[:, h],
-            s=14,
-            color=colors(h % colors.N),
-            label=f"head {h + 1}",
-        )
+        ax.scatter(np.arange(1, depth + 1), distance[:, h], s=14, color=colors(h % colors.N),
+                   label=f"head {h + 1}")  # fmt: skip
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xlim(0.5, depth + 0.5)
@@ -112,24 +107,14 @@ def plot_attention_distance(distance: np.ndarray, path: str, title: str) -> None
     ax.set_xticks(np.arange(1, depth + 1, max(1, depth // 12)))
     ax.grid(alpha=0.3)
     if heads <= 16:
-        ax.legend(
-            fontsize=7,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1.0),
-            frameon=False,
-            title="one dot per head",
-            title_fontsize=7,
-        )
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+                  title="one dot per head", title_fontsize=7)  # fmt: skip
     ax.set_title(f"{title}\nmean attention distance")
     _save(fig, path)
 
 
 def plot_rollout(
-    images: np.ndarray,
-    maps: np.ndarray,
-    path: str,
-    title: str,
-    names: list[str] | None = None,
+    images: np.ndarray, maps: np.ndarray, path: str, title: str, names: list[str] | None = None
 ) -> None:
     """Each image next to its attention-rollout map overlaid on it (first 8 images).
 
@@ -155,11 +140,7 @@ def plot_rollout(
         axes[i, 0].set_ylabel(names[i] if names else f"image {i + 1}")
     axes[0, 0].set_title("input", fontsize=9)
     axes[0, 1].set_title("attention rollout", fontsize=9)
-    fig.colorbar(
-        shown,
-        ax=axes.ravel().tolist(),
-        shrink=min(0.9, 2.2 / n),
-        label="rollout flow / its maximum",
-    )
+    fig.colorbar(shown, ax=axes.ravel().tolist(), shrink=min(0.9, 2.2 / n),
+                 label="rollout flow / its maximum")  # fmt: skip
     fig.suptitle(title)
     _save(fig, path)

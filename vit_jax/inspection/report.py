@@ -81,12 +81,8 @@ def analyse_images(
     return distance.transpose(1, 0, 2), maps
 
 
-def sample_images(
-    num_images: int,
-    image_size: tuple[int, int],
-    data_dir: str | None = None,
-    method: str = "tf_bilinear",
-) -> np.ndarray:
+def sample_images(num_images: int, image_size: tuple[int, int], data_dir: str | None = None,
+                  method: str = "tf_bilinear") -> np.ndarray:  # fmt: skip
     """The first `num_images` test images of the idx dataset (Fashion-MNIST by default),
     through the evaluation preprocessing (vit_jax/data/pixels.py) by `method`.
 
@@ -168,11 +164,7 @@ def compute(
 
 
 def write(
-    result: Inspection,
-    images: np.ndarray,
-    out_dir: str,
-    title: str,
-    names: list[str] | None = None,
+    result: Inspection, images: np.ndarray, out_dir: str, title: str, names: list[str] | None = None
 ) -> list[str]:
     """Saves inspect.npz, inspect.json and the PNGs to `out_dir`; returns the paths.
 

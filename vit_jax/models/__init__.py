@@ -7,6 +7,8 @@
   posemb.py        position embeddings, learned or sin-cos, resized on their grid
   patch_resize.py  a patch kernel at another patch size (FlexiViT's pseudo-inverse)
   predict.py       a model applied for inference (batched, padded, jitted)
+Module names are the published checkpoints' parameter names: a renamed module is a
+changed file format (tests/test_models.py holds the name tree).
 """
 
 from __future__ import annotations

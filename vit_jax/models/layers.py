@@ -92,13 +92,9 @@ class SelfAttention(nn.Module):
         if d % o.num_heads:
             raise ValueError(f"width {d} is not divisible by num_heads={o.num_heads}")
         hd = d // o.num_heads
-        proj = lambda name: nn.DenseGeneral(
-            (o.num_heads, hd),
-            dtype=o.dtype,
-            param_dtype=o.param_dtype,
-            kernel_init=xavier,
-            name=name,
-        )
+        proj = lambda name: nn.DenseGeneral((o.num_heads, hd), dtype=o.dtype,
+                                            param_dtype=o.param_dtype, kernel_init=xavier,
+                                            name=name)  # fmt: skip
         q = proj("query")(x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
         k = proj("key")(x)
         v = proj("value")(x)

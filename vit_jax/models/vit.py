@@ -111,16 +111,10 @@ class VisionTransformer(nn.Module):
     @property
     def block_options(self) -> BlockOptions:
         """The fields every encoder block computes with, handed down whole."""
-        return BlockOptions(
-            mlp_dim=self.mlp_dim,
-            num_heads=self.num_heads,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            gelu=self.gelu,
-            layer_norm_eps=float(self.layer_norm_eps),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-        )
+        return BlockOptions(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
+                            attention_dropout=self.attention_dropout, gelu=self.gelu,
+                            layer_norm_eps=float(self.layer_norm_eps), dtype=self.dtype,
+                            param_dtype=self.param_dtype)  # fmt: skip
 
     @property
     def has_class_token(self) -> bool:
@@ -148,18 +142,9 @@ class VisionTransformer(nn.Module):
             x = jnp.concatenate(
                 [jnp.tile(cls.astype(x.dtype), (b, 1, 1)), x], axis=1
             )  # [B, 1+N, D]
-        x = Encoder(
-            self.block_options,
-            self.depth,
-            (gh, gw),
-            num_prefix=int(self.has_class_token),
-            posemb=self.posemb,
-            stochastic_depth=self.stochastic_depth,
-            remat=self.remat,
-            scan=self.scan,
-            train=train,
-            name="Transformer",
-        )(x)
+        x = Encoder(self.block_options, self.depth, (gh, gw), num_prefix=int(self.has_class_token),
+                    posemb=self.posemb, stochastic_depth=self.stochastic_depth, remat=self.remat,
+                    scan=self.scan, train=train, name="Transformer")(x)  # fmt: skip
         if self.classifier == "token":
             x = x[:, 0]  # [B, D]
         elif self.classifier == "gap":

@@ -155,33 +155,20 @@ def _fewshot_problems(f: Any) -> list[Problem]:
     return out
 
 
-def device_problems(
-    config: ml_collections.ConfigDict, devices: int, processes: int
-) -> list[Problem]:
+def device_problems(config: ml_collections.ConfigDict, devices: int, processes: int) -> list:
     """The fields that do not fit `devices` devices over `processes` processes."""
     c, out = config, []
     data, fsdp = c.mesh.data, c.mesh.fsdp
     if fsdp and devices % fsdp:
         out.append(Problem("mesh.fsdp", fsdp, f"expected a divisor of the {devices} devices"))
     elif data != -1 and data * fsdp != devices:
-        out.append(
-            Problem(
-                "mesh.data",
-                data,
-                f"expected -1 or {devices // fsdp}: data x fsdp ({fsdp}) must be the "
-                f"{devices} devices",
-            )
-        )
+        why = f"expected -1 or {devices // fsdp}: data x fsdp ({fsdp}) must be {devices} devices"
+        out.append(Problem("mesh.data", data, why))
     per_step = devices * c.accum_steps
     if c.batch_size % per_step or c.batch_size % processes:
-        out.append(
-            Problem(
-                "batch_size",
-                c.batch_size,
-                f"expected a multiple of {per_step} ({devices} devices x accum_steps "
-                f"{c.accum_steps}) and of the {processes} processes",
-            )
-        )
+        why = (f"expected a multiple of {per_step} ({devices} devices x accum_steps "
+               f"{c.accum_steps}) and of the {processes} processes")  # fmt: skip
+        out.append(Problem("batch_size", c.batch_size, why))
     batches = [("eval_batch_size", c.eval_batch_size)]
     if c.fewshot.datasets:
         batches.append(("fewshot.batch_size", c.fewshot.batch_size))
@@ -191,9 +178,7 @@ def device_problems(
     return out
 
 
-def data_problems(
-    config: ml_collections.ConfigDict, init_from_later: bool = False
-) -> list[Problem]:
+def data_problems(config: ml_collections.ConfigDict, init_from_later: bool = False) -> list:
     """The fields that do not fit the data they name, and an `init_from` that names no
     file (unless `init_from_later`: an earlier run writes it). Reads the datasets' sizes
     and labels (and the idx files), writes nothing."""
@@ -203,26 +188,18 @@ def data_problems(
     init_from = c.init_from
     if init_from and not init_from_later and remote.url(init_from) is None:  # not published
         if not _exists(out, init_from):
-            out.append(
-                Problem(
-                    "init_from",
-                    init_from,
-                    "no such file or directory: name the checkpoint to fine-tune: a .npz (a "
-                    "published file, or the final.npz of a run: the fashion_mnist:pretrain "
-                    "preset writes WORKDIR/final.npz), a timm .safetensors file, a Hugging "
-                    "Face model directory, or a published file's gs:// path "
-                    "(vit_jax/weights/published_checkpoints.json); '' trains from scratch",
-                )
+            why = (
+                "no such file or directory: name the checkpoint to fine-tune: a .npz (a "
+                "published file, or the final.npz of a run: the fashion_mnist:pretrain "
+                "preset writes WORKDIR/final.npz), a timm .safetensors file, a Hugging "
+                "Face model directory, or a published file's gs:// path "
+                "(vit_jax/weights/published_checkpoints.json); '' trains from scratch"
             )
+            out.append(Problem("init_from", init_from, why))
     train = _open(out, c.dataset, "dataset.", c.dataset.train_split, "train_split")
     if train is not None and not len(train):
-        out.append(
-            Problem(
-                "dataset.train_split",
-                c.dataset.train_split,
-                "no examples left after slicing, dataset.classes and dataset.examples_per_class",
-            )
-        )
+        why = "no examples left after slicing, dataset.classes and dataset.examples_per_class"
+        out.append(Problem("dataset.train_split", c.dataset.train_split, why))
     _open(out, c.dataset, "dataset.", c.dataset.test_split, "test_split")
     if c.fewshot.datasets:
         out += _fewshot_data_problems(c)
@@ -287,26 +264,17 @@ def _fewshot_data_problems(c: ml_collections.ConfigDict) -> list[Problem]:
         if short:
             k, n = short[0]
             more = f" (and {len(short) - 1} more classes)" if len(short) > 1 else ""
-            out.append(
-                Problem(
-                    "fewshot.shots",
-                    tuple(f.shots),
-                    f"class {k} of {cfg.name} {cfg.train_split!r} has {n} example"
-                    f"{'s' if n != 1 else ''}{more}; "
-                    f"the largest shot takes {most} of each class",
-                )
+            why = (
+                f"class {k} of {cfg.name} {cfg.train_split!r} has {n} example"
+                f"{'s' if n != 1 else ''}{more}; the largest shot takes {most} of each class"
             )
+            out.append(Problem("fewshot.shots", tuple(f.shots), why))
     return out
 
 
-def check(
-    config: ml_collections.ConfigDict,
-    *,
-    devices: int | None = None,
-    processes: int | None = None,
-    init_from_later: bool = False,
-    read_data: bool = True,
-) -> None:
+def check(config: ml_collections.ConfigDict, *, devices: int | None = None,
+          processes: int | None = None, init_from_later: bool = False,
+          read_data: bool = True) -> None:  # fmt: skip
     """Raises a ConfigError naming every field of `config` that cannot make sense: from
     the config alone, then against the devices and processes (this run's, unless given),
     then against the data (unless `read_data` is False). Nothing is written.

@@ -218,15 +218,8 @@ def plan_on(
     temp, total, flops, seconds = compiled_figures(compiled)
     if known["loop"]:
         flops, seconds = 0.0, 0.0
-    return Plan(
-        **known,
-        temp_bytes=temp,
-        total_bytes=total,
-        hbm_bytes=chip.hbm_bytes,
-        flops=flops,
-        step_seconds=seconds,
-        compile_seconds=time.perf_counter() - began,
-    )
+    return Plan(**known, temp_bytes=temp, total_bytes=total, hbm_bytes=chip.hbm_bytes, flops=flops,
+                step_seconds=seconds, compile_seconds=time.perf_counter() - began)  # fmt: skip
 
 
 _OOM = re.compile(
@@ -245,13 +238,9 @@ def out_of_memory(message: str) -> tuple[int, int] | None:
     return int(float(m[1]) * unit[m[2]]), int(float(m[3]) * unit[m[4]])
 
 
-def fit(
-    config: ml_collections.ConfigDict,
-    devices: list[Any],
-    name: str,
-    num_classes: int | None = None,
-    max_compiles: int = 8,
-) -> tuple[Plan | None, Plan | None, int]:
+def fit(config: ml_collections.ConfigDict, devices: list[Any], name: str,
+        num_classes: int | None = None, max_compiles: int = 8) -> tuple[Plan | None, Plan | None,
+        int]:  # fmt: skip
     """The largest global batch (a multiple of the devices x accum_steps) whose step fits:
     doubling from config.batch_size until one does not fit (or halving until one does),
     then bisecting. Returns (largest that fits, smallest seen that does not, compiles)."""

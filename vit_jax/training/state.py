@@ -83,8 +83,6 @@ def sigmoid_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
 LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}  # config.loss: [B, K] -> [B]
 
 
-
-
 def schedule(cfg: Any, total_steps: int) -> optax.Schedule:
     """Linear warmup from 0 to `cfg.lr` over `cfg.warmup_steps`, then `cfg.decay`
     (one of DECAYS) down to `cfg.end_lr` at `total_steps`."""
@@ -92,7 +90,8 @@ def schedule(cfg: Any, total_steps: int) -> optax.Schedule:
     rest = max(total_steps - warmup, 1)
     after = {
         "cosine": lambda: optax.cosine_decay_schedule(
-            cfg.lr, rest, alpha=cfg.end_lr / cfg.lr if cfg.lr else 0),
+            cfg.lr, rest, alpha=cfg.end_lr / cfg.lr if cfg.lr else 0
+        ),
         "linear": lambda: optax.linear_schedule(cfg.lr, cfg.end_lr, rest),
         "constant": lambda: optax.constant_schedule(cfg.lr),
     }[cfg.decay]()

@@ -1,10 +1,9 @@
 """One training loop for pretraining and fine-tuning, and the jitted step it runs.
 
 They differ only in config: the optimizer (Adam / SGD), `init_from` ('' = from scratch,
-or a checkpoint of any format: new zero head, position embeddings resized), the
-resolution and the head. Read top to bottom: `run` checks the config, builds the model,
-the optimizer and the state (state.py), jits the steps and runs `train_loop`: a batch,
-`train_step`, then what is due (log, evaluate, few-shot, save, stop).
+or a checkpoint of any format), the resolution and the head. Read top to bottom: the
+step; then `run` builds the model, optimizer and state (state.py), jits the steps and runs
+`train_loop`: a batch, `train_step`, then what is due (log, evaluate, few-shot, save, stop).
 
 The jit contract (`jit_steps`):
   train_step(state, batch) -> (state, metrics)
@@ -146,12 +145,11 @@ class Loop:
 
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[str, Any]:
     """Train as `config` says in `workdir` (a path or a gs:// / s3:// URL), resuming from
-    its newest intact checkpoint; returns the final metrics, also in summary.json.
-
-    A workdir this config finished is left as it is (the stored summary is returned). A
-    run that fails before it wrote anything removes the directories it created. The lead
-    process holds the workdir's lock (workdir/lock.py). SIGTERM or Ctrl-C saves the step
-    reached and raises `stopping.Stopped`; a second Ctrl-C raises `stopping.Interrupted`.
+    its newest intact checkpoint; returns the final metrics, also in summary.json. A
+    workdir this config finished is left as it is; a run that fails before it wrote
+    anything removes the directories it created. The lead process holds the workdir's
+    lock. SIGTERM or Ctrl-C saves the step reached and raises `stopping.Stopped`; a
+    second Ctrl-C raises `stopping.Interrupted`.
 
     Raises:
         ConfigError: every field of `config` that cannot make sense, before anything is
@@ -164,7 +162,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
     """
     check.check(config)  # every field that cannot make sense, before the workdir is touched
     wd = Workdir.at(workdir)
-    plan = plan_of(config)
+    plan = Plan.of(config)
     if (done := wd.finished(plan)) is not None:
         report.say(report.finished_lines(wd, done))
         return done
@@ -184,18 +182,6 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
         raise
 
 
-def plan_of(config: ml_collections.ConfigDict) -> Plan:
-    """What the workdir's checks need of `config`: length, saves, export, and the state's
-    description for the integrity record. Numerics left unset are left out, so that a
-    workdir finished before those fields existed still matches its config."""
-    model = {k: v for k, v in config.model.to_dict().items()
-             if not (k in ("gelu", "layer_norm_eps") and v is None)}  # fmt: skip
-    state = {"model": model, "optimizer": config.optimizer.to_dict(),
-             "image_size": config.image_size}  # fmt: skip
-    return Plan(config.total_steps, config.checkpoint_every, config.keep_checkpoints,
-                bool(config.export_npz), state)  # fmt: skip
-
-
 def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
     config, began = loop.config, time.time()
     loop.mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
@@ -209,13 +195,16 @@ def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
     # writer's, the input pipeline's) ends with the run, however it ends.
     with contextlib.ExitStack() as running:
         loop.saver = running.enter_context(
-            Checkpoints(wd.checkpoints, config.keep_checkpoints, plan.state))
+            Checkpoints(wd.checkpoints, config.keep_checkpoints, plan.state)
+        )
         scratch = config.get("from_scratch_if_damaged", False)
         state, shardings = state_lib.restore_or_create(
-            start, loop.model, tx, loop.mesh, loop.saver, scratch)
+            start, loop.model, tx, loop.mesh, loop.saver, scratch
+        )
         loop.step = int(jax.device_get(state.step))
         loop.train_step, loop.eval_step = jit_steps(
-            loop.model, tx, lr_fn, loop.mesh, shardings, config.accum_steps, config.loss)
+            loop.model, tx, lr_fn, loop.mesh, shardings, config.accum_steps, config.loss
+        )
         if distributed.is_lead():
             loop.writer = running.enter_context(report.EventWriter(wd.root))
         loop.fewshot = fewshot_lib.evaluator_of(config)

@@ -33,12 +33,7 @@ from vit_jax.base import files, store
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import safetensors_io
-from vit_jax.weights._tensors import (
-    Shape,
-    check_table,
-    conv_to_torch,
-    top_from_torch,
-)
+from vit_jax.weights._tensors import Shape, check_table, conv_to_torch, top_from_torch
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.meta import Meta
@@ -241,16 +236,13 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
     tensors.pop("vit.embeddings.mask_token", None)  # masked image modelling only
     tensors = {k: v for k, v in tensors.items() if not k.startswith(("pooler.", "vit.pooler."))}
     h = int(cfg.get("num_attention_heads", 12))
-    model = get_model(
-        None,
-        tensors["classifier.bias"].shape[0] if "classifier.bias" in tensors else None,
-        width=int(cfg.get("hidden_size", 768)),
-        depth=int(cfg.get("num_hidden_layers", 12)),
-        num_heads=h,
-        mlp_dim=int(cfg.get("intermediate_size", 3072)),
-        patch_size=int(cfg.get("patch_size", 16)),
-        channels=int(cfg.get("num_channels", 3)),
-    )
+    model = get_model(None,
+                      tensors["classifier.bias"].shape[0] if "classifier.bias" in tensors else None,
+                      width=int(cfg.get("hidden_size", 768)),
+                      depth=int(cfg.get("num_hidden_layers", 12)), num_heads=h,
+                      mlp_dim=int(cfg.get("intermediate_size", 3072)),
+                      patch_size=int(cfg.get("patch_size", 16)),
+                      channels=int(cfg.get("num_channels", 3)))  # fmt: skip
     size = cfg.get("image_size", 224)
     size = (int(size), int(size)) if isinstance(size, (int, float)) else tuple(map(int, size))
     check_table(
@@ -289,12 +281,8 @@ def from_hf(tensors: dict[str, np.ndarray], num_heads: int) -> dict:
     return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def write_dir(
-    path: str | os.PathLike,
-    tensors: dict[str, np.ndarray],
-    cfg: dict,
-    preprocessor: dict | None = None,
-) -> None:
+def write_dir(path: str | os.PathLike, tensors: dict[str, np.ndarray], cfg: dict,
+              preprocessor: dict | None = None) -> None:  # fmt: skip
     """Write config.json, model.safetensors and (given) preprocessor_config.json into a
     new directory `path`, built under a temporary name and renamed, so nothing
     half-written is left at `path` (`files.atomic_dir`).

@@ -18,14 +18,7 @@ from vit_jax.weights import architecture, hf, npz, remote, safetensors_io, timm
 from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.meta import Meta
 
-__all__ = [
-    "FORMATS_READ",
-    "Source",
-    "detect_format",
-    "read_checkpoint",
-    "read_meta",
-    "read_source",
-]
+__all__ = ["FORMATS_READ", "Source", "detect_format", "read_checkpoint", "read_meta", "read_source"]
 
 FORMATS_READ = "a published .npz, a timm .safetensors file, or a Hugging Face model directory"
 

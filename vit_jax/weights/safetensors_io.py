@@ -122,9 +122,7 @@ def _plain(error: Exception, data: bytes) -> str:
 
 
 def write(
-    path: str | os.PathLike,
-    tensors: dict[str, np.ndarray],
-    metadata: dict[str, str] | None = None,
+    path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
 ) -> None:
     """Write `tensors` as one safetensors file (by `safetensors.numpy.save`).
 

@@ -18,16 +18,13 @@ Hybrids (timm's ResNetV2 stem, `patch_embed.backbone.` + ...):
   block{s}/unit{u}/conv_proj, gn_proj    stages.{s-1}.blocks.{u-1}.downsample.conv, .norm
 
 timm's VisionTransformer has no representation ('pre_logits') layer. Its named models
-(`timm.create_model`) cover the published sizes only, and their pretrained configs replace
-a head that is not 1000-class, so `recipe` prints lines that build timm's
-`VisionTransformer` class itself with every argument this package's model needs (its
-GELU form and LayerNorm eps, mlp_ratio, image size, pooling: class token, or 'avg' with
-the final norm before pooling; a hybrid's ResNetV2 stem with GroupNorm eps 1e-6) and
-load the file with a strict `load_state_dict`. A hybrid's recipe also subclasses timm's
-StdConv2dSame: timm standardises conv weights as (w - mean) / sqrt(var + eps), the
-original (and this package) as (w - mean) / (std + 1e-5), a difference of ~1e-5 in the
-logits that the subclass removes. timm's logits are then this package's to float32
-round-off (~1e-6) for plain ViTs and hybrids alike.
+cover the published sizes only and replace a head that is not 1000-class, so `recipe`
+prints lines that build timm's `VisionTransformer` class itself with every argument the
+model needs (GELU form, LayerNorm eps, mlp_ratio, image size, pooling, a hybrid's
+ResNetV2 stem) and load the file strictly. A hybrid's recipe subclasses timm's
+StdConv2dSame, whose (w - mean) / sqrt(var + eps) differs from the original's
+(w - mean) / (std + 1e-5) by ~1e-5 in the logits. timm's logits are then this package's
+to float32 round-off (~1e-6).
 """
 
 from __future__ import annotations
@@ -36,6 +33,7 @@ import math
 import re
 from typing import Any
 
+import jax
 import numpy as np
 from flax import traverse_util
 
@@ -145,12 +143,7 @@ _QKV = ("query", "key", "value")
 def timm_shapes(model: VisionTransformer, image_size: tuple[int, int]) -> dict[str, Shape]:
     """timm's state dict shapes for `model` at `image_size` (its `strict=True` table)."""
     shapes = param_shapes(model.clone(scan=False, remat=False), image_size)
-    return to_timm(
-        traverse_util.unflatten_dict(
-            {k: Shape(v.shape) for k, v in traverse_util.flatten_dict(shapes, sep="/").items()},
-            sep="/",
-        )
-    )
+    return to_timm(jax.tree.map(lambda v: Shape(v.shape), shapes))
 
 
 def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> dict:
@@ -191,9 +184,8 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
         elif m and m[2] in ("attn.qkv.weight", "attn.qkv.bias"):
             for name, part in zip(_QKV, np.split(a, 3, axis=0), strict=True):
                 if a.ndim == 2:  # [D, D] rows out -> [D_in, H, d]
-                    flat[enc + f"{_ATT}/{name}/kernel"] = part.T.reshape(
-                        part.shape[1], num_heads, -1
-                    )
+                    kernel = part.T.reshape(part.shape[1], num_heads, -1)
+                    flat[enc + f"{_ATT}/{name}/kernel"] = kernel
                 else:
                     flat[enc + f"{_ATT}/{name}/bias"] = part.reshape(num_heads, -1)
         elif key in inverse:
@@ -216,8 +208,7 @@ def _backbone_from(key: str) -> str:
     if m:
         return "conv_root/kernel" if m[1] == "conv" else f"gn_root/{leaf[m[2]]}"
     m = re.fullmatch(
-        r"stages\.(\d+)\.blocks\.(\d+)\.(?:(conv|norm)(\d)|downsample\.(conv|norm))\.(weight|bias)",
-        k,
+        r"stages\.(\d+)\.blocks\.(\d+)\.(?:(conv|norm)(\d)|downsample\.(conv|norm))\.(weight|bias)", k
     )
     if not m:
         raise CheckpointError(f"tensor {key} is not in timm's ResNetV2 hybrid stem layout")

@@ -53,13 +53,8 @@ class Checkpoints:
     or deleting anything (`python -m vit_jax.checkpoints verify`).
     """
 
-    def __init__(
-        self,
-        directory: str | os.PathLike,
-        keep: int = 0,
-        description: dict[str, Any] | None = None,
-        read_only: bool = False,
-    ):
+    def __init__(self, directory: str | os.PathLike, keep: int = 0,
+                 description: dict[str, Any] | None = None, read_only: bool = False):  # fmt: skip
         self.directory = store.absolute(directory)
         self.damaged = self.directory.parent / "damaged"
         self.description = description or {}
@@ -70,12 +65,10 @@ class Checkpoints:
             options = ocp.CheckpointManagerOptions(create=False, atomicity_options=COMMIT)
         else:
             options = ocp.CheckpointManagerOptions(
-                max_to_keep=keep or None,
-                create=True,
+                max_to_keep=keep or None, create=True, atomicity_options=COMMIT,
                 cleanup_tmp_directories=False,  # _drop_incomplete does it, naming them
                 async_options=ocp.AsyncOptions(post_finalization_callback=self._write_record),
-                atomicity_options=COMMIT,
-            )
+            )  # fmt: skip
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
         )
@@ -353,5 +346,3 @@ def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
     padded[: len(data)] = data
     every = multihost_utils.process_allgather(padded)  # [processes, longest]
     return [json.loads(bytes(row).rstrip(b"\0")) for row in np.asarray(every)]
-
-

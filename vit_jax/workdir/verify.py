@@ -89,6 +89,7 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
         problems.append("it restores non-finite values")
     return Verdict(step, problems, found is not None, None if problems else state)
 
+
 def restore_newest(
     checkpoints: Checkpoints, target: Any, from_scratch: bool = False
 ) -> tuple[Any, int | None]:
@@ -125,10 +126,9 @@ def restore_newest(
             "damaged ones stay set aside"
         )
     if damaged and lead:
-        print(
-            f"no checkpoint verifies; starting from step 0 ({SCRATCH_FIELD}=True)", flush=True
-        )
+        print(f"no checkpoint verifies; starting from step 0 ({SCRATCH_FIELD}=True)", flush=True)
     return None, None
+
 
 def verify(checkpoints: Checkpoints) -> list[tuple[str, str]]:
     """[(name, what it is)] of every checkpoint, incomplete save and set-aside one,
@@ -141,13 +141,13 @@ def verify(checkpoints: Checkpoints) -> list[tuple[str, str]]:
                  for p in checkpoints.damaged.iterdir()]  # fmt: skip
     return sorted(rows, key=lambda row: _order(row[0]))
 
+
 def _as_saved(checkpoints: Checkpoints, step: int) -> Any:
     """A restore target from Orbax's metadata: every array as saved, on one device."""
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     metadata = checkpoints.manager.item_metadata(step)
-    return jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata
-    )
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata)
+
 
 def _metadata_misfits(checkpoints: Checkpoints, step: int, target: Any) -> list[str]:
     try:
@@ -156,8 +156,6 @@ def _metadata_misfits(checkpoints: Checkpoints, step: int, target: Any) -> list[
         return []
     arrays = {n: {"shape": list(m.shape), "dtype": str(m.dtype)} for n, m in saved}
     return misfits({"arrays": arrays}, target)
-
-
 
 
 def does_not_fit(path: Any, detail: str, misfit: list[str] = ()) -> ValueError:
@@ -199,6 +197,8 @@ def _cause(e: BaseException) -> str:
 def _order(name: str) -> tuple[int, str]:
     digits = name.removeprefix("damaged/").split(".")[0]
     return (int(digits) if digits.isdigit() else -1, name)
+
+
 def summary(description: dict[str, Any] | None) -> str:
     """'Ti/4 (width 32, depth 2), adam, 28 px' from a record's 'state'."""
     if not description:

@@ -38,6 +38,17 @@ class Plan:
     export_npz: bool
     state: dict[str, Any]
 
+    @classmethod
+    def of(cls, config: Any) -> Plan:
+        """A run config's plan. Numerics left unset are left out of the state's
+        description, so that a workdir finished before those fields existed still matches."""
+        model = {k: v for k, v in config.model.to_dict().items()
+                 if not (k in ("gelu", "layer_norm_eps") and v is None)}  # fmt: skip
+        state = {"model": model, "optimizer": config.optimizer.to_dict(),
+                 "image_size": config.image_size}  # fmt: skip
+        return cls(config.total_steps, config.checkpoint_every, config.keep_checkpoints,
+                   bool(config.export_npz), state)  # fmt: skip
+
 
 @dataclasses.dataclass(frozen=True)
 class Workdir:
