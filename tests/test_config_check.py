@@ -1,5 +1,5 @@
 """A run config that cannot make sense is refused before anything is compiled, read or
-written, every bad field named at once, one line each (vit_jax/configs/check.py)."""
+written, every bad field named at once, one line each (vit_jax/training/check.py)."""
 
 import math
 import os

@@ -498,7 +498,7 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys, monkeypatch):
     def short(part, workdir, examples_per_class=50):
         config = part_config(part, workdir, examples_per_class)
         config.update(total_steps=6, log_every=3)
-        config.optimizer.warmup_steps = 2  # within the 6 steps (configs/check.py)
+        config.optimizer.warmup_steps = 2  # within the 6 steps (training/check.py)
         return config
 
     monkeypatch.setattr(miniature, "part_config", short)

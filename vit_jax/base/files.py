@@ -50,8 +50,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", sync: bool = False) 
 
 
 def check_new(path: str | os.PathLike) -> None:
-    """The one rule for an output built as a directory (a Hugging Face directory, a
-    SavedModel, an ONNX graph with its data): `path` must not exist, or be an empty
+    """The one rule for an output built as a directory (a Hugging Face directory, an
+    ONNX graph with its data): `path` must not exist, or be an empty
     directory.
 
     Raises:

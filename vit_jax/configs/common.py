@@ -64,7 +64,7 @@ def model_fields(model: str) -> ml_collections.ConfigDict:
 
 
 def optimizer_fields() -> ml_collections.ConfigDict:
-    """config.optimizer: the paper's fine-tuning SGD by default (vit_jax/training/optim.py)."""
+    """config.optimizer: the paper's fine-tuning SGD by default (vit_jax/training/state.py)."""
     return ml_collections.ConfigDict(dict(
         name="sgd", lr=0.03, end_lr=0.0, warmup_steps=500, decay="cosine", momentum=0.9,
         b1=0.9, b2=0.999, weight_decay=0.0, grad_clip=1.0, mu_dtype="",
