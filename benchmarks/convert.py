@@ -56,12 +56,7 @@ def main() -> None:
 def run_all(name: str, image_size: int, batch: int, formats: list[str], tmp: Path) -> None:
     src = tmp / "src.npz"
     _random_npz(name, image_size, src)
-    outs = {
-        "npz": "m.npz",
-        "timm": "m.safetensors",
-        "hf": "hf",
-        "onnx": "m.onnx",
-    }
+    outs = {"npz": "m.npz", "timm": "m.safetensors", "hf": "hf", "onnx": "m.onnx"}
     print(f"{name} at {image_size}, {os.cpu_count()} cores")
     print("| format | convert s | size MB |")
     print("|---|---|---|")

@@ -31,11 +31,7 @@ REG = {"none": 0.0, "light1": 0.1, "medium2": 0.1}  # dropout = stochastic depth
 SIZES = {"100": 10, "1k": 100, "10k": 1000}  # images per class of all ten classes
 SETTINGS = tuple(f"{a}_{n}" for a in AUGS for n in SIZES)
 STEPS = 300
-LABELS = {
-    "accuracy": "test",
-    "train_accuracy": "train (clean)",
-    "gap": "train - test",
-}
+LABELS = {"accuracy": "test", "train_accuracy": "train (clean)", "gap": "train - test"}
 
 
 def parse_setting(setting: str) -> tuple[str, str]:

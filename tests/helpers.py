@@ -112,6 +112,22 @@ def assert_trees_equal(got, want, atol: float = 0.0) -> None:
             np.testing.assert_allclose(got[k], w, atol=atol, rtol=0, err_msg=k, strict=True)
 
 
+def assert_trained_alike(got, want, lr_sum: float, atol: float = 2e-5) -> None:
+    """Parameters trained with Adam on two layouts (meshes, accumulation) agree within
+    `atol`, except in rare elements. Adam divides each gradient element by its own running
+    scale, so an element whose gradient is at rounding level can step differently when the
+    sums are ordered differently: by at most the learning rate summed over the steps
+    (`lr_sum`). Seen: 1 of 65,536 weights 2.2e-5 apart (JAX 0.12, an Intel CI machine).
+    A layout bug moves many elements, which this still catches."""
+    got, want = _arrays(got), _arrays(want)
+    assert sorted(got) == sorted(want), sorted(set(got) ^ set(want))
+    for k, w in want.items():
+        assert got[k].dtype == w.dtype and got[k].shape == w.shape, k
+        diff = np.abs(got[k].astype(np.float64) - w)
+        assert np.mean(diff > atol) <= 1e-3, (k, int(np.sum(diff > atol)), diff.size)
+        assert diff.max() <= lr_sum, (k, float(diff.max()), lr_sum)
+
+
 def assert_npz_equal(got, want) -> None:
     """Two .npz files hold the same arrays bit for bit under the same stored names."""
     with np.load(got) as a, np.load(want) as b:

@@ -36,11 +36,7 @@ class Run:
     """One `python -m vit_jax.main` process with `devices` emulated CPU devices."""
 
     def __init__(
-        self,
-        flags: list[str],
-        devices: int,
-        env: dict[str, str] | None = None,
-        cwd: str = ROOT,
+        self, flags: list[str], devices: int, env: dict[str, str] | None = None, cwd: str = ROOT
     ):
         """`cwd`: where it runs (the repository's root; elsewhere, this checkout's
         vit_jax is found through PYTHONPATH)."""

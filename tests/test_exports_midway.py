@@ -56,5 +56,3 @@ def test_onnx_export_that_fails_midway_leaves_nothing(
     fails_midway(tmp_path, capsys, "onnx", str(out / "m.onnx"))
     assert written == (["m.onnx", "m.onnx.data"] if external else ["m.onnx"])
     assert os.listdir(out) == []
-
-

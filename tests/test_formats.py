@@ -200,6 +200,7 @@ def test_timm_printed_recipe_runs_in_timm_with_our_logits(timm_installed, capsys
     number of classes, hybrids with stages and with the root alone, and a model of the
     exact GELU and eps 1e-12 (recorded in its .npz, printed as timm's arguments)."""
     from vit_jax.data.images import parse_image_size
+
     jobs, ours = [], []
     for name, (case, classes, flags) in TIMM_CASES.items():
         model, params, _ = make(case, num_classes=classes, quiet=True)

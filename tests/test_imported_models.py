@@ -168,8 +168,5 @@ def test_init_from_timm_and_hf_takes_their_numerics(tmp_path):
     assert (m.gelu, m.layer_norm_eps) == ("exact", 1e-12)
     x = np.random.default_rng(0).uniform(-1, 1, (2, 28, 28, 3)).astype(np.float32)
     np.testing.assert_allclose(
-        np.asarray(m.apply({"params": p}, x)),
-        reference_logits(m, p, x),
-        atol=FIDELITY_ATOL,
-        rtol=0,
+        np.asarray(m.apply({"params": p}, x)), reference_logits(m, p, x), atol=FIDELITY_ATOL, rtol=0
     )

@@ -174,7 +174,6 @@ def test_an_estimate_that_is_not_a_positive_time_is_none(estimate):
     it has no estimate rather than printing negative images/s and core-days."""
     from types import SimpleNamespace
 
-
     memory = SimpleNamespace(
         argument_size_in_bytes=10, output_size_in_bytes=10, alias_size_in_bytes=10,
         temp_size_in_bytes=5, generated_code_size_in_bytes=1,

@@ -207,9 +207,8 @@ def _backbone_from(key: str) -> str:
     m = re.fullmatch(r"(?:stem\.)?(conv|norm)\.(weight|bias)", k)
     if m:
         return "conv_root/kernel" if m[1] == "conv" else f"gn_root/{leaf[m[2]]}"
-    m = re.fullmatch(
-        r"stages\.(\d+)\.blocks\.(\d+)\.(?:(conv|norm)(\d)|downsample\.(conv|norm))\.(weight|bias)", k
-    )
+    unit_re = r"stages\.(\d+)\.blocks\.(\d+)\."
+    m = re.fullmatch(unit_re + r"(?:(conv|norm)(\d)|downsample\.(conv|norm))\.(weight|bias)", k)
     if not m:
         raise CheckpointError(f"tensor {key} is not in timm's ResNetV2 hybrid stem layout")
     stage, unit, kind, r, dkind, w = m.groups()
