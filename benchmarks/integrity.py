@@ -50,8 +50,10 @@ from vit_jax.parallel import sharding  # noqa: E402
 from vit_jax.training import state as state_lib  # noqa: E402
 from vit_jax.training import train  # noqa: E402
 from vit_jax.training.state import build_model, create_state  # noqa: E402
-from vit_jax.workdir import checkpoints as checkpoints_lib  # noqa: E402
-from vit_jax.workdir import verify  # noqa: E402
+from vit_jax.workdir import (
+    shards,  # noqa: E402
+    verify,  # noqa: E402
+)
 from vit_jax.workdir.checkpoints import COMMIT, Checkpoints  # noqa: E402
 from vit_jax.workdir.workdir import Plan, tree_bytes  # noqa: E402
 
@@ -104,7 +106,7 @@ def main() -> None:
     config, state, step, mesh = make_state(args.model, args.image_size)
     gib = tree_bytes(state) / 2**30
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
-        hash_s = timeit(lambda: checkpoints_lib.checksums(state, pool),
+        hash_s = timeit(lambda: shards.checksums(state, pool),
                         warmup=0, repeats=args.repeats, min_time=0)  # fmt: skip
     if args.dir and store.is_remote(args.dir):
         root = store.path(args.dir) / f"integrity_bench_{uuid.uuid4().hex[:8]}"

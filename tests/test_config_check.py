@@ -75,7 +75,8 @@ def test_every_preset_passes_and_every_numeric_field_with_nonsense_is_refused(tm
     # The walk reached the fields of every section: a field that is never numeric
     # anywhere would not show up, and nothing numeric was left out.
     assert {f.split(".")[0] for f in walked} >= {
-        "seed", "model", "optimizer", "dataset", "fewshot", "mesh", "distributed", "total_steps"
+        "seed", "model", "optimizer", "dataset", "fewshot", "mesh", "distributed", "store",
+        "total_steps",
     }  # fmt: skip
     assert len(walked) >= 40
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -76,6 +77,30 @@ def test_a_second_run_is_refused_a_stale_lock_taken_over(tmp_path, capsys):
         json.dump(dict(far, beat_at=time.time()), f)
     with pytest.raises(lock.WorkdirLocked, match="host elsewhere pid 1"):
         lock.acquire(workdir)
+
+
+def test_a_lock_that_missed_two_beats_is_waited_for_not_refused(tmp_path, capsys, monkeypatch):
+    """The lock of a run that gave up on its store (it could not remove it): a requeue on
+    another host waits for the heartbeat to go stale and takes it over; one that beats
+    again meanwhile is a live run, and refuses."""
+    monkeypatch.setattr(lock, "HEARTBEAT_SECONDS", 1.0)  # two missed beats: 2 s
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    path = workdir / lock.NAME
+    far = dict(lock.holder_now(), host="elsewhere", pid=1, started="earlier")
+    path.write_text(json.dumps(dict(far, beat_at=time.time() - 3.0)))
+    began = time.monotonic()
+    lock.acquire(workdir, stale_after=5.0)
+    assert 1.5 < time.monotonic() - began < 5.0
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    out = capsys.readouterr().out
+    assert f"the lock {path} (host elsewhere pid 1, started earlier) missed its heartbeats" in out
+    assert f"taking over the lock of {workdir} from host elsewhere" in out
+    path.write_text(json.dumps(dict(far, beat_at=time.time() - 3.0)))
+    beat = lambda: path.write_text(json.dumps(dict(far, beat_at=time.time())))  # noqa: E731
+    threading.Timer(0.5, beat).start()
+    with pytest.raises(lock.WorkdirLocked, match="host elsewhere pid 1"):
+        lock.acquire(workdir, stale_after=5.0)
 
 
 def test_stop_request_first_signal_asks_a_second_sigterm_ends_the_process():

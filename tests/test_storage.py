@@ -23,8 +23,7 @@ from vit_jax.base.console import first_few
 from vit_jax.training import state as state_lib
 from vit_jax.training import stopping, train
 from vit_jax.weights.meta import Meta
-from vit_jax.workdir import checkpoints as checkpoints_lib
-from vit_jax.workdir import verify
+from vit_jax.workdir import shards, verify
 from vit_jax.workdir.checkpoints import COMMIT, Checkpoints
 from vit_jax.workdir.workdir import run_workdirs
 
@@ -112,7 +111,7 @@ def test_array_checksums_catch_other_values_in_any_layout():
     import concurrent.futures
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        found = {"arrays": checkpoints_lib.checksums(saved, pool)}
+        found = {"arrays": shards.checksums(saved, pool)}
     assert len(found["arrays"]["a"]["shards"]) == 8
     assert list(found["arrays"]["b"]["shards"]) == ["0:3"]
     assert found["arrays"]["c"]["shards"] == {"0:2,0:2": zlib.crc32(bytes.fromhex("003f" * 4))}

@@ -2,6 +2,7 @@
 
   store.py     one path type for disks and buckets (gs://, s3://); what a store's failure means
   files.py     files and directories written whole or not at all
+  outage.py    a store that stops answering: one retry window for the run, exit 75
   problems.py  config rules, and config values that cannot make sense, all named at once
   console.py   durations, sizes and short lists in messages; progress bars; silenced stderr
 Everything above them imports these; they import nothing of the package.

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from vit_jax.base import store
+from vit_jax.base.outage import OUTAGE
 
 
 @contextlib.contextmanager
@@ -34,7 +35,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", sync: bool = False) 
             local = os.path.join(tmp, path.name)
             with open(local, mode) as f:
                 yield f
-            store.filesystem(path).put_file(local, os.fspath(path))
+            fs = store.filesystem(path)
+            OUTAGE.call(lambda: fs.put_file(local, os.fspath(path)), f"writing {path}")
         return
     _check_parent(path)
     tmp = path.with_name(path.name + ".tmp")
@@ -117,7 +119,7 @@ def publish(local: str | os.PathLike, path: str | os.PathLike) -> None:
         }
     try:
         for source, dest in files.items():
-            fs.put_file(source, dest)
+            OUTAGE.call(lambda s=source, d=dest: fs.put_file(s, d), f"writing {dest}")
     except BaseException:
         with contextlib.suppress(Exception):
             store.remove_tree(path)

@@ -35,8 +35,16 @@ try:  # Listings are not cached: Orbax's arrays (TensorStore) and the other proc
 
     for _protocol in ("gcs", "s3"):
         fsspec.config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
+    import aiohttp  # gcsfs's: a connection silent for a minute fails (and is retried)
+
+    _stalled = aiohttp.ClientTimeout(sock_connect=30, sock_read=60)
+    fsspec.config.conf["gcs"].setdefault("requests_timeout", _stalled)
 except ImportError:  # no fsspec: no object store either
     pass
+# TensorStore's (Orbax's arrays) likewise: under 1 byte/s for a minute is a failure that
+# it retries, not a wait without end (its default: no limit).
+os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
+os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", "60")
 
 Path = epath.Path
 SCHEMES = ("gs://", "s3://")
@@ -159,7 +167,7 @@ _STATUS = re.compile(
 )
 
 
-def _status(error: BaseException, lowered: str) -> int | None:
+def status_of(error: BaseException, lowered: str) -> int | None:
     """The HTTP status of a store's error: its `code`/`status` attribute (gcsfs, aiohttp),
     else one its text names as a status (`_STATUS`); None without one."""
     for name in ("code", "status"):
@@ -181,7 +189,7 @@ def explain(error: BaseException, p: str | os.PathLike) -> str:
             if cause in str(error):
                 return cause
         return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-    status = _status(error, lowered)
+    status = status_of(error, lowered)
     if status == 401 or any(w in lowered for w in ("credential", "unauthorized")):
         return (
             "no credentials for the store: run `gcloud auth application-default login` "

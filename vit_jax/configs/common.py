@@ -110,6 +110,9 @@ def base(model: str) -> ml_collections.ConfigDict:
     c.distributed = ml_collections.ConfigDict(dict(
         coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
     ))  # fmt: skip
+    # A workdir on gs:// or s3:// that stops answering: every call is retried for at most
+    # retry_seconds from the first failure, then the run stops with exit status 75.
+    c.store = ml_collections.ConfigDict(dict(retry_seconds=120.0))
     # A step whose loss, gradient or new state is not finite: False stops the run at
     # the next log or save (nothing non-finite is ever saved); True skips the step
     # inside the jitted update (state unchanged, counted in metrics 'skipped').

@@ -80,6 +80,7 @@ FEWSHOT = {
 }  # fmt: skip
 MESH = {"data": lambda v: None if v == -1 or (is_int(v) and v >= 1)
         else "expected -1 (every device left) or >= 1", "fsdp": integer(1)}  # fmt: skip
+STORE = {"retry_seconds": number(0, low_open=True)}
 DISTRIBUTED = {
     "num_processes": integer(0, " (0: not set)"), "process_id": integer(-1, " (-1: not set)"),
     "timeout_seconds": number(0, low_open=True),
@@ -100,6 +101,7 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
     out += _fewshot_problems(c.fewshot)
     out += table_problems(c.mesh, MESH, "mesh.")
     out += table_problems(c.distributed, DISTRIBUTED, "distributed.")
+    out += table_problems(c.store, STORE, "store.")
     if not isinstance(c.init_from, str):
         out.append(Problem("init_from", c.init_from, "expected a path ('' trains from scratch)"))
     return out

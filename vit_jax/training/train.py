@@ -41,7 +41,8 @@ import ml_collections
 import optax
 
 from vit_jax import data
-from vit_jax.base import console
+from vit_jax.base import console, store
+from vit_jax.base.outage import OUTAGE, transient
 from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.evaluation.batched import over_batches
 from vit_jax.models import count_params, predict
@@ -161,25 +162,29 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
         WorkdirLocked: another run holds the workdir (an OSError; nothing touched).
     """
     check.check(config)  # every field that cannot make sense, before the workdir is touched
-    wd = Workdir.at(workdir)
-    plan = Plan.of(config)
-    if (done := wd.finished(plan)) is not None:
-        report.say(report.finished_lines(wd, done))
-        return done
-    created, loop = wd.missing_dirs(), Loop(config)
-    try:
-        wd.check_writable()  # before the lock, which writes into it
-        with lock.held(wd.root, distributed.is_lead()), loop.stop:
-            return _run(loop, plan, wd)
-    except lock.WorkdirLocked:
-        raise  # another run's workdir: touch nothing
-    except BaseException as e:
-        wd.remove_empty(created)  # only what this run created, and only if empty
-        if isinstance(e, KeyboardInterrupt) and not isinstance(e, stopping.Stopped):
-            saver = loop.saver or (Checkpoints(wd.checkpoints, read_only=True)
-                                   if wd.checkpoints.exists() else None)  # fmt: skip
-            raise stopping.Interrupted(stopping.where_stopped(loop.step, saver)) from e
-        raise
+    wd, plan, window = Workdir.at(workdir), Plan.of(config), config.store.retry_seconds
+    with OUTAGE.watching(wd.root, window):  # a store that stops answering: base/outage.py
+        if (done := OUTAGE.call(lambda: wd.finished(plan), str(wd.summary))) is not None:
+            report.say(report.finished_lines(wd, done))
+            return done
+        created, loop = OUTAGE.call(wd.missing_dirs, str(wd.root)), Loop(config)
+        try:
+            OUTAGE.call(wd.check_writable, str(wd.root))  # before the lock, which writes there
+            stale = lock.stale_seconds(window)
+            with lock.held(wd.root, distributed.is_lead(), stale), loop.stop:
+                return _run(loop, plan, wd)
+        except lock.WorkdirLocked:
+            raise  # another run's workdir: touch nothing
+        except BaseException as e:
+            if store.is_remote(wd.root) and transient(e):  # a call outside the window's care
+                OUTAGE.stop(f"the store at {wd.root} did not answer: {OUTAGE.cause or e}. Once "
+                            "it answers, run the same command (exit status 75)")  # fmt: skip
+            wd.remove_empty(created)  # only what this run created, and only if empty
+            if isinstance(e, KeyboardInterrupt) and not isinstance(e, stopping.Stopped):
+                saver = loop.saver or (Checkpoints(wd.checkpoints, read_only=True)
+                                       if wd.checkpoints.exists() else None)  # fmt: skip
+                raise stopping.Interrupted(stopping.where_stopped(loop.step, saver)) from e
+            raise
 
 
 def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
@@ -194,13 +199,12 @@ def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
     # Everything that runs beside the loop (the saver's and Orbax's threads, the event
     # writer's, the input pipeline's) ends with the run, however it ends.
     with contextlib.ExitStack() as running:
-        loop.saver = running.enter_context(
-            Checkpoints(wd.checkpoints, config.keep_checkpoints, plan.state)
-        )
+        loop.saver = running.enter_context(OUTAGE.call(
+            lambda: Checkpoints(wd.checkpoints, config.keep_checkpoints, plan.state),
+            f"opening {wd.checkpoints}"))  # fmt: skip
         scratch = config.get("from_scratch_if_damaged", False)
-        state, shardings = state_lib.restore_or_create(
-            start, loop.model, tx, loop.mesh, loop.saver, scratch
-        )
+        state, shardings = OUTAGE.call(lambda: state_lib.restore_or_create(
+            start, loop.model, tx, loop.mesh, loop.saver, scratch), "restoring")  # fmt: skip
         loop.step = int(jax.device_get(state.step))
         loop.train_step, loop.eval_step = jit_steps(
             loop.model, tx, lr_fn, loop.mesh, shardings, config.accum_steps, config.loss

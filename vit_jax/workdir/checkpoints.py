@@ -29,15 +29,15 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import zlib
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from vit_jax.base import files, store
+from vit_jax.base.outage import OUTAGE, transient
+from vit_jax.workdir.shards import checksums, merge_gathered
 
 COMMIT = ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
 NAME = "integrity.json"  # the record, in each checkpoint
@@ -72,9 +72,9 @@ class Checkpoints:
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
         )
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count(), "vit_jax-checksums")
+        self._pool: Any = concurrent.futures.ThreadPoolExecutor(os.cpu_count(), "vit_jax-checksums")
         self._step: int | None = None  # the save in flight, until `wait`
+        self._state: Any = None  # its state (saved again if it failed and is still live)
         self._recording: tuple[int, dict[str, Any]] | None = None  # its step, checksums
 
     # ------------------------------------------------------------------ saving
@@ -89,13 +89,14 @@ class Checkpoints:
         self.wait()  # a failure of the previous save is named with its own step
         mine = checksums(state, self._pool)  # before the buffers are reused
         if jax.process_count() > 1:
-            mine = merge(_gather(mine))
-        self._step = step
+            mine = merge_gathered(mine)
+        self._step, self._state = step, state
         self._recording = (step, mine)
         try:
             self.manager.save(step, args=ocp.args.StandardSave(state))
         except Exception as e:  # noqa: BLE001 (any failure of a save stops the run)
-            self.failed(step, e)
+            self._step = None
+            self._outlive(step, e) or self.failed(step, e)
 
     def wait(self) -> None:
         """Waits for the save in flight to end.
@@ -109,7 +110,34 @@ class Checkpoints:
         try:
             self.manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001
-            self.failed(step, e)
+            self._outlive(step, e) or self.failed(step, e)
+
+    def _outlive(self, step: int, error: BaseException) -> bool:
+        """A save that failed because the store did not answer, inside the retry window:
+        once it answers, what the save left is removed and, if its state is still in
+        memory (the final save), it is saved again; otherwise the next save stands in
+        for it. False: not such a failure (the caller raises)."""
+        if not (OUTAGE.url and transient(error)):
+            return False
+        OUTAGE.failed(error)
+        state, self._state = self._state, None
+        leaves = jax.tree.leaves(state)
+        if OUTAGE.call(lambda: self._drop_failed(step), f"listing {self.directory}"):
+            return True  # it completed after all
+        if state is not None and not any(getattr(x, "is_deleted", bool)() for x in leaves):
+            self.save(step, state)
+            self.wait()
+        elif jax.process_index() == 0:
+            print(f"checkpoint {step} was not saved while the store did not answer; the next "
+                  "save stands in for it", flush=True)  # fmt: skip
+        return True
+
+    def _drop_failed(self, step: int) -> bool:
+        """Removes what a failed save of `step` left (process 0); whether it is complete."""
+        done = step in self.steps()
+        if jax.process_index() == 0 and not done:
+            store.remove_tree(self.directory / str(step))
+        return done
 
     def _write_record(self) -> None:
         """Orbax's post-finalization callback: the arrays of the save in flight are all
@@ -129,8 +157,7 @@ class Checkpoints:
         """
         left = "Nothing of step {step} was left behind"
         try:  # the store may be what failed: then the listing fails too
-            if jax.process_index() == 0 and step not in self.steps():
-                store.remove_tree(self.directory / str(step))
+            self._drop_failed(step)
             newest = self.newest_intact_sentence()
         except Exception:  # noqa: BLE001 (the next run deletes what is left, naming it)
             left = "What it wrote of step {step} is never resumed from (the next run deletes it)"
@@ -174,14 +201,12 @@ class Checkpoints:
         """The names in the directory that interrupted (or running) saves left."""
         if not self.directory.exists():
             return []
+        step = ocp.path.step
         return sorted(
             p.name
             for p in self.directory.iterdir()
-            if ocp.path.step.is_path_temporary(p)
-            or (
-                p.name.isdigit()
-                and not ocp.path.step.is_path_finalized(p, atomicity_options=COMMIT)
-            )
+            if step.is_path_temporary(p)
+            or (p.name.isdigit() and not step.is_path_finalized(p, atomicity_options=COMMIT))
         )
 
     def _drop_incomplete(self) -> None:
@@ -236,68 +261,9 @@ class Checkpoints:
         return aside
 
 
-def leaf_name(path: tuple) -> str:
-    """A tree path -> Orbax's name of the array ('opt_state.1.mu.head.kernel')."""
-    parts = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-    return ".".join(parts)
-
-
-def named_leaves(tree: Any) -> list[tuple[str, Any]]:
-    """[(name, leaf)] of a TrainState, or of the dict tree Orbax's metadata has."""
-    return [(leaf_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
-
-
-def _slice_key(index: tuple, shape: tuple) -> str:
-    """A shard's index (tuple of slices) -> '0:32,0:64' ('' for a scalar)."""
-    bounds = (s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
-    return ",".join(f"{start}:{stop}" for start, stop in bounds)
-
-
-def slices(key: str) -> tuple:
-    """'0:32,0:64' -> the shard's index (a tuple of slices)."""
-    return tuple(slice(*map(int, part.split(":"))) for part in key.split(",") if part)
-
-
-def crc(a: np.ndarray) -> int:
-    """CRC-32 of the array's bytes, any dtype (bfloat16 has no buffer format of its own)."""
-    return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-
-
-def checksums(tree: Any, pool: concurrent.futures.Executor) -> dict[str, Any]:
-    """This process's part of a record's 'arrays': a CRC-32 of each of its shards (one
-    copy of each slice over all processes), hashed on `pool` (CRC-32 drops the GIL)."""
-    started = {}
-    for name, x in named_leaves(tree):
-        shards = {}
-        for s in getattr(x, "addressable_shards", ()):
-            if s.replica_id == 0:
-                shards[_slice_key(s.index, x.shape)] = pool.submit(crc, np.asarray(s.data))
-        if not hasattr(x, "addressable_shards"):
-            shards[_slice_key((slice(None),) * np.ndim(x), np.shape(x))] = pool.submit(crc, x)
-        started[name] = {"shape": list(np.shape(x)), "dtype": str(x.dtype), "shards": shards}
-    return {
-        name: {**a, "shards": {k: f.result() for k, f in a["shards"].items()}}
-        for name, a in started.items()
-    }
-
-
-def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The 'arrays' of every process -> one, with every process's slices."""
-    out: dict[str, Any] = {}
-    for part in parts:
-        for name, a in part.items():
-            out.setdefault(name, {**a, "shards": {}})["shards"].update(a["shards"])
-    return out
-
-
 def write_record(step_dir: store.Path, record: dict[str, Any]) -> None:
     """Writes the record of `step_dir`, with the sizes of every file Orbax wrote there."""
-    found = store.walk_files(step_dir)
+    found = OUTAGE.call(lambda: store.walk_files(step_dir), f"listing {step_dir}")
     record = {**record, "format": FORMAT, "files": {k: n for k, n in found.items() if "/" in k}}
     with files.atomic_write(step_dir / NAME, "w", sync=True) as f:
         json.dump(record, f)
@@ -316,9 +282,7 @@ def read_record(step_dir: store.Path) -> dict[str, Any] | None:
         return None
     try:
         record = json.loads(text)
-        if record.get("format") not in (1, FORMAT) or not {"step", "arrays", "files"} <= set(
-            record
-        ):
+        if record.get("format") not in (1, FORMAT) or {"step", "arrays", "files"} - set(record):
             raise ValueError("fields missing")
         return record
     except (OSError, ValueError) as e:
@@ -327,7 +291,7 @@ def read_record(step_dir: store.Path) -> dict[str, Any] | None:
 
 def file_problems(step_dir: store.Path, record: dict[str, Any]) -> list[str]:
     """What is wrong with the files of `step_dir`: missing, or of another size."""
-    found = store.walk_files(step_dir)
+    found = OUTAGE.call(lambda: store.walk_files(step_dir), f"listing {step_dir}")
     problems = []
     for rel, size in sorted(record["files"].items()):
         size = size[0] if isinstance(size, list) else size  # format 1: [bytes, crc]
@@ -336,13 +300,3 @@ def file_problems(step_dir: store.Path, record: dict[str, Any]) -> list[str]:
         elif found[rel] != size:
             problems.append(f"file {rel} has {found[rel]} bytes, {size} when written")
     return problems
-
-
-def _gather(mine: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every process's checksums (JSON, padded to one length, all-gathered)."""
-    data = np.frombuffer(json.dumps(mine).encode(), np.uint8)
-    longest = int(np.max(multihost_utils.process_allgather(np.array([len(data)]))))
-    padded = np.zeros(longest, np.uint8)
-    padded[: len(data)] = data
-    every = multihost_utils.process_allgather(padded)  # [processes, longest]
-    return [json.loads(bytes(row).rstrip(b"\0")) for row in np.asarray(every)]

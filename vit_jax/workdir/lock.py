@@ -7,7 +7,11 @@ heartbeat time that a thread rewrites every HEARTBEAT_SECONDS. It is removed whe
 run ends, whatever the end. A second run finds it and stops with one message naming
 the holder, having touched nothing. A lock is stale, and taken over with a note, when
 its process is gone (same host: no such pid, or one started at another time) or its
-heartbeat is older than STALE_SECONDS (any host: a killed machine, another pod).
+heartbeat is older than `stale_after` (any host: a killed machine, another pod). A run
+riding out a store's outage beats late by up to the retry window, so `stale_after` is
+the window plus three beats (`stale_seconds`); a run that gave up on the store left a
+lock it could not remove, and a requeue finding a heartbeat that has missed two beats
+waits for it to go stale rather than be refused.
 """
 
 from __future__ import annotations
@@ -27,10 +31,17 @@ from jax.experimental import multihost_utils
 
 from vit_jax.base import store
 from vit_jax.base.console import duration
+from vit_jax.base.outage import OUTAGE
 
 NAME = "run.lock"
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 300.0  # ten missed heartbeats
+
+
+def stale_seconds(retry_seconds: float) -> float:
+    """How old a heartbeat is when its run is surely gone: the store's retry window (a
+    live run may be riding out an outage that long) plus three beats."""
+    return retry_seconds + 3 * HEARTBEAT_SECONDS
 
 
 class WorkdirLocked(OSError):
@@ -93,7 +104,7 @@ def _read(path: store.Path) -> dict[str, Any] | None:
     """The holder, or None when there is no lock (one half-written reads as a holder of
     unknown name, just now)."""
     try:
-        text = path.read_text()
+        text = OUTAGE.call(path.read_text, f"reading {path}")
     except FileNotFoundError:
         return None
     try:
@@ -113,9 +124,12 @@ def acquire(workdir: str | os.PathLike, stale_after: float = STALE_SECONDS) -> d
     path = store.path(workdir) / NAME
     mine = holder_now()
     for _ in range(3):  # lost a race for a stale lock: look again
-        if store.create_new(path, json.dumps(mine).encode()):
+        if OUTAGE.call(lambda: store.create_new(path, json.dumps(mine).encode()), f"{path}"):
             return mine
         holder = _read(path)
+        if holder is None:
+            continue  # released meanwhile
+        holder = _wait_if_silent(path, holder, stale_after)
         if holder is None:
             continue  # released meanwhile
         why = stale_reason(holder, stale_after)
@@ -134,6 +148,21 @@ def acquire(workdir: str | os.PathLike, stale_after: float = STALE_SECONDS) -> d
     raise WorkdirLocked(f"workdir {workdir}: could not take its lock {path}; try again")
 
 
+def _wait_if_silent(path: store.Path, holder: dict[str, Any], stale_after: float) -> Any:
+    """A holder whose heartbeat missed two beats (likely a run that gave up on the store)
+    is watched until it beats again or goes stale; returns it as last read (None: the
+    lock was removed meanwhile)."""
+    age = time.time() - float(holder.get("beat_at", 0) or 0)
+    if not 2 * HEARTBEAT_SECONDS < age < stale_after or stale_reason(holder, stale_after):
+        return holder
+    wait = duration(stale_after - age)
+    print(f"the lock {path} ({describe(holder)}) missed its heartbeats for {duration(age)}: "
+          f"waiting up to {wait} for it to beat again", flush=True)  # fmt: skip
+    while (now := _read(path)) == holder and stale_reason(holder, stale_after) is None:
+        time.sleep(min(5.0, HEARTBEAT_SECONDS / 3))
+    return now
+
+
 def release(workdir: str | os.PathLike, mine: dict[str, Any]) -> None:
     """Removes the lock if it is still this process's (not one that took it over)."""
     path = store.path(workdir) / NAME
@@ -142,7 +171,7 @@ def release(workdir: str | os.PathLike, mine: dict[str, Any]) -> None:
         k: mine[k] for k in ("host", "pid", "started_at")
     }:
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+            OUTAGE.call(path.unlink, f"removing {path}")
 
 
 @contextlib.contextmanager
@@ -177,8 +206,9 @@ def held(
 
     def beat() -> None:
         while not stop.wait(HEARTBEAT_SECONDS):
-            with contextlib.suppress(OSError):
-                path.write_text(json.dumps({**mine, "beat_at": time.time()}))
+            with contextlib.suppress(OSError):  # the window stops the run if it must
+                beat = json.dumps({**mine, "beat_at": time.time()})
+                OUTAGE.call(lambda b=beat: path.write_text(b), f"the heartbeat of {path}")
 
     thread = threading.Thread(target=beat, name="vit_jax-lock-heartbeat", daemon=True)
     thread.start()

@@ -26,16 +26,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from vit_jax.base.console import first_few
-from vit_jax.workdir.checkpoints import (
-    DAMAGED,
-    Checkpoints,
-    checksums,
-    crc,
-    file_problems,
-    named_leaves,
-    read_record,
-    slices,
-)
+from vit_jax.base.outage import OUTAGE, transient
+from vit_jax.workdir.checkpoints import DAMAGED, Checkpoints, file_problems, read_record
+from vit_jax.workdir.shards import checksums, crc, named_leaves, slices
 
 SCRATCH_FIELD = "from_scratch_if_damaged"
 
@@ -78,6 +71,8 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
         layout = target if target is not None else _as_saved(checkpoints, step)
         state = checkpoints.manager.restore(step, args=ocp.args.StandardRestore(layout))
     except Exception as e:  # noqa: BLE001 (whatever Orbax or TensorStore raise)
+        if OUTAGE.url and transient(e):
+            raise  # the store did not answer: retried (OUTAGE.call), not damage
         misfit = _metadata_misfits(checkpoints, step, target) if found is None and target else []
         if misfit:
             raise does_not_fit(step_dir, first_few(misfit, "; "), misfit) from e

@@ -1,0 +1,160 @@
+"""A store that stops answering: one retry window for the whole run.
+
+Buckets have bad minutes: refused or reset connections, timeouts, 408, 429, 5xx. A run
+on gs:// or s3:// rides them out for `store.retry_seconds` (default 120) counted from
+the first failure, one window for the run rather than one per call:
+
+  OUTAGE.call(fn, what)   the run's own calls (the lock, the integrity record, events,
+                          summary.json, final.npz): a transient failure is retried with
+                          backoff and jitter while the window lasts; a permanent one
+                          (403, 404, credentials) is raised at once
+  OUTAGE.watching(url)    while the run holds a workdir on a store, a thread probes it
+                          every PROBE_SECONDS (one small read by TensorStore, Orbax's
+                          own client, allowed one retry), so that the waits the run
+                          cannot retry itself (Orbax's saves, TensorStore's reads, which
+                          retry by count for ~15 minutes) are bounded by the window too
+
+The first failure prints one notice, the store's return another. When the window has
+passed the run stops at once, from whichever thread saw it (`give_up`): one `error:`
+line naming the URL, how long the store did not answer and its last words, and exit
+status 75 (EX_TEMPFAIL: run it again). Nothing waits on the way out: the save in flight
+is never resumed from (it has no commit marker) and the lock goes stale (lock.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from vit_jax.base import store
+
+EX_TEMPFAIL = 75
+PROBE_SECONDS = 5.0
+T = TypeVar("T")
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a store's failure may pass: a refused or reset connection, a timeout, HTTP
+    408, 429 or 5xx. No such object, no permission, no credentials: not."""
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    text = f"{type(error).__name__}: {error}".lower()
+    words = ("connect", "reset", "timed out", "timeout", "unavailable", "broken pipe", "curl")
+    if isinstance(error, (ConnectionError, TimeoutError)) or any(w in text for w in words):
+        return True  # before a status: 'Recv failure: Unknown error 104' is ECONNRESET
+    status = store.status_of(error, text)
+    return status is not None and (status in (408, 429) or status >= 500)
+
+
+def give_up(message: str) -> None:
+    """Ends the process at once with `error: message` and status 75: Orbax's and
+    TensorStore's threads may be waiting on the store, and nothing may wait for them."""
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(EX_TEMPFAIL)
+
+
+class Outage:
+    """The run's retry window (see the module's docstring); `stop` is called with the
+    error line when it has passed (`give_up`, or a test's)."""
+
+    def __init__(self, seconds: float = 120.0, stop: Callable[[str], Any] = give_up):
+        self.seconds, self.stop = seconds, stop
+        self.url = ""
+        self.since: float | None = None  # the first failure of the outage under way
+        self.cause = ""
+        self._lock = threading.Lock()
+        self._kv: Any = None  # the probe's store, opened once
+
+    def failed(self, error: BaseException | str) -> None:
+        """A transient failure: notes the outage, and stops the run once it has lasted."""
+        with self._lock:
+            now = time.monotonic()
+            self.cause = " ".join(str(error).split())[:200] or type(error).__name__
+            if self.since is None:
+                self.since = now
+                print(f"the store at {self.url} did not answer ({self.cause}); retrying for up "
+                      f"to {self.seconds:g} s", flush=True)  # fmt: skip
+            lasted = now - self.since
+        if lasted >= self.seconds:
+            self.stop(
+                f"the store at {self.url} did not answer for {lasted:.0f} s (store.retry_"
+                f"seconds={self.seconds:g}); last: {self.cause}. Once it answers, run the same "
+                f"command: it resumes from the newest complete checkpoint (exit status 75)"
+            )
+
+    def answered(self) -> None:
+        with self._lock:
+            if self.since is not None:
+                print(f"the store answers again, after {time.monotonic() - self.since:.0f} s",
+                      flush=True)  # fmt: skip
+            self.since = None
+
+    def call(self, fn: Callable[[], T], what: str = "") -> T:
+        """fn(), retried through transient failures while the window lasts."""
+        tries = 0
+        while True:
+            try:
+                out = fn()
+            except Exception as e:  # noqa: BLE001 (transient ones only; the rest raised)
+                if not self.url or not transient(e):
+                    raise
+                self.failed(f"{what}: {e}" if what else e)
+                tries += 1
+                time.sleep(min(2.0 ** min(tries, 4), 10.0) * (0.5 + random.random()))
+                continue
+            self.answered()
+            return out
+
+    def probe(self) -> None:
+        """One small read of the store; a transient failure counts towards the window."""
+        try:
+            self._kv = self._kv or _kvstore(self.url)
+            self._kv.read(".vit_jax_probe").result()  # a key that is not there
+        except Exception as e:  # noqa: BLE001 (permanent ones are the operations' to name)
+            if transient(e):
+                self.failed(e)
+            return
+        self.answered()
+
+    @contextlib.contextmanager
+    def watching(self, url: str | os.PathLike, seconds: float) -> Iterator[None]:
+        """Holds the window open for the workdir `url` while the block runs (nothing
+        for a local one)."""
+        if not store.is_remote(url):
+            yield
+            return
+        self.url, self.seconds, self.since, self._kv = os.fspath(url), float(seconds), None, None
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(PROBE_SECONDS):
+                self.probe()
+
+        thread = threading.Thread(target=watch, name="vit_jax-store-probe", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            self.url = ""
+
+
+def _kvstore(url: str) -> Any:
+    """TensorStore's key-value store at `url` (gs://, s3://), allowed one retry a read."""
+    import tensorstore as ts
+
+    scheme = url.split("://", 1)[0]
+    retries = {"max_retries": 1, "initial_delay": "0.5s", "max_delay": "1s"}
+    context = ts.Context({f"{'gcs' if scheme == 'gs' else scheme}_request_retries": retries})
+    return ts.KvStore.open(url.rstrip("/") + "/", context=context).result()
+
+
+OUTAGE = Outage()
