@@ -132,19 +132,29 @@ class Outage:
             yield
             return
         self.url, self.seconds, self.since, self._kv = os.fspath(url), float(seconds), None, None
-        done = threading.Event()
-
-        def watch() -> None:
-            while not done.wait(PROBE_SECONDS):
-                self.probe()
-
-        thread = threading.Thread(target=watch, name="vit_jax-store-probe", daemon=True)
-        thread.start()
         try:
-            yield
+            with every(PROBE_SECONDS, self.probe, "vit_jax-store-probe"):
+                yield
         finally:
-            done.set()
             self.url = ""
+
+
+@contextlib.contextmanager
+def every(seconds: float, fn: Callable[[], Any], name: str) -> Iterator[None]:
+    """Calls fn() every `seconds` on a thread of its own while the block runs."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(seconds):
+            fn()
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _kvstore(url: str) -> Any:

@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +30,7 @@ from jax.experimental import multihost_utils
 
 from vit_jax.base import store
 from vit_jax.base.console import duration
-from vit_jax.base.outage import OUTAGE
+from vit_jax.base.outage import OUTAGE, every
 
 NAME = "run.lock"
 HEARTBEAT_SECONDS = 30.0
@@ -201,20 +200,15 @@ def held(
     if mine is None:
         yield
         return
-    stop = threading.Event()
     path = store.path(workdir) / NAME
 
     def beat() -> None:
-        while not stop.wait(HEARTBEAT_SECONDS):
-            with contextlib.suppress(OSError):  # the window stops the run if it must
-                beat = json.dumps({**mine, "beat_at": time.time()})
-                OUTAGE.call(lambda b=beat: path.write_text(b), f"the heartbeat of {path}")
+        with contextlib.suppress(OSError):  # the window stops the run if it must
+            text = json.dumps({**mine, "beat_at": time.time()})
+            OUTAGE.call(lambda: path.write_text(text), f"the heartbeat of {path}")
 
-    thread = threading.Thread(target=beat, name="vit_jax-lock-heartbeat", daemon=True)
-    thread.start()
     try:
-        yield
+        with every(HEARTBEAT_SECONDS, beat, "vit_jax-lock-heartbeat"):
+            yield
     finally:
-        stop.set()
-        thread.join()
         release(workdir, mine)
