@@ -41,7 +41,7 @@ import ml_collections
 import optax
 
 from vit_jax import data
-from vit_jax.base import console, store
+from vit_jax.base import console
 from vit_jax.base.outage import OUTAGE, transient
 from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.evaluation.batched import over_batches
@@ -176,7 +176,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
         except lock.WorkdirLocked:
             raise  # another run's workdir: touch nothing
         except BaseException as e:
-            if store.is_remote(wd.root) and transient(e):  # a call outside the window's care
+            if OUTAGE.since is not None and transient(e):  # mid-outage, outside OUTAGE.call
                 OUTAGE.stop(f"the store at {wd.root} did not answer: {OUTAGE.cause or e}. Once "
                             "it answers, run the same command (exit status 75)")  # fmt: skip
             wd.remove_empty(created)  # only what this run created, and only if empty
