@@ -8,6 +8,8 @@ the GCS JSON API that it leaves out and that the package's clients rely on:
   another; 0: it must not exist), GCS's create-if-absent that the workdir lock uses;
 - a bucket named `denied-*` answers writes 403, as GCS answers an account that may only
   read;
+- a request that stalls times out after 10 s (the server is single-threaded: one cut
+  halfway by tests/relay.py would otherwise hold it, and every client after it);
 - `moveTo`, which gcsfs tries first for a rename within a bucket (a checkpoint set
   aside); without it gcsfs logs a 501 traceback per file before copying and deleting.
 
@@ -49,6 +51,9 @@ def patch() -> None:
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import objects
 
+    # The emulator serves one connection at a time: a request cut halfway (tests/relay.py)
+    # would hold it, and every client after it, forever. GCS itself times such a one out.
+    server.RequestHandler.timeout = 10
     original = {"download": objects.download, "insert": objects.insert, "delete": objects.delete}
 
     def download(request, response, storage, *args, **kwargs):
