@@ -92,6 +92,10 @@ def base(model: str) -> ml_collections.ConfigDict:
     # head if reset_head. An interrupted run resumes from its workdir whatever this says.
     c.init_from = ""
     c.reset_head = True
+    # Low-rank adaptation of init_from (vit_jax/models/lora.py): rank 0 is off; with a rank
+    # only the adapters (on `targets`: query, key, value, out, mlp) and the head train.
+    # alpha 0 is the rank (scale 1). final.npz holds the merged model.
+    c.lora = ml_collections.ConfigDict(dict(rank=0, alpha=0.0, targets="query,value"))
     c.model = model_fields(model)
     c.dataset = data.default_config()
     c.image_size = 384

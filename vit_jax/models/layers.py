@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models.lora import Lora, adapted
 from vit_jax.models.posemb import PositionEmbedding
 
 Dtype = Any
@@ -46,6 +47,7 @@ class BlockOptions:
     attention_dropout: float = 0.0
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    lora: Lora | None = None  # low-rank adapters on some of the Dense modules (lora.py)
 
 
 class MlpBlock(nn.Module):
@@ -68,9 +70,9 @@ class MlpBlock(nn.Module):
             name=name,
         )
         d = x.shape[-1]
-        x = gelu(dense(o.mlp_dim, "Dense_0")(x), o.gelu)  # [B, N, F]
+        x = gelu(adapted(self, "Dense_0", dense(o.mlp_dim, "Dense_0"), x), o.gelu)  # [B, N, F]
         x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
-        x = dense(d, "Dense_1")(x)  # [B, N, D]
+        x = adapted(self, "Dense_1", dense(d, "Dense_1"), x)  # [B, N, D]
         return nn.Dropout(o.dropout)(x, deterministic=not self.train)
 
 
@@ -95,9 +97,9 @@ class SelfAttention(nn.Module):
         proj = lambda name: nn.DenseGeneral((o.num_heads, hd), dtype=o.dtype,
                                             param_dtype=o.param_dtype, kernel_init=xavier,
                                             name=name)  # fmt: skip
-        q = proj("query")(x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
-        k = proj("key")(x)
-        v = proj("value")(x)
+        q = adapted(self, "query", proj("query"), x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
+        k = adapted(self, "key", proj("key"), x)
+        v = adapted(self, "value", proj("value"), x)
         # Heads first, so that both attention products are plain batched matrix
         # products: XLA:CPU runs the [B, N, H, hd] forms of these einsums ~4x slower.
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, H, N, hd]
@@ -107,14 +109,9 @@ class SelfAttention(nn.Module):
         attn = nn.Dropout(o.attention_dropout)(attn, deterministic=not self.train)
         attn = attn.astype(o.dtype)
         y = jnp.einsum("bhqk,bhkd->bhqd", attn, v).transpose(0, 2, 1, 3)  # [B, N, H, hd]
-        return nn.DenseGeneral(
-            d,
-            axis=(-2, -1),
-            dtype=o.dtype,
-            param_dtype=o.param_dtype,
-            kernel_init=xavier,
-            name="out",
-        )(y)  # [B, N, D]
+        out = nn.DenseGeneral(d, axis=(-2, -1), dtype=o.dtype, param_dtype=o.param_dtype,
+                              kernel_init=xavier, name="out")  # fmt: skip
+        return adapted(self, "out", out, y, in_axes=2)  # [B, N, D]
 
 
 def drop_path(module: nn.Module, y: jax.Array, rate: jax.Array | float) -> jax.Array:

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from vit_jax.models import resnet
 from vit_jax.models.layers import GELUS, BlockOptions, Encoder
+from vit_jax.models.lora import Lora
 from vit_jax.models.posemb import KINDS
 
 CLASSIFIERS = ("token", "gap", "unpooled")
@@ -77,6 +78,7 @@ class VisionTransformer(nn.Module):
       layer_norm_eps: the transformer's LayerNorm epsilon (the original's 1e-6; the
         hybrid stem's GroupNorm keeps 1e-6). Imports take both from the source file
         (see vit_jax/weights/meta.py).
+      lora: low-rank adapters on some of the blocks' Dense modules (models/lora.py).
     """
 
     num_classes: int | None
@@ -100,6 +102,7 @@ class VisionTransformer(nn.Module):
     head_bias_init: float = 0.0
     gelu: str = ORIGINAL_NUMERICS["gelu"]
     layer_norm_eps: float = ORIGINAL_NUMERICS["layer_norm_eps"]
+    lora: Lora | None = None
 
     @property
     def token_stride(self) -> int:
@@ -114,7 +117,7 @@ class VisionTransformer(nn.Module):
         return BlockOptions(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
                             attention_dropout=self.attention_dropout, gelu=self.gelu,
                             layer_norm_eps=float(self.layer_norm_eps), dtype=self.dtype,
-                            param_dtype=self.param_dtype)  # fmt: skip
+                            param_dtype=self.param_dtype, lora=self.lora)  # fmt: skip
 
     @property
     def has_class_token(self) -> bool:

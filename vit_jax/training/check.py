@@ -34,6 +34,7 @@ from vit_jax.base.problems import (
 from vit_jax.data import config as data_config
 from vit_jax.data import splits
 from vit_jax.models import DTYPES, GELUS, get_model, variant_config
+from vit_jax.models.lora import TARGETS
 from vit_jax.models.posemb import KINDS
 from vit_jax.training.state import DECAYS, LOSSES, MU_DTYPES, OPTIMIZERS
 
@@ -81,6 +82,12 @@ FEWSHOT = {
 MESH = {"data": lambda v: None if v == -1 or (is_int(v) and v >= 1)
         else "expected -1 (every device left) or >= 1", "fsdp": integer(1)}  # fmt: skip
 STORE = {"retry_seconds": number(0, low_open=True)}
+LORA = {
+    "rank": integer(0, " (0: off)"), "alpha": number(0, note=" (0: the rank)"),
+    "targets": lambda v: None if isinstance(v, str) and v.strip() and all(
+        t.strip() in TARGETS for t in v.split(",")) else f"expected some of {', '.join(TARGETS)}, "
+        "comma-separated",
+}  # fmt: skip
 DISTRIBUTED = {
     "num_processes": integer(0, " (0: not set)"), "process_id": integer(-1, " (-1: not set)"),
     "timeout_seconds": number(0, low_open=True),
@@ -104,6 +111,10 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
     out += table_problems(c.store, STORE, "store.")
     if not isinstance(c.init_from, str):
         out.append(Problem("init_from", c.init_from, "expected a path ('' trains from scratch)"))
+    out += table_problems(c.lora, LORA, "lora.")
+    if not out and c.lora.rank and not c.init_from:
+        why = "LoRA adapts a trained model: set init_from (or lora.rank=0 to train in full)"
+        out.append(Problem("lora.rank", c.lora.rank, why))
     return out
 
 

@@ -155,7 +155,7 @@ def num_classes_of(config: ml_collections.ConfigDict) -> int:
 def loop_step(config: ml_collections.ConfigDict, mesh: Any, num_classes: int):
     """The training loop's jitted step for `config` on `mesh` and its abstract arguments
     (state and batch as ShapeDtypeStructs with their shardings): (step, state, batch)."""
-    model = state_lib.build_model(config.model, num_classes)
+    model = state_lib.build_model(config.model, num_classes, adapters=config.get("lora"))
     tx, lr_fn = state_lib.optimizer_of(config)
     start = state_lib.Start(seed=config.seed, image_size=config.image_size)
     abstract = state_lib.abstract_state(start, model, tx)
@@ -188,7 +188,7 @@ def plan_on(
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
     step, state, batch = loop_step(config, mesh, classes)
     shards = jax.tree.map(lambda s: s.sharding, state)
-    param_bytes = sharding.bytes_per_device(state.params, shards.params)
+    param_bytes = sharding.bytes_per_device(state.model_params, shards.model_params)
     opt_bytes = sharding.bytes_per_device(state.opt_state, shards.opt_state)
     batch_bytes = sum(
         int(x.size) * x.dtype.itemsize // len(devices) for x in jax.tree.leaves(batch)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax.base import store
-from vit_jax.models import get_model
+from vit_jax.models import get_model, lora
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
 from vit_jax.weights.load import load_pretrained
@@ -45,6 +45,18 @@ class TrainState:
     params: Any
     opt_state: Any
     rng: jax.Array  # u32[2]: raw key data for dropout, folded with the step
+    # With LoRA, `params` holds what trains (adapters, head) and `frozen` the rest of
+    # init_from: no gradient, no optimizer state, never saved (init_from is read again).
+    frozen: Any = None
+
+    def saved(self) -> TrainState:
+        """What a checkpoint holds: all but the frozen base."""
+        return self.replace(frozen=None)
+
+    @property
+    def model_params(self) -> Any:
+        """The model's whole parameter tree (LoRA's adapters unmerged)."""
+        return lora.overlay(self.frozen, self.params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,12 +158,14 @@ def skipped_steps(opt_state: Any) -> jax.Array:
 
 
 def build_model(
-    model: Any, num_classes: int | None, init_from: str | None = None
+    model: Any, num_classes: int | None, init_from: str | None = None, adapters: Any = None
 ) -> VisionTransformer:
-    """The model of a config's `model` fields: a name plus any VisionTransformer field.
-    The numerics the fields leave unset (gelu, layer_norm_eps: None) are `init_from`'s,
-    the checkpoint fine-tuned (what its source computes, see weights/meta.py)."""
+    """The model of a config's `model` fields: a name plus any VisionTransformer field,
+    with the LoRA adapters of `adapters` (config.lora). The numerics the fields leave
+    unset (gelu, layer_norm_eps: None) are `init_from`'s, the checkpoint fine-tuned (what
+    its source computes, see weights/meta.py)."""
     fields = {k: v for k, v in model.items() if k != "name" and v is not None}
+    fields["lora"] = lora.Lora.of(adapters)
     if fields.get("representation_size") == 0:
         del fields["representation_size"]
     if init_from:
@@ -163,15 +177,18 @@ def build_model(
 def new_state(
     start: Start, model: VisionTransformer, tx: optax.GradientTransformation, params: Any = None
 ) -> TrainState:
-    """The TrainState at step 0 (traceable): `params`, or the model's initialisation."""
-    if params is None:
+    """The TrainState at step 0 (traceable): `params`, or the model's initialisation.
+    With LoRA, the adapters are initialised and `params` (the base) is split."""
+    if params is None or model.lora:
         x = jnp.zeros((1, start.image_size, start.image_size, model.channels), jnp.float32)
-        params = model.init(jax.random.key(start.seed), x)["params"]
+        params = lora.overlay(model.init(jax.random.key(start.seed), x)["params"], params)
+    params, frozen = lora.split(params) if model.lora else (params, None)
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
         opt_state=tx.init(params),
         rng=jax.random.key_data(jax.random.fold_in(jax.random.key(start.seed), 1)),
+        frozen=frozen,
     )
 
 
@@ -190,9 +207,9 @@ def create_state(
     make = jax.jit(functools.partial(new_state, start, model, tx), out_shardings=shardings)
     if not start.init_from:
         return make(), shardings
-    params = load_pretrained(start.init_from, model, start.image_size,
+    params = load_pretrained(start.init_from, model.clone(lora=None), start.image_size,
                              start.reset_head, start.patch_size)  # fmt: skip
-    return make(sharding.put(params, shardings.params)), shardings
+    return make(sharding.put(params, sharding.tree_shardings(mesh, params))), shardings
 
 
 def restore_or_create(
@@ -211,13 +228,21 @@ def restore_or_create(
         return create_state(start, model, tx, mesh)
     abstract = abstract_state(start, model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-    )
+    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract.saved(), shardings.saved())  # fmt: skip
     state, _ = verify.restore_newest(checkpoints, target, from_scratch_if_damaged)
     if state is None:
         return create_state(start, model, tx, mesh)
+    if model.lora:  # the frozen base is init_from's, read again
+        state = state.replace(frozen=create_state(start, model, tx, mesh)[0].frozen)
     return state, shardings
+
+
+def merged_params(state: TrainState, adapters: lora.Lora | None) -> Any:
+    """The model's parameters in the published layout: LoRA's adapters merged."""
+    if adapters is None:
+        return state.model_params
+    return jax.jit(functools.partial(lora.merge, lora=adapters))(state.model_params)
 
 
 def export_npz(path: Any, params: Any, meta: Meta, checkpoints: Checkpoints) -> None:

@@ -45,23 +45,25 @@ from vit_jax.base import console
 from vit_jax.base.outage import OUTAGE, transient
 from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.evaluation.batched import over_batches
-from vit_jax.models import count_params, predict
+from vit_jax.models import count_params, lora, predict
 from vit_jax.parallel import distributed, sharding
 from vit_jax.training import check, report, stopping
 from vit_jax.training import state as state_lib
 from vit_jax.training.state import TrainState
 from vit_jax.weights.meta import Meta
-from vit_jax.workdir import lock
+from vit_jax.workdir import lock, verify
 from vit_jax.workdir.checkpoints import Checkpoints
 from vit_jax.workdir.workdir import Plan, Workdir, tree_bytes
 
 
 def loss_and_grads(model, params, batch: dict, rng: jax.Array, accum_steps: int,
-                   loss_name: str = "softmax_xent") -> tuple[jax.Array, Any]:  # fmt: skip
-    """Mean loss and gradients over the batch, in `accum_steps` micro-batches: micro-batch
-    i takes examples i, i + accum, ..., so each is spread over all devices."""
+                   loss_name: str = "softmax_xent", frozen: Any = None):  # fmt: skip
+    """(mean loss, gradients of `params`, not of `frozen`: LoRA's base) over the batch, in
+    `accum_steps` micro-batches: micro-batch i takes examples i, i + accum, ..., so each is
+    spread over all devices."""
 
     def loss_fn(p, images, labels, key):
+        p = lora.overlay(frozen, p)  # [the adapters and head, over the base]
         logits = model.apply({"params": p}, images, train=True, rngs={"dropout": key})
         return state_lib.LOSSES[loss_name](logits, labels).mean()
 
@@ -90,7 +92,8 @@ def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTrans
     of overflow, so only the loss and the norm are checked here (a pass over the new
     state costs ~3% of a step); the loop checks the whole state before each save."""
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    loss, grads = loss_and_grads(model, state.params, batch, rng, accum_steps, loss_name)
+    loss, grads = loss_and_grads(model, state.params, batch, rng, accum_steps, loss_name,
+                                 state.frozen)  # fmt: skip
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     metrics = {
@@ -124,7 +127,8 @@ def jit_steps(model, tx, lr_fn, mesh: jax.sharding.Mesh, state_shardings: Any,
     step = jax.jit(step, in_shardings=(state_shardings, batch),
                    out_shardings=(state_shardings, rep), donate_argnums=0)  # fmt: skip
     evaluate = functools.partial(eval_step, model=model, loss_name=loss_name)
-    evaluate = jax.jit(evaluate, in_shardings=(state_shardings.params, batch), out_shardings=batch)
+    params = state_shardings.model_params
+    evaluate = jax.jit(evaluate, in_shardings=(params, batch), out_shardings=batch)
     return step, evaluate
 
 
@@ -190,12 +194,12 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
 def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
     config, began = loop.config, time.time()
     loop.mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
-    classes = data.num_classes(config.dataset)
-    loop.model = state_lib.build_model(config.model, classes, config.init_from or None)
+    loop.model = state_lib.build_model(config.model, data.num_classes(config.dataset),
+                                       config.init_from or None, config.lora)  # fmt: skip
     tx, lr_fn = state_lib.optimizer_of(config)
     start = state_lib.Start.of(config)
     abstract = state_lib.abstract_state(start, loop.model, tx)
-    wd.check_free_space(plan, tree_bytes(abstract), 4 * count_params(abstract.params))
+    wd.check_free_space(plan, tree_bytes(abstract.saved()), 4 * count_params(abstract.model_params))
     # Everything that runs beside the loop (the saver's and Orbax's threads, the event
     # writer's, the input pipeline's) ends with the run, however it ends.
     with contextlib.ExitStack() as running:
@@ -218,14 +222,16 @@ def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
         state, metrics, evals = train_loop(loop, state, batches)
         _stop_if_asked(loop, state, stopping.Agreement(loop.mesh))  # before evaluating, export
         if "accuracy" not in evals:  # resumed after the last step: evaluate it again
-            evals.update(evaluate(loop, state.params))
+            evals.update(evaluate(loop, state.model_params))
+        merged = state_lib.merged_params(state, loop.model.lora)
         if config.export_npz:  # with the numerics, class names and resize it trained with
             meta = Meta.of_model(loop.model, data.class_names(config.dataset),
                                  config.dataset.preprocessing)  # fmt: skip
-            state_lib.export_npz(wd.final_npz, state.params, meta, loop.saver)
+            state_lib.export_npz(wd.final_npz, merged, meta, loop.saver)
         summary = {
             "model": config.model.name, "steps": int(jax.device_get(state.step)),
-            "num_params": count_params(state.params), "accuracy": evals["accuracy"],
+            "num_params": count_params(merged), "trained_parameters": count_params(state.params),
+            "accuracy": evals["accuracy"],
             "eval_loss": evals["loss"], "train_loss": metrics.get("loss"),
             "skipped_steps": int(jax.device_get(state_lib.skipped_steps(state.opt_state))),
             **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
@@ -235,13 +241,6 @@ def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
         if loop.writer is not None:
             report.write_summary(wd.summary, summary)
     return summary
-
-
-@jax.jit
-def all_finite(tree: Any) -> jax.Array:
-    """bool[]: whether every floating-point value of `tree` is finite."""
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
-    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
 
 
 def due(step: int, every: int, total: int) -> bool:
@@ -264,8 +263,10 @@ def train_loop(
     agree = stopping.Agreement(mesh)
     _stop_if_asked(loop, state, agree)  # a signal during start-up
     if start < total:
-        report.say(f"training {config.model.name} ({count_params(state.params):,} parameters) "
-                   f"for {total - start} steps; compiling the first step...")  # fmt: skip
+        trained = f", {count_params(state.params):,} trained" if state.frozen else ""
+        report.say(f"training {config.model.name} ({count_params(state.model_params):,} "
+                   f"parameters{trained}) for {total - start} steps; compiling the first "
+                   "step...")  # fmt: skip
     metrics, evals = {}, {}
     for step in range(start + 1, total + 1):
         batch = sharding.global_batch(agree.into(next(batches), loop.stop.requested), mesh)
@@ -291,18 +292,18 @@ def train_loop(
             if log:  # timed here: the step is done, the checks below are not training
                 metrics.update(speed.update(step))
             if save and not config.skip_nonfinite:  # skipped steps keep a finite state
-                metrics["finite"] = min(metrics["finite"], float(all_finite(state)))
+                metrics["finite"] = min(metrics["finite"], float(verify.all_finite(state)))
             guard.check(metrics, step)
         if log:
             report.write(loop.writer, step, total, metrics)
         if evaluating:
-            evals.update(evaluate(loop, state.params))
+            evals.update(evaluate(loop, state.model_params))
             report.write(loop.writer, step, total, metrics, evals)
         if few:
-            evals.update(loop.fewshot.run(loop.model, state.params, mesh))
+            evals.update(loop.fewshot.run(loop.model, state.model_params, mesh))
             report.write_fewshot(loop.writer, step, evals)
         if save:
-            loop.saver.save(step, state)
+            loop.saver.save(step, state.saved())
             report.say(f"step {step}: saving checkpoint {loop.saver.directory}/{step}")
         if evaluating or few or save:  # the throughput clock counts training steps
             speed.pause(step)

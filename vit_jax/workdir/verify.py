@@ -61,6 +61,8 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
     except ValueError as e:
         return Verdict(step, [str(e)], True)
     if found is not None:
+        if target is not None and (why := base_changed(found, checkpoints.description)):
+            raise ValueError(f"checkpoint {step_dir} {why}")
         if target is not None and (misfit := misfits(found, target)):
             saved = summary(found.get("state"))
             detail = f"it holds {saved}; {first_few(misfit, '; ')}"
@@ -202,6 +204,18 @@ def summary(description: dict[str, Any] | None) -> str:
     shape = ", ".join(f"{k} {m[k]}" for k in ("width", "depth", "patch_size") if m.get(k))
     opt = description.get("optimizer", {}).get("name", "?")
     return f"{m.get('name', '?')} ({shape}), {opt}, {description.get('image_size')} px"
+
+
+def base_changed(record: dict[str, Any], description: dict[str, Any]) -> str | None:
+    """How a LoRA checkpoint's base (init_from, by its SHA-256) differs from this run's."""
+    was, now = record.get("state", {}).get("lora"), description.get("lora")
+    if not was or not now or was.get("sha256") == now.get("sha256"):
+        return None
+    return (
+        f"holds LoRA adapters of init_from {was['init_from']} (sha256 {was['sha256'][:12]}), "
+        f"and {now['init_from']} is another file now (sha256 {now['sha256'][:12]}): put "
+        "the file it was trained from back, or start in another workdir"
+    )
 
 
 def misfits(record: dict[str, Any], target: Any) -> list[str]:

@@ -12,6 +12,7 @@ and the checks before training: writable, room for the checkpoints, already fini
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -46,8 +47,22 @@ class Plan:
                  if not (k in ("gelu", "layer_norm_eps") and v is None)}  # fmt: skip
         state = {"model": model, "optimizer": config.optimizer.to_dict(),
                  "image_size": config.image_size}  # fmt: skip
+        if config.lora.rank:  # the checkpoints hold the adapters; the base is init_from
+            base = {"init_from": config.init_from, "sha256": content_hash(config.init_from)}
+            state["lora"] = {**config.lora.to_dict(), **base}
         return cls(config.total_steps, config.checkpoint_every, config.keep_checkpoints,
                    bool(config.export_npz), state)  # fmt: skip
+
+
+def content_hash(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes (of a directory's files, in order of their names)."""
+    root, digest = store.path(path), hashlib.sha256()
+    names = sorted(store.walk_files(root)) if root.is_dir() else [""]
+    for name in names:
+        with (root / name if name else root).open("rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,157 @@
+"""LoRA (config.lora, models/lora.py): what trains and what is counted, the base model
+exactly at step 0 and untouched after training, merged equal to unmerged, a merged
+final.npz that timm and transformers read, exact resume, and a changed base refused."""
+
+import json
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+from helpers import flat, images, initial_params, needs_embedded_data, random_params, tiny_config
+
+from vit_jax import weights
+from vit_jax.models import count_params, get_model, lora, param_shapes
+from vit_jax.training import check, train
+from vit_jax.training import state as state_lib
+from vit_jax.workdir.checkpoints import Checkpoints
+
+QV = lora.Lora(8, 8.0, ("query", "value"))
+ALL = lora.Lora(4, 16.0, ("query", "key", "value", "out", "Dense_0", "Dense_1"))
+
+
+def with_adapters(model, base, seed=0, b_scale=0.0):
+    """`base` (a plain model's parameters) with `model`'s adapters: A random, B zero (or
+    random times `b_scale`, standing in for trained ones)."""
+    x = np.zeros((1, 32, 32, model.channels), np.float32)
+    init = jax.jit(model.init)(jax.random.key(seed), x)["params"]
+    adapters = {p: v for p, v in flat(init).items() if lora.MARK in p}
+    rng = np.random.default_rng(seed)
+    out = {p: v for p, v in flat(base).items()}
+    for p, v in adapters.items():
+        b = p.endswith("_b")
+        out[p] = (b_scale * rng.standard_normal(v.shape)).astype(np.float32) if b else v
+    tree: dict = {}
+    for p, v in out.items():
+        lora._put(tree, tuple(p.split("/")), v)
+    return tree
+
+
+def test_trained_parameters_of_b16_rank_8_on_query_and_value():
+    """294,912 adapter weights (12 blocks x 2 projections x 2 x 768 x 8) plus the head;
+    the frozen part is the whole base model; nothing else trains or has optimizer state."""
+    config = tiny_config()  # its optimizer is Adam
+    config.lora.rank = 8
+    model = get_model("B/16", 10, lora=lora.Lora.of(config.lora))
+    tx, _ = state_lib.make_optimizer(config.optimizer, 10)
+    state = state_lib.abstract_state(state_lib.Start(0, 224), model, tx)
+    assert count_params(state.params) == 294_912 + 768 * 10 + 10
+    base = count_params(param_shapes(get_model("B/16", 10)))
+    assert count_params(state.frozen) == base - 768 * 10 - 10 == 85_798_656
+    mu = state.opt_state[1].mu  # scale_by_adam's: the trained tree only
+    assert jax.tree.structure(mu) == jax.tree.structure(state.params)
+    assert model.lora.scale == 1.0
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_step_zero_is_the_base_and_merged_equals_unmerged(scan):
+    """With B zero the adapted model computes the base's logits: bit for bit op by op,
+    within float32 rounding compiled (XLA merges the two products of one input, which
+    changes their summation order); with B trained (random), folding the adapters into
+    the kernels (the published layout, plain and stacked blocks) gives the unmerged
+    logits within 1e-5, for every target."""
+    base = get_model("testing", 7, patch_size=8, scan=scan)
+    params = random_params(base, 32, seed=1)
+    x = images(32, n=4)
+    want = np.asarray(base.apply({"params": params}, x))
+    assert np.abs(want).max() > 0.5
+    for adapters in (QV, ALL):
+        model = base.clone(lora=adapters)
+        start = with_adapters(model, params)
+        if adapters is QV:  # op by op (slow): exact
+            np.testing.assert_array_equal(model.apply({"params": start}, x), want)
+        apply = jax.jit(model.apply)
+        compiled = jax.jit(base.apply)({"params": params}, x)
+        np.testing.assert_allclose(apply({"params": start}, x), compiled, rtol=0, atol=2e-6)
+        trained = with_adapters(model, params, b_scale=0.05)
+        unmerged = np.asarray(apply({"params": trained}, x))
+        merged = lora.merge(trained, adapters)
+        assert jax.tree.structure(merged) == jax.tree.structure(params)
+        got = np.asarray(jax.jit(base.apply)({"params": merged}, x))
+        assert np.abs(unmerged - want).max() > 1e-2  # the adapters change the logits
+        np.testing.assert_allclose(got, unmerged, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rank_without_init_from_and_unknown_targets_are_refused():
+    config = tiny_config()
+    config.lora.rank = 8
+    (problem,) = check.problems(config)
+    assert problem.field == "lora.rank" and "set init_from" in problem.allowed
+    config.update(init_from="x.npz")
+    config.lora.targets = "query,mlp,qkv"
+    (problem,) = check.problems(config)
+    assert problem.field == "lora.targets" and "query, key, value, out, mlp" in problem.allowed
+
+
+def lora_config(init_from, **overrides):
+    c = tiny_config(total_steps=10, checkpoint_every=5, eval_every=10, log_every=5,
+                    init_from=init_from, **overrides)  # fmt: skip
+    c.optimizer.lr = 3e-2
+    c.lora.update(rank=4, targets="query,value,mlp")
+    return c
+
+
+@needs_embedded_data
+def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(tmp_path, monkeypatch):
+    """A LoRA run from a saved model: the start line and summary count the trained
+    parameters; checkpoints hold adapters, head and optimizer state, not the base; the
+    base is untouched (every untargeted array of final.npz is init_from's bit for bit);
+    a run stopped by Ctrl-C after its step-5 save and run again ends bit-identical; and
+    a rerun whose init_from changed is refused naming the file."""
+    c = tiny_config()
+    init = tmp_path / "init.npz"
+    plain = state_lib.build_model(c.model, 10)
+    weights.save_npz(init, initial_params(state_lib.Start.of(c), plain, 28))
+    whole = train.run(lora_config(str(init)), str(tmp_path / "whole"))
+    # 2 blocks x (query, value: 2 x 32 x 4 each; Dense_0, Dense_1: 32x4 + 4x64, 64x4 + 4x32)
+    adapters = 2 * (2 * 2 * 32 * 4 + 2 * (32 * 4 + 4 * 64))
+    assert whole["trained_parameters"] == adapters + 32 * 10 + 10
+    assert whole["num_params"] == count_params(weights.load_npz(init))
+    record = json.loads((tmp_path / "whole/checkpoints/10/integrity.json").read_text())
+    saved = {n.split(".")[0] for n in record["arrays"]}
+    assert saved == {"step", "params", "opt_state", "rng"}
+    assert all(lora.MARK in n or ".head." in n for n in record["arrays"] if "params." in n)
+    final, base = flat(weights.load_npz(tmp_path / "whole/final.npz")), flat(weights.load_npz(init))
+    assert final.keys() == base.keys()
+    targeted = ("query/kernel", "value/kernel", "Dense_0/kernel", "Dense_1/kernel")
+    for name, value in base.items():
+        if name.endswith(targeted):
+            assert np.abs(final[name] - value).max() > 1e-4, name
+        elif not name.startswith("head/"):
+            np.testing.assert_array_equal(final[name], value, err_msg=name)
+
+    save = Checkpoints.save
+
+    def save_then_ctrl_c(self, step, state):
+        save(self, step, state)
+        if step == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Checkpoints, "save", save_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(lora_config(str(init)), str(tmp_path / "run"))
+    monkeypatch.setattr(Checkpoints, "save", save)
+    resumed = train.run(lora_config(str(init)), str(tmp_path / "run"))
+    assert resumed["accuracy"] == whole["accuracy"]
+    again = flat(weights.load_npz(tmp_path / "run/final.npz"))
+    for name, value in final.items():
+        np.testing.assert_array_equal(again[name], value, err_msg=name)
+
+    (tmp_path / "run/summary.json").unlink()
+    changed = tmp_path / "changed.npz"
+    weights.save_npz(changed, weights.load_npz(tmp_path / "whole/final.npz"))
+    os.replace(changed, init)
+    with pytest.raises(ValueError, match=r"holds LoRA adapters of init_from .*init.npz.* is "
+                       r"another file now .*put the file it was trained from back"):  # fmt: skip
+        train.run(lora_config(str(init)), str(tmp_path / "run"))
