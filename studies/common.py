@@ -252,15 +252,18 @@ def format_table(
     metrics: Sequence[str] = ("accuracy",),
     labels: dict[str, str] | None = None,
 ) -> str:
-    """One row per setting: seeds, then mean ± std (in %) of each metric, mean wall time."""
+    """One row per setting: seeds, then mean ± std of each metric (accuracies in %), mean
+    wall time."""
     labels = labels or {}
-    head = ["setting", "seeds"] + [f"{labels.get(m, m)} (%)" for m in metrics] + ["wall s"]
+    pct = {m: 100 if "accuracy" in m else 1 for m in metrics}
+    head = ["setting", "seeds"] + [labels.get(m, m) + (" (%)" if pct[m] == 100 else "")
+                                   for m in metrics] + ["wall s"]  # fmt: skip
     rows = [head]
     for s in settings:
         rs = [r for r in records if r["setting"] == s]
         row = [s, ",".join(str(r["seed"]) for r in rs)]
         for m in metrics:
-            vals = [100 * r[m] for r in rs if r.get(m) is not None]
+            vals = [pct[m] * r[m] for r in rs if r.get(m) is not None]
             row.append("{:.2f} ± {:.2f}".format(*mean_std(vals)) if vals else "-")
         row.append(f"{statistics.fmean(r['wall_seconds'] for r in rs):.0f}" if rs else "-")
         rows.append(row)

@@ -155,3 +155,54 @@ def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(tmp_path,
     with pytest.raises(ValueError, match=r"holds LoRA adapters of init_from .*init.npz.* is "
                        r"another file now .*put the file it was trained from back"):  # fmt: skip
         train.run(lora_config(str(init)), str(tmp_path / "run"))
+
+
+def test_a_merged_model_exports_to_timm_and_transformers_with_the_unmerged_logits(tmp_path):
+    """The merged parameters, saved as a published .npz and converted, load in real timm
+    (its printed recipe, in a subprocess) and in transformers, which compute the logits of
+    the unmerged adapted model (FIDELITY_ATOL)."""
+    pytest.importorskip("timm", exc_type=ImportError)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from format_helpers import run_in_timm
+    from helpers import FIDELITY_ATOL
+
+    from vit_jax.weights import convert
+    from vit_jax.weights.meta import Meta
+
+    base = get_model("testing", 5, patch_size=8)
+    model = base.clone(lora=ALL)
+    trained = with_adapters(model, random_params(base, 32, seed=2), b_scale=0.05)
+    x = images(32, n=3)
+    want = np.asarray(jax.jit(model.apply)({"params": trained}, x))  # unmerged
+    weights.save_npz(tmp_path / "merged.npz", lora.merge(trained, ALL), Meta.of_model(base))
+    made = convert.convert(tmp_path / "merged.npz", "timm", tmp_path / "merged.safetensors")
+    np.save(tmp_path / "x.npy", x)
+    (theirs,) = run_in_timm([dict(recipe=made.how_to_load, images=str(tmp_path / "x.npy"))],
+                            tmp_path)  # fmt: skip
+    np.testing.assert_allclose(theirs, want, atol=FIDELITY_ATOL, rtol=0)
+    convert.convert(tmp_path / "merged.npz", "hf", tmp_path / "hf")
+    hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        theirs = hf(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits.numpy()
+    np.testing.assert_allclose(theirs, want, atol=FIDELITY_ATOL, rtol=0)
+    assert np.abs(want).max() > 0.5
+
+
+def test_the_planner_plans_a_lora_run_without_reading_init_from(tmp_path):
+    """Planned on this host with an init_from that does not exist: the parameters are
+    the whole model's either way, the optimizer state (Adam: two moments) only the
+    trained parameters'."""
+    from vit_jax.training import planner
+
+    plans = {}
+    for rank in (0, 8):
+        c = tiny_config(init_from=str(tmp_path / "absent.npz"))
+        c.lora.rank = rank
+        plans[rank] = planner.plan_on(c, jax.devices()[:1], "cpu", num_classes=10)
+    full, low = plans[0], plans[8]
+    assert low.param_bytes == full.param_bytes + 4 * 2 * 2 * 2 * 32 * 8
+    adapters = 2 * 2 * 2 * 32 * 8
+    counters = full.optimizer_bytes - 2 * full.param_bytes  # the step counts: int32s
+    assert 0 < counters <= 16
+    assert low.optimizer_bytes == 4 * 2 * (adapters + 32 * 10 + 10) + counters
