@@ -27,6 +27,7 @@ import numpy as np
 
 from vit_jax.base import console, files, store
 from vit_jax.evaluation import fewshot as fewshot_lib
+from vit_jax.models import count_params
 
 UPLOAD_SECONDS = 30
 
@@ -269,6 +270,15 @@ def loop_of(config: Any) -> str | None:
     if config.model.get("scan"):
         return "model.scan"
     return "accum_steps" if config.accum_steps > 1 else None
+
+
+def starting(name: str, params: Any, frozen: Any, steps: int) -> str:
+    """The run's first line: the model, its parameters (those that train, with LoRA's
+    frozen base) and the steps ahead."""
+    total = count_params(params) + (count_params(frozen) if frozen else 0)
+    trained = f", {count_params(params):,} trained" if frozen else ""
+    return (f"training {name} ({total:,} parameters{trained}) for {steps} steps; compiling "
+            "the first step...")  # fmt: skip
 
 
 def compiled_line(step: Any, state: Any, batch: Any, loop: str | None = None) -> str | None:

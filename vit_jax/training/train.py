@@ -263,10 +263,7 @@ def train_loop(
     agree = stopping.Agreement(mesh)
     _stop_if_asked(loop, state, agree)  # a signal during start-up
     if start < total:
-        trained = f", {count_params(state.params):,} trained" if state.frozen else ""
-        report.say(f"training {config.model.name} ({count_params(state.model_params):,} "
-                   f"parameters{trained}) for {total - start} steps; compiling the first "
-                   "step...")  # fmt: skip
+        report.say(report.starting(config.model.name, state.params, state.frozen, total - start))
     metrics, evals = {}, {}
     for step in range(start + 1, total + 1):
         batch = sharding.global_batch(agree.into(next(batches), loop.stop.requested), mesh)
