@@ -9,9 +9,18 @@ import signal
 import jax
 import numpy as np
 import pytest
-from helpers import flat, images, initial_params, needs_embedded_data, random_params, tiny_config
+from helpers import (
+    flat,
+    images,
+    initial_params,
+    needs_embedded_data,
+    random_params,
+    run_command,
+    tiny_config,
+)
+from PIL import Image
 
-from vit_jax import weights
+from vit_jax import infer, weights
 from vit_jax.models import count_params, get_model, lora, param_shapes
 from vit_jax.training import check, train
 from vit_jax.training import state as state_lib
@@ -103,12 +112,16 @@ def lora_config(init_from, **overrides):
 
 
 @needs_embedded_data
-def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(tmp_path, monkeypatch):
+def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(
+    tmp_path, monkeypatch, capsys
+):
     """A LoRA run from a saved model: the start line and summary count the trained
     parameters; checkpoints hold adapters, head and optimizer state, not the base; the
     base is untouched (every untargeted array of final.npz is init_from's bit for bit);
     a run stopped by Ctrl-C after its step-5 save and run again ends bit-identical; and
-    a rerun whose init_from changed is refused naming the file."""
+    its workdir, as a checkpoint (`state.load_run`, `infer --checkpoint=WORKDIR`), gives
+    final.npz's probabilities within 1e-5 with the adapters unmerged; and a rerun whose
+    init_from changed is refused naming the file."""
     c = tiny_config()
     init = tmp_path / "init.npz"
     plain = state_lib.build_model(c.model, 10)
@@ -130,6 +143,27 @@ def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(tmp_path,
             assert np.abs(final[name] - value).max() > 1e-4, name
         elif not name.startswith("head/"):
             np.testing.assert_array_equal(final[name], value, err_msg=name)
+
+    # The workdir as a checkpoint: the adapters unmerged over init_from, as final.npz.
+
+    run, merged = (
+        state_lib.load_run(str(tmp_path / "whole")),
+        weights.load(tmp_path / "whole/final.npz"),
+    )
+    assert run.model.lora == lora.Lora(4, 4.0, ("query", "value", "Dense_0", "Dense_1"))
+    assert merged.model.lora is None and run.image_size == merged.image_size == (28, 28)
+    x = images(28, n=4)
+    probs = [jax.nn.softmax(jax.jit(m.model.apply)({"params": m.params}, x)) for m in (run, merged)]
+    np.testing.assert_allclose(probs[0], probs[1], rtol=1e-5, atol=1e-7)
+    png = tmp_path / "x.png"
+    Image.fromarray(((x[0] + 1) * 127.5).astype(np.uint8)).save(png)
+    tops = []
+    for checkpoint in (tmp_path / "whole", tmp_path / "whole/final.npz"):
+        assert run_command(infer, f"--checkpoint={checkpoint}", f"--image={png}", "--json") == 0
+        tops.append(json.loads(capsys.readouterr().out.splitlines()[-1])["top_k"])
+    assert [t["index"] for t in tops[0]] == [t["index"] for t in tops[1]]
+    for a, b in zip(tops[0], tops[1], strict=True):
+        assert a["probability"] == pytest.approx(b["probability"], rel=1e-5)
 
     save = Checkpoints.save
 

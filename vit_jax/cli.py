@@ -95,8 +95,7 @@ class HeldErrors:
     def __init__(self) -> None:
         self.records: list = []
         self.unraisable: list = []
-        self._handlers: list = []
-        self._hook = None
+        self._handlers, self._hook = [], None
 
     def filter(self, record) -> bool:  # a logging filter on the root logger's handlers
         if record.levelno >= 40 and not record.name.startswith("vit_jax") and not debug():
@@ -139,9 +138,8 @@ class HeldErrors:
 
 
 def interrupted(message: str, status: int = 130) -> None:
-    """Ctrl-C: exit 130 (as shells report SIGINT; a run stopped by SIGTERM: 143) with one
-    line on stderr, the command's own (a run says where it stopped and how to resume) or
-    'interrupted'."""
+    """Ctrl-C: exit 130 (SIGINT's; a run stopped by SIGTERM: 143) with one line on stderr,
+    the command's own (a run says where it stopped and how to resume) or 'interrupted'."""
     after_echo = "\n" if sys.stderr.isatty() else ""  # the terminal's ^C ends no line
     _last_word(f"{after_echo}{message or 'interrupted'}\n")
     sys.exit(status)
@@ -269,7 +267,8 @@ def define_model_flags() -> None:
     # fmt: off
     flags.DEFINE_string(
         "checkpoint", None, "Checkpoint: a published .npz (or final.npz), a timm .safetensors "
-        "file, a Hugging Face model directory, or a published file's gs:// path.")
+        "file, a Hugging Face model directory, a published file's gs:// path, or a run's "
+        "workdir (its newest checkpoint that verifies; LoRA's adapters unmerged).")
     flags.DEFINE_string(
         "model", None, "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16. Default: read from the file.")
     flags.DEFINE_multi_string(
@@ -321,24 +320,29 @@ def model_overrides() -> dict[str, object]:
 
 
 def load_model(head: bool = True):
-    """The flags' checkpoint, read once: `weights.Loaded` (model, params, image_size, the
-    head's class names where the file names them, and the preprocessing: --preprocessing,
-    else the file's)."""
+    """The flags' checkpoint (a file, or a run's workdir: `state.load_run`), read once:
+    `weights.Loaded`, its preprocessing --preprocessing's, else the checkpoint's."""
     from absl import flags
 
     from vit_jax import weights
+    from vit_jax.base import store
     from vit_jax.data import images
 
-    f = flags.FLAGS
-    overrides = model_overrides()
-    size = images.parse_image_size(f.image_size)
+    f, overrides = flags.FLAGS, model_overrides()
+    size, file = (
+        images.parse_image_size(f.image_size),
+        f.checkpoint.endswith((".npz", ".safetensors")),
+    )
     try:
-        loaded = weights.load(f.checkpoint, f.model, size, head, f.patch_size, **overrides)
+        if not file and (store.path(f.checkpoint) / "checkpoints").is_dir():
+            from vit_jax.training import state
+
+            loaded = state.load_run(f.checkpoint, size, head, **overrides)
+        else:
+            loaded = weights.load(f.checkpoint, f.model, size, head, f.patch_size, **overrides)
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
-    if f.preprocessing:
-        loaded = dataclasses.replace(loaded, preprocessing=f.preprocessing)
-    return loaded
+    return dataclasses.replace(loaded, preprocessing=f.preprocessing or loaded.preprocessing)
 
 
 def model_title(model_name: str | None, path: str, size: tuple[int, int]) -> str:

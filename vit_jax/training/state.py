@@ -18,18 +18,21 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
 from vit_jax.base import store
 from vit_jax.models import get_model, lora
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import distributed, sharding
-from vit_jax.weights.load import load_pretrained
+from vit_jax.weights.adapt import adapt
+from vit_jax.weights.load import Loaded, load_pretrained
 from vit_jax.weights.meta import Meta
 from vit_jax.weights.npz import save_npz
 from vit_jax.weights.read import read_meta
 from vit_jax.workdir import verify
-from vit_jax.workdir.checkpoints import Checkpoints
+from vit_jax.workdir.checkpoints import Checkpoints, read_record
+from vit_jax.workdir.workdir import Workdir
 
 OPTIMIZERS = ("adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
@@ -236,6 +239,36 @@ def restore_or_create(
     if model.lora:  # the frozen base is init_from's, read again
         state = state.replace(frozen=create_state(start, model, tx, mesh)[0].frozen)
     return state, shardings
+
+
+def load_run(workdir: str, image_size: Any = None, head: bool = True, **overrides: Any) -> Loaded:
+    """A run's newest checkpoint that verifies, as a model ready for inference: the model
+    and resolution its record describes (any `overrides` and `image_size` on top), a LoRA
+    run's adapters unmerged over its base (init_from, read again). Nothing is changed.
+
+    Raises:
+        FileNotFoundError: no checkpoint there verifies.
+    """
+    checkpoints = Checkpoints(Workdir.at(workdir).checkpoints, read_only=True)
+    verdicts = (verify.check(checkpoints, s) for s in reversed(checkpoints.steps()))
+    if (found := next((v for v in verdicts if not v.problems), None)) is None:
+        raise FileNotFoundError(f"{workdir}: no checkpoint there verifies (python -m "
+                                f"vit_jax.checkpoints verify {workdir} lists them)")  # fmt: skip
+    about = read_record(checkpoints.directory / str(found.step))["state"]
+    params, adapters = found.state["params"], about.get("lora")
+    classes = params["head"]["kernel"].shape[-1] if head else None
+    config = ml_collections.ConfigDict(about["model"])
+    model = build_model(config, classes, adapters=ml_collections.ConfigDict(adapters or {}))
+    if adapters:
+        plain = model.clone(lora=None, num_classes=None)
+        base = load_pretrained(adapters["init_from"], plain, about["image_size"],
+                               patch_size=config.get("patch_size"))  # fmt: skip
+        params = lora.overlay(base, params)
+    model = model.clone(**overrides)
+    size = image_size or about["image_size"]
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    params = adapt(params if head else {**params, "head": {}}, model, size, False, workdir)
+    return Loaded(model, params, size, None, about.get("preprocessing", "tf_bilinear"))
 
 
 def merged_params(state: TrainState, adapters: lora.Lora | None) -> Any:

@@ -24,6 +24,8 @@ import numpy as np
 
 from vit_jax.base import store
 from vit_jax.base.console import size
+from vit_jax.models import ORIGINAL_NUMERICS
+from vit_jax.weights.read import read_meta
 from vit_jax.workdir.checkpoints import read_record
 
 
@@ -41,12 +43,21 @@ class Plan:
 
     @classmethod
     def of(cls, config: Any) -> Plan:
-        """A run config's plan. Numerics left unset are left out of the state's
-        description, so that a workdir finished before those fields existed still matches."""
+        """A run config's plan. Its state's description also says what a checkpoint needs
+        to be loaded as a model (`state.load_run`): the numerics init_from gives where they
+        are not the original's, the resize where it is not the default, LoRA's base. What
+        is unset or the default is left out, so that a workdir finished before those
+        fields existed still matches."""
         model = {k: v for k, v in config.model.to_dict().items()
                  if not (k in ("gelu", "layer_norm_eps") and v is None)}  # fmt: skip
+        if config.init_from:  # numerics that the file's source gives, as the run computes
+            found = read_meta(config.init_from).numerics
+            if found != ORIGINAL_NUMERICS:
+                model = {**found, **model}
         state = {"model": model, "optimizer": config.optimizer.to_dict(),
                  "image_size": config.image_size}  # fmt: skip
+        if config.dataset.preprocessing != "tf_bilinear":
+            state["preprocessing"] = config.dataset.preprocessing
         if config.lora.rank:  # the checkpoints hold the adapters; the base is init_from
             base = {"init_from": config.init_from, "sha256": content_hash(config.init_from)}
             state["lora"] = {**config.lora.to_dict(), **base}
