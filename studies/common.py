@@ -28,6 +28,8 @@ import ml_collections
 
 REPORTED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
+PLAIN = ("step_ms", "mib")  # metrics tabled as they are (the others are fractions, in %)
+
 # A cell function trains one (setting, seed) in a workdir and returns the record's
 # metrics: at least 'accuracy' (a fraction in [0, 1]).
 CellFn = Callable[[str, int, str, bool], dict[str, Any]]
@@ -252,10 +254,10 @@ def format_table(
     metrics: Sequence[str] = ("accuracy",),
     labels: dict[str, str] | None = None,
 ) -> str:
-    """One row per setting: seeds, then mean ± std of each metric (accuracies in %), mean
-    wall time."""
+    """One row per setting: seeds, then mean ± std of each metric (in %, but PLAIN ones),
+    mean wall time."""
     labels = labels or {}
-    pct = {m: 100 if "accuracy" in m else 1 for m in metrics}
+    pct = {m: 1 if m in PLAIN else 100 for m in metrics}
     head = ["setting", "seeds"] + [labels.get(m, m) + (" (%)" if pct[m] == 100 else "")
                                    for m in metrics] + ["wall s"]  # fmt: skip
     rows = [head]
