@@ -106,6 +106,9 @@ class SelfAttention(nn.Module):
         logits = jnp.einsum("bhqd,bhkd->bhqk", q, k)  # [B, H, N, N]
         attn = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
         self.sow("intermediates", "attention", attn)
+        # + zeros where 'perturbations' is given: the gradient there is the probabilities'
+        # (inspection/relevance.py); a no-op otherwise.
+        attn = self.perturb("probabilities", attn)
         attn = nn.Dropout(o.attention_dropout)(attn, deterministic=not self.train)
         attn = attn.astype(o.dtype)
         y = jnp.einsum("bhqk,bhkd->bhqd", attn, v).transpose(0, 2, 1, 3)  # [B, N, H, hd]
@@ -182,7 +185,7 @@ class Encoder(nn.Module):
             body = nn.remat(_ScanBlock) if self.remat else _ScanBlock
             stack = nn.scan(
                 body,
-                variable_axes={"params": 0, "intermediates": 0},
+                variable_axes={"params": 0, "intermediates": 0, "perturbations": 0},
                 split_rngs={"params": True, "dropout": True},
                 length=self.depth,
             )
