@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from flax import traverse_util
@@ -113,3 +114,47 @@ def test_the_rollout_rule_on_a_hand_made_case():
     bar = np.maximum(a * g, 0)[:, 0, 0]  # [[0.5, 0], [0.5, 0]]
     want = (np.eye(2) + bar[1]) @ (np.eye(2) + bar[0])
     np.testing.assert_allclose(np.asarray(rollout_relevance(a, g))[0], want, rtol=1e-6)
+
+
+def test_figures_relevance_writes_maps_for_named_and_predicted_classes(tmp_path, capsys):
+    """`figures --relevance` draws relevance.png and saves the maps of each image's
+    predicted class; `--class` takes the head's class names and indices; the maps are
+    `relevance`'s; --class without --relevance is one error line."""
+    from helpers import run_command
+
+    from vit_jax import figures, weights
+    from vit_jax.weights.meta import Meta
+
+    model, params, size = make(TINY, num_classes=3, quiet=True)
+    src = tmp_path / "m.npz"
+    weights.save_npz(src, params, Meta.of_model(model, ["cat", "dog", "emu"]))
+    x = images(size, n=2, seed=5)
+    from PIL import Image
+
+    paths = []
+    for i, im in enumerate(x):
+        paths.append(str(tmp_path / f"{i}.png"))
+        Image.fromarray(((im + 1) * 127.5).round().astype(np.uint8)).save(paths[-1])
+    args = [f"--checkpoint={src}", *[f"--image={p}" for p in paths], "--preprocessing=tf_bilinear"]
+    for out, extra in (("pred", []), ("named", ["--class=emu", "--class=0"])):
+        code = run_command(figures, *args, f"--out={tmp_path / out}", "--relevance", *extra)
+        assert code == 0, capsys.readouterr().err
+        assert (tmp_path / out / "relevance.png").stat().st_size > 5000
+    pred, named = (np.load(tmp_path / d / "inspect.npz") for d in ("pred", "named"))
+    np.testing.assert_array_equal(named["relevance_classes"], [[2, 0], [2, 0]])
+    assert pred["relevance"].shape == (2, 1, 4, 4) and named["relevance"].shape == (2, 2, 4, 4)
+    loaded = weights.load(src)
+    seen = images_as_loaded(paths, size)
+    probs = np.asarray(jax.nn.softmax(loaded.model.apply({"params": loaded.params}, seen)))
+    np.testing.assert_array_equal(pred["relevance_classes"][:, 0], probs.argmax(-1))
+    np.testing.assert_allclose(pred["relevance_probabilities"][:, 0], probs.max(-1), rtol=1e-5)
+    want = relevance(loaded.model, loaded.params, seen, [2, 0])
+    np.testing.assert_allclose(named["relevance"], want, rtol=1e-5, atol=1e-7)
+    assert run_command(figures, *args, f"--out={tmp_path / 'x'}", "--class=1") == 1
+    assert capsys.readouterr().err.startswith("error: --class names the classes of --relevance")
+
+
+def images_as_loaded(paths, size):
+    from vit_jax.data import images as image_files
+
+    return image_files.load_images(paths, (size, size), "tf_bilinear")

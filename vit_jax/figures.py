@@ -2,7 +2,7 @@
 
     python -m vit_jax.figures --checkpoint=ViT-B_16.npz --out=DIR [--model=ViT-B_16] \\
         [--image=cat.jpg --image=dog.png] [--image_size=224] [--num_images=8] \\
-        [--data_dir=/usr/share/datasets/fashion-mnist]
+        [--data_dir=/usr/share/datasets/fashion-mnist] [--relevance [--class=K ...]]
 
 writes to DIR:
   filters_pca.png          first 28 principal components of the patch-embedding filters
@@ -12,6 +12,10 @@ writes to DIR:
   attention_distance.png   mean attention distance (input pixels) of every head vs depth
   attention_rollout.png    attention rollout maps over the images (first 8), each
                            labelled with its file name (or `test image i`)
+  relevance.png            with --relevance: each image's class-specific relevance map
+                           (Chefer et al. 2021) for each --class (the head's index or
+                           name; default: the image's predicted class), with its name
+                           and probability
   inspect.npz              the arrays behind every figure (see vit_jax/inspection/report.py)
   inspect.json             sizes, definitions, mean distances, the images' names,
                            skipped figures
@@ -39,6 +43,9 @@ def define_flags() -> None:
     flags.DEFINE_integer("num_images", 8, "Sample size without --image.", lower_bound=1)
     flags.DEFINE_string("data_dir", None, "idx directory of the sample (Fashion-MNIST).")
     flags.DEFINE_integer("batch_size", 8, "Images per forward pass.", lower_bound=1)
+    flags.DEFINE_bool("relevance", False, "Also class-specific relevance maps (relevance.png).")
+    flags.DEFINE_multi_string("class", [], "With --relevance: a class to explain, the "
+                              "head's index or name; repeat. Default: the prediction.")  # fmt: skip
 
 
 def main() -> None:
@@ -46,7 +53,9 @@ def main() -> None:
     plots.pyplot()  # fail early, before any work, when matplotlib is missing
     if f.image:
         images.check_images_exist(f.image)
-    loaded = cli.load_model(head=False)
+    if f["class"].value and not f.relevance:
+        raise ValueError("--class names the classes of --relevance: add --relevance")
+    loaded = cli.load_model(head=f.relevance)
     model, params, size = loaded.model, loaded.params, loaded.image_size
     if f.image:
         x = images.load_images(f.image, size, loaded.preprocessing)
@@ -57,6 +66,8 @@ def main() -> None:
         x = inspection.sample_images(f.num_images, size, f.data_dir, loaded.preprocessing)
         names = [f"test image {i}" for i in range(len(x))]
     result = inspection.compute(model, params, x, batch_size=f.batch_size)
+    if f.relevance:
+        inspection.explain(result, model, params, x, f["class"].value, loaded.labels, f.batch_size)
     title = f"{f.model or store.path(f.checkpoint.rstrip('/')).name} at {size[0]}x{size[1]}"
     for message in result.skipped.values():
         print(message)

@@ -3,6 +3,7 @@
   filters.py    PCA of the patch-embedding filters (plain ViTs; hybrids have none on pixels)
   posemb.py     cosine similarity of position embeddings, one map per patch position
   attention.py  mean attention distance per head; attention rollout (Abnar & Zuidema 2020)
+  relevance.py  class-specific relevance maps (Chefer, Gur and Wolf 2021)
   plots.py      the PNGs (matplotlib, optional extra 'plot')
   report.py     everything for one model and some images: compute(), write()
 
@@ -19,7 +20,15 @@ from vit_jax.inspection.attention import (
 )
 from vit_jax.inspection.filters import FilterPCA, NotPixelFilters, embedding_kernel, filter_pca
 from vit_jax.inspection.posemb import NoPositionEmbeddings, cosine_similarity_maps, patch_embeddings
-from vit_jax.inspection.report import Inspection, analyse_images, compute, sample_images, write
+from vit_jax.inspection.relevance import relevance
+from vit_jax.inspection.report import (
+    Inspection,
+    analyse_images,
+    compute,
+    explain,
+    sample_images,
+    write,
+)
 
 __all__ = [
     "FilterPCA",
@@ -31,11 +40,13 @@ __all__ = [
     "compute",
     "cosine_similarity_maps",
     "embedding_kernel",
+    "explain",
     "filter_pca",
     "mean_attention_distance",
     "pairwise_distances",
     "patch_centres",
     "patch_embeddings",
+    "relevance",
     "rollout_maps",
     "sample_images",
     "upsample",

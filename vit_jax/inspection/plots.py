@@ -144,3 +144,34 @@ def plot_rollout(
                  label="rollout flow / its maximum")  # fmt: skip
     fig.suptitle(title)
     _save(fig, path)
+
+
+def plot_relevance(images: np.ndarray, maps: np.ndarray, captions: list[list[str]], path: str,
+                   title: str, names: list[str] | None = None) -> None:  # fmt: skip
+    """Each image (first 8), then its relevance map for each class asked for, overlaid.
+
+    Args:
+      images: inputs in [-1, 1].  # [B, H, W, 3]
+      maps: relevance maps upsampled to the images.  # [B, K, H, W]
+      captions: per image and class, 'name (probability)'.
+    """
+    plt = pyplot()
+    n, k = min(len(images), MAX_ROLLOUT_IMAGES), maps.shape[1]
+    fig, axes = plt.subplots(n, k + 1, figsize=(2.6 * (k + 1) + 0.4, 2.5 * n + 0.6),
+                             squeeze=False, layout="constrained")  # fmt: skip
+    for i in range(n):
+        rgb = np.clip((np.asarray(images[i]) + 1) / 2, 0, 1)
+        axes[i, 0].imshow(rgb)
+        axes[i, 0].set_ylabel(names[i] if names else f"image {i + 1}")
+        for j in range(k):
+            heat = maps[i, j] / max(float(maps[i, j].max()), 1e-12)
+            axes[i, j + 1].imshow(rgb)
+            shown = axes[i, j + 1].imshow(heat, cmap="inferno", alpha=0.6, vmin=0, vmax=1)
+            axes[i, j + 1].set_title(captions[i][j], fontsize=8)
+        for ax in axes[i]:
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.colorbar(shown, ax=axes.ravel().tolist(), shrink=min(0.9, 2.2 / n),
+                 label="relevance / its maximum")  # fmt: skip
+    fig.suptitle(title)
+    _save(fig, path)

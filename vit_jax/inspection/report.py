@@ -18,6 +18,7 @@ import numpy as np
 
 from vit_jax.base import files, store
 from vit_jax.inspection import attention, filters, plots, posemb
+from vit_jax.inspection.relevance import relevance
 from vit_jax.models import apply_with_intermediates, predict
 from vit_jax.models.vit import VisionTransformer
 
@@ -26,6 +27,7 @@ PNG = {
     "posemb": "posemb_similarity.png",
     "distance": "attention_distance.png",
     "rollout": "attention_rollout.png",
+    "relevance": "relevance.png",
 }
 NUMBERS, SUMMARY = "inspect.npz", "inspect.json"
 
@@ -39,7 +41,9 @@ class Inspection:
         filters_pca_components [k, P, P, C], filters_pca_explained_variance [k],
         filters_pca_variance_ratio [k], posemb_similarity [gh, gw, gh, gw],
         attention_distance [L, H] (mean over images, pixels),
-        attention_distance_per_image [L, B, H], rollout [B, gh, gw].
+        attention_distance_per_image [L, B, H], rollout [B, gh, gw]; with `explain`,
+        relevance [B, K, gh, gw], relevance_classes [B, K] (the head's indices) and
+        relevance_probabilities [B, K].
       info: sizes and definitions (saved in inspect.json).
       skipped: figure -> why it does not apply to this model.
     """
@@ -163,6 +167,37 @@ def compute(
     return Inspection(arrays, info, skipped)
 
 
+def explain(result: Inspection, model: VisionTransformer, params: Any, images: np.ndarray,
+            classes: Any = (), labels: Any = None, batch_size: int = 8) -> None:  # fmt: skip
+    """Adds relevance maps to `result` for `classes` (head indices or, where `labels` name
+    the head's classes, names), the same for every image; none: each image's prediction.
+
+    Raises:
+        ValueError: a class that is neither an index of the head nor one of `labels`.
+    """
+    logits = predict.map_batches(predict.logits_fn(model), params, images, batch_size)
+    probs = np.asarray(jax.nn.softmax(logits))  # [B, classes]
+    wanted = [_class_index(c, model.num_classes, labels) for c in classes]
+    chosen = np.array([wanted] * len(images)) if wanted else probs.argmax(-1)[:, None]
+    result.arrays["relevance"] = relevance(model, params, images, chosen, batch_size)
+    result.arrays["relevance_classes"] = chosen
+    result.arrays["relevance_probabilities"] = np.take_along_axis(probs, chosen, axis=1)
+    result.info["relevance"] = ("Chefer et al. 2021: per layer mean over heads of (gradient "
+                                "of the class's logit x attention)+, R <- R + that R from I; "
+                                + result.info["rollout"].split("; ")[-1])  # fmt: skip
+    result.info["relevance_labels"] = labels
+
+
+def _class_index(name: str, num_classes: int, labels: list[str] | None) -> int:
+    if labels and name in labels:
+        return labels.index(name)
+    if name.lstrip("-").isdigit() and 0 <= int(name) < num_classes:
+        return int(name)
+    known = f"; or one of its class names: {', '.join(labels[:10])}..." if labels else ""
+    raise ValueError(f"--class={name}: expected an index of the head's {num_classes} classes "
+                     f"(0-{num_classes - 1}){known}")  # fmt: skip
+
+
 def write(
     result: Inspection, images: np.ndarray, out_dir: str, title: str, names: list[str] | None = None
 ) -> list[str]:
@@ -185,6 +220,17 @@ def write(
     upsampled = attention.upsample(a["rollout"], tuple(images.shape[1:3]))
     plots.plot_rollout(images, upsampled, path(PNG["rollout"]), title, names)
     written += [path(PNG["distance"]), path(PNG["rollout"])]
+    if "relevance" in a:
+        maps = a["relevance"]
+        up = attention.upsample(maps.reshape(-1, *maps.shape[2:]), tuple(images.shape[1:3]))
+        labels = result.info.get("relevance_labels")
+        name = lambda c: labels[c] if labels else f"class {c}"
+        chosen, probs = a["relevance_classes"], a["relevance_probabilities"]
+        captions = [[f"{name(c)} ({p:.0%})" for c, p in zip(cs, ps, strict=True)]
+                    for cs, ps in zip(chosen, probs, strict=True)]  # fmt: skip
+        plots.plot_relevance(images, up.reshape(*maps.shape[:2], *up.shape[1:]), captions,
+                             path(PNG["relevance"]), title, names)  # fmt: skip
+        written.append(path(PNG["relevance"]))
     with files.atomic_write(path(NUMBERS)) as f:
         np.savez(f, **a)
     summary = dict(result.info, title=title, images=names, skipped=result.skipped, files=written)
