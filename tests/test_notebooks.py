@@ -143,7 +143,10 @@ def test_inspect(monkeypatch, tmp_path):
     ]
     assert len(distances) == 4 * 4 and all(0.0 < d < 28 * 1.5 for d in distances)
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) >= 4
+    assert len(images) >= 5  # the relevance maps' figure too
+    (line,) = [x for x in text.splitlines() if x.startswith("correlation of each image's two")]
+    corr = [float(v) for v in line.split("[")[1].rstrip("]").split()]
+    assert len(corr) == 6 and all(-1 <= c <= 1 for c in corr) and min(corr) < 0.99  # differ
 
 
 def test_tour_online_section_skips_itself_offline(monkeypatch, capsys):
