@@ -240,3 +240,43 @@ def test_the_planner_plans_a_lora_run_without_reading_init_from(tmp_path):
     counters = full.optimizer_bytes - 2 * full.param_bytes  # the step counts: int32s
     assert 0 < counters <= 16
     assert low.optimizer_bytes == 4 * 2 * (adapters + 32 * 10 + 10) + counters
+
+
+@pytest.mark.slow  # two compiles of a wider model: about a minute
+def test_lora_trains_alike_on_one_device_and_on_fsdp_with_accumulation(tmp_path):
+    """Three LoRA steps of a model wide enough for FSDP to split its kernels (width 128):
+    on one device, and on a (data 4, fsdp 2) mesh with 2 micro-batches a step, the same
+    losses and trained parameters (Adam's rare rounding-level elements aside); the frozen
+    base is split over 'fsdp' there and ends as init_from's, bit for bit, in both."""
+    from helpers import assert_trained_alike, batch
+
+    from vit_jax.parallel import sharding
+
+    c = tiny_config()
+    c.model.update(width=128, mlp_dim=256, num_heads=2)
+    plain = state_lib.build_model(c.model, 10)
+    weights.save_npz(tmp_path / "init.npz", initial_params(state_lib.Start.of(c), plain, 28))
+    c.init_from = str(tmp_path / "init.npz")
+    c.lora.rank = 4
+    model = state_lib.build_model(c.model, 10, c.init_from, c.lora)
+    tx, lr = state_lib.make_optimizer(c.optimizer, c.total_steps)
+    batches = [batch(64, seed=i) for i in range(3)]
+    runs = []
+    for mesh, accum in ((sharding.make_mesh(devices=jax.devices()[:1]), 1),
+                        (sharding.make_mesh(data=4, fsdp=2), 2)):  # fmt: skip
+        state, shardings = state_lib.create_state(state_lib.Start.of(c), model, tx, mesh)
+        step, _ = train.jit_steps(model, tx, lr, mesh, shardings, accum)
+        losses = []
+        for b in batches:
+            state, m = step(state, sharding.global_batch(b, mesh))
+            losses.append(float(m["loss"]))
+        runs.append((losses, jax.device_get(state.params), state.frozen))
+    (one, one_params, _), (split, split_params, frozen) = runs
+    np.testing.assert_allclose(one, split, rtol=1e-5)
+    assert one[2] != one[0]
+    assert_trained_alike(one_params, split_params, sum(float(lr(i)) for i in range(3)))
+    kernel = frozen["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]["kernel"]
+    assert "fsdp" in str(kernel.sharding.spec)
+    base = flat(weights.load_npz(tmp_path / "init.npz"))
+    for name, value in flat(jax.device_get(frozen)).items():
+        np.testing.assert_array_equal(value, base[name], err_msg=name)
