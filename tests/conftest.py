@@ -42,6 +42,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long end-to-end tests (CI runs them: -m slow)")
+    config.addinivalue_line("markers", "long: slow tests over 4 minutes that CI leaves out "
+                            "(-m 'slow and long' runs them)")  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
