@@ -58,7 +58,29 @@ def give_up(message: str) -> None:
     sys.stdout.flush()
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
+    _with_the_others()
     os._exit(EX_TEMPFAIL)
+
+
+def _with_the_others(seconds: float = 60.0) -> None:
+    """With several processes, waits (at most `seconds`) until every one has given up,
+    then leaves JAX's coordination service together (its shutdown barrier), so that all
+    end with 75: the first to end would otherwise make the service abort the others
+    (SIGABRT) before their own windows pass. The service is not the store: it answers."""
+    try:
+        from jax._src import distributed  # Orbax reaches the client the same way
+
+        state = distributed.global_state
+        if state.client is None or state.num_processes <= 1:
+            return
+        state.client.key_value_set(f"vit_jax/gave_up/{state.process_id}", "1")
+        deadline = time.monotonic() + seconds
+        for i in range(state.num_processes):
+            left = max(1, int(1000 * (deadline - time.monotonic())))
+            state.client.blocking_key_value_get(f"vit_jax/gave_up/{i}", left)
+        state.shutdown()  # every process is here: a clean leave, nobody aborted
+    except Exception:  # noqa: BLE001 (whatever the service says, this process ends with 75)
+        return
 
 
 class Outage:
