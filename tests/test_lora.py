@@ -9,6 +9,7 @@ import signal
 import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 from helpers import (
     flat,
     images,
@@ -41,10 +42,7 @@ def with_adapters(model, base, seed=0, b_scale=0.0):
     for p, v in adapters.items():
         b = p.endswith("_b")
         out[p] = (b_scale * rng.standard_normal(v.shape)).astype(np.float32) if b else v
-    tree: dict = {}
-    for p, v in out.items():
-        lora._put(tree, tuple(p.split("/")), v)
-    return tree
+    return traverse_util.unflatten_dict(out, sep="/")
 
 
 def test_trained_parameters_of_b16_rank_8_on_query_and_value():

@@ -33,31 +33,13 @@ class Pretraining(TfdsData):
 
 
 DATASETS = {
-    "imagenet21k": Pretraining(
-        "imagenet21k",
-        "train[:99%]",
-        "train[99%:]",
-        train_examples=14_197_122,
-        epochs=90,
-        lr=1e-3,
-        weight_decay=0.03,
-        decay="linear",
-        dropout=0.1,
-        grad_clip=0.0,
-    ),  # fmt: skip
-    "imagenet2012": Pretraining(
-        "imagenet2012",
-        "train[:99%]",
-        "validation",
-        train_examples=1_281_167,
-        epochs=300,
-        lr=3e-3,
-        weight_decay=0.3,
-        decay="cosine",
-        dropout=0.1,
-        grad_clip=1.0,
-    ),  # fmt: skip
-}
+    "imagenet21k": Pretraining("imagenet21k", "train[:99%]", "train[99%:]",
+                               train_examples=14_197_122, epochs=90, lr=1e-3, weight_decay=0.03,
+                               dropout=0.1),
+    "imagenet2012": Pretraining("imagenet2012", "train[:99%]", "validation",
+                                train_examples=1_281_167, epochs=300, lr=3e-3, weight_decay=0.3,
+                                decay="cosine", dropout=0.1, grad_clip=1.0),
+}  # fmt: skip
 
 
 def get_config(arg: str = "b16,imagenet21k"):

@@ -31,24 +31,8 @@ from vit_jax.inspection.report import (
 )
 
 __all__ = [
-    "FilterPCA",
-    "Inspection",
-    "NoPositionEmbeddings",
-    "NotPixelFilters",
-    "analyse_images",
-    "attention_rollout",
-    "compute",
-    "cosine_similarity_maps",
-    "embedding_kernel",
-    "explain",
-    "filter_pca",
-    "mean_attention_distance",
-    "pairwise_distances",
-    "patch_centres",
-    "patch_embeddings",
-    "relevance",
-    "rollout_maps",
-    "sample_images",
-    "upsample",
-    "write",
-]
+    "FilterPCA", "Inspection", "NoPositionEmbeddings", "NotPixelFilters", "analyse_images",
+    "attention_rollout", "compute", "cosine_similarity_maps", "embedding_kernel", "explain",
+    "filter_pca", "mean_attention_distance", "pairwise_distances", "patch_centres",
+    "patch_embeddings", "relevance", "rollout_maps", "sample_images", "upsample", "write"
+]  # fmt: skip

@@ -100,14 +100,8 @@ def sample_images(num_images: int, image_size: tuple[int, int], data_dir: str | 
     if data_dir:
         cfg.data_dir = data_dir
     cfg.test_split = f"test[:{num_images}]"
-    with data.eval_iterator(
-        cfg,
-        cfg.test_split,
-        global_batch=num_images,
-        image_size=image_size,
-        process_index=0,
-        process_count=1,
-    ) as batches:
+    with data.eval_iterator(cfg, cfg.test_split, global_batch=num_images, image_size=image_size,
+                            process_index=0, process_count=1) as batches:  # fmt: skip
         batch = next(batches)
     return batch["image"][batch["mask"] > 0]
 

@@ -61,14 +61,9 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
         o = self.opts
-        dense = lambda n, name: nn.Dense(
-            n,
-            dtype=o.dtype,
-            param_dtype=o.param_dtype,
-            kernel_init=xavier,
-            bias_init=tiny_normal,
-            name=name,
-        )
+        dense = lambda n, name: nn.Dense(n, dtype=o.dtype, param_dtype=o.param_dtype,
+                                         kernel_init=xavier, bias_init=tiny_normal,
+                                         name=name)  # fmt: skip
         d = x.shape[-1]
         x = gelu(adapted(self, "Dense_0", dense(o.mlp_dim, "Dense_0"), x), o.gelu)  # [B, N, F]
         x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
@@ -183,12 +178,9 @@ class Encoder(nn.Module):
         kw = dict(opts=o, stochastic_depth=self.stochastic_depth > 0, train=self.train)
         if self.scan:
             body = nn.remat(_ScanBlock) if self.remat else _ScanBlock
-            stack = nn.scan(
-                body,
-                variable_axes={"params": 0, "intermediates": 0, "perturbations": 0},
-                split_rngs={"params": True, "dropout": True},
-                length=self.depth,
-            )
+            axes = {"params": 0, "intermediates": 0, "perturbations": 0}  # stacked per block
+            stack = nn.scan(body, variable_axes=axes, length=self.depth,
+                            split_rngs={"params": True, "dropout": True})  # fmt: skip
             x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates))
         else:
             block = nn.remat(Encoder1DBlock) if self.remat else Encoder1DBlock

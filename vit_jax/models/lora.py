@@ -17,6 +17,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 
 # config.lora.targets -> the Dense modules they adapt ('mlp': both of the MLP's)
 TARGETS = {"query": ("query",), "key": ("key",), "value": ("value",), "out": ("out",),
@@ -70,11 +71,9 @@ def trains(path: tuple[str, ...]) -> bool:
 
 def split(params: dict) -> tuple[dict, dict]:
     """(what trains, what stays frozen): two trees that `overlay` puts back together."""
-    trained: dict = {}
-    frozen: dict = {}
-    for path, leaf in _leaves(params):
-        _put(trained if trains(path) else frozen, path, leaf)
-    return trained, frozen
+    flat = traverse_util.flatten_dict(params)
+    parts = ({k: v for k, v in flat.items() if trains(k) == t} for t in (True, False))
+    return tuple(traverse_util.unflatten_dict(part) for part in parts)
 
 
 def overlay(*trees: Any) -> Any:
@@ -82,11 +81,8 @@ def overlay(*trees: Any) -> Any:
     trees = tuple(t for t in trees if t is not None)
     if len(trees) == 1:
         return trees[0]
-    out: dict = {}
-    for tree in trees:
-        for path, leaf in _leaves(tree):
-            _put(out, path, leaf)
-    return out
+    flat = [traverse_util.flatten_dict(t).items() for t in trees]
+    return traverse_util.unflatten_dict({k: v for items in flat for k, v in items})
 
 
 def merge(params: dict, lora: Lora | None) -> dict:
@@ -109,17 +105,3 @@ def merge(params: dict, lora: Lora | None) -> dict:
             delta = lora.scale * product(a.astype(jnp.float32), b.astype(jnp.float32))
             out[name] = {**out[name], "kernel": (w + delta).astype(w.dtype)}
     return out
-
-
-def _leaves(tree: dict, prefix: tuple[str, ...] = ()):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, (*prefix, key))
-        else:
-            yield (*prefix, key), value
-
-
-def _put(tree: dict, path: tuple[str, ...], leaf: Any) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = leaf

@@ -153,24 +153,14 @@ class VisionTransformer(nn.Module):
         elif self.classifier == "gap":
             x = jnp.mean(x, axis=1)  # [B, D]
         if self.representation_size:
-            x = nn.tanh(
-                nn.Dense(
-                    self.representation_size,
-                    dtype=self.dtype,
-                    param_dtype=self.param_dtype,
-                    name="pre_logits",
-                )(x)
-            )
+            x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
+                                 param_dtype=self.param_dtype, name="pre_logits")(x))  # fmt: skip
         self.sow("intermediates", "representation", x)  # the "pre_logits" features
         if self.num_classes:
-            x = nn.Dense(
-                self.num_classes,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
-                kernel_init=nn.initializers.zeros,
-                bias_init=nn.initializers.constant(self.head_bias_init),
-                name="head",
-            )(x)
+            x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+                         kernel_init=nn.initializers.zeros,
+                         bias_init=nn.initializers.constant(self.head_bias_init),
+                         name="head")(x)  # fmt: skip
         return x.astype(jnp.float32)
 
     def _check(self, images: jax.Array) -> None:
