@@ -21,7 +21,7 @@ from helpers import (
 )
 from PIL import Image
 
-from vit_jax import infer, weights
+from vit_jax import convert, infer, weights
 from vit_jax.models import count_params, get_model, lora, param_shapes
 from vit_jax.training import check, train
 from vit_jax.training import state as state_lib
@@ -160,6 +160,13 @@ def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(
         assert run_command(infer, f"--checkpoint={checkpoint}", f"--image={png}", "--json") == 0
         tops.append(json.loads(capsys.readouterr().out.splitlines()[-1])["top_k"])
     assert [t["index"] for t in tops[0]] == [t["index"] for t in tops[1]]
+    out = tmp_path / "converted.npz"  # convert merges the workdir's adapters, as final.npz
+    assert (
+        run_command(convert, f"--checkpoint={tmp_path / 'whole'}", "--format=npz", f"--out={out}")
+        == 0
+    )
+    for name, value in flat(weights.load_npz(out)).items():
+        np.testing.assert_allclose(value, final[name], rtol=1e-6, atol=1e-7, err_msg=name)
     for a, b in zip(tops[0], tops[1], strict=True):
         assert a["probability"] == pytest.approx(b["probability"], rel=1e-5)
 

@@ -213,17 +213,12 @@ def parse_flags(argv: list[str]) -> list[str]:
 # The library's messages name its arguments; a command's user sets them with flags. One
 # table says each in flags (the commands that load a checkpoint share these flags).
 FLAGS_OF_ARGUMENTS = {
-    "name=NAME": "--model=NAME",
-    "num_heads=H": "--override=num_heads=H",
-    "posemb='sincos_2d'": "--override=posemb=sincos_2d",
-    "image_size=(H, W)": "--image_size=H,W",
-    "num_classes=K": "--num_classes=K",
-    "format='npz'": "--format=npz",
-    "format='onnx'": "--format=onnx",
-    "format='timm'": "--format=timm",
-    "paths=[PATH, ...]": "--image=PATH (repeat for more)",
-    "out=DIR": "--out=DIR",
-}
+    "name=NAME": "--model=NAME", "num_heads=H": "--override=num_heads=H",
+    "posemb='sincos_2d'": "--override=posemb=sincos_2d", "image_size=(H, W)": "--image_size=H,W",
+    "num_classes=K": "--num_classes=K", "format='npz'": "--format=npz",
+    "format='onnx'": "--format=onnx", "format='timm'": "--format=timm",
+    "paths=[PATH, ...]": "--image=PATH (repeat for more)", "out=DIR": "--out=DIR",
+}  # fmt: skip
 
 
 def in_flags(message: str) -> str:
@@ -325,16 +320,12 @@ def load_model(head: bool = True):
     from absl import flags
 
     from vit_jax import weights
-    from vit_jax.base import store
     from vit_jax.data import images
 
     f, overrides = flags.FLAGS, model_overrides()
-    size, file = (
-        images.parse_image_size(f.image_size),
-        f.checkpoint.endswith((".npz", ".safetensors")),
-    )
+    size = images.parse_image_size(f.image_size)
     try:
-        if not file and (store.path(f.checkpoint) / "checkpoints").is_dir():
+        if is_run(f.checkpoint):
             from vit_jax.training import state
 
             loaded = state.load_run(f.checkpoint, size, head, **overrides)
@@ -343,6 +334,14 @@ def load_model(head: bool = True):
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
     return dataclasses.replace(loaded, preprocessing=f.preprocessing or loaded.preprocessing)
+
+
+def is_run(checkpoint: str) -> bool:
+    """Whether --checkpoint names a run's workdir (it holds checkpoints/), not a file."""
+    from vit_jax.base import store
+
+    file = checkpoint.endswith((".npz", ".safetensors"))
+    return not file and (store.path(checkpoint) / "checkpoints").is_dir()
 
 
 def model_title(model_name: str | None, path: str, size: tuple[int, int]) -> str:

@@ -52,9 +52,19 @@ def main() -> None:
     overrides = cli.model_overrides()
     size = images.parse_image_size(f.image_size)
     try:
-        done = convert.convert(f.checkpoint, f.format, f.out, f.model, size, f.num_classes,
-                               f.patch_size, labels=f.labels, preprocessing=f.preprocessing,
-                               **overrides)  # fmt: skip
+        if cli.is_run(f.checkpoint):  # its newest checkpoint; LoRA's adapters merged
+            from vit_jax.models import lora
+            from vit_jax.training import state
+            from vit_jax.weights.meta import Meta
+
+            run = state.load_run(f.checkpoint, size, **overrides)
+            meta = Meta(preprocessing=f.preprocessing or run.preprocessing)
+            done = convert.write(lora.merge(run.params, run.model.lora), run.model.clone(lora=None),
+                                 run.image_size, f.format, f.out, meta)  # fmt: skip
+        else:
+            done = convert.convert(f.checkpoint, f.format, f.out, f.model, size, f.num_classes,
+                                   f.patch_size, labels=f.labels, preprocessing=f.preprocessing,
+                                   **overrides)  # fmt: skip
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
     h, w = done.image_size
