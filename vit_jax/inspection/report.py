@@ -188,7 +188,7 @@ def _class_index(name: str, num_classes: int, labels: list[str] | None) -> int:
     if name.lstrip("-").isdigit() and 0 <= int(name) < num_classes:
         return int(name)
     known = f"; or one of its class names: {', '.join(labels[:10])}..." if labels else ""
-    raise ValueError(f"--class={name}: expected an index of the head's {num_classes} classes "
+    raise ValueError(f"class {name!r}: expected an index of the head's {num_classes} classes "
                      f"(0-{num_classes - 1}){known}")  # fmt: skip
 
 
