@@ -26,6 +26,7 @@ from vit_jax.base import store
 from vit_jax.base.console import size
 from vit_jax.models import ORIGINAL_NUMERICS
 from vit_jax.weights.read import read_meta
+from vit_jax.weights.remote import resolve
 from vit_jax.workdir.checkpoints import read_record
 
 
@@ -59,7 +60,8 @@ class Plan:
         if config.dataset.preprocessing != "tf_bilinear":
             state["preprocessing"] = config.dataset.preprocessing
         if config.lora.rank:  # the checkpoints hold the adapters; the base is init_from
-            base = {"init_from": config.init_from, "sha256": content_hash(config.init_from)}
+            digest = content_hash(resolve(config.init_from))  # a published file: its copy
+            base = {"init_from": config.init_from, "sha256": digest}
             state["lora"] = {**config.lora.to_dict(), **base}
         return cls(config.total_steps, config.checkpoint_every, config.keep_checkpoints,
                    bool(config.export_npz), state)  # fmt: skip
