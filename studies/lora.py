@@ -67,23 +67,9 @@ def cell(setting: str, seed: int, workdir: str, quick: bool) -> dict:
 
 
 def plot(records: list[dict], path: str) -> None:
-    """Accuracy and bytes per device of each setting, mean and spread over the seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
-    for ax, metric, scale in zip(axes, ("accuracy", "mib"), (100, 1), strict=True):
-        values = common.by_setting(records, metric)
-        names = [s for s in SETTINGS if s in values]
-        stats = [common.mean_std([scale * v for v in values[s]]) for s in names]
-        ax.bar(names, [m for m, _ in stats], yerr=[e for _, e in stats], capsize=4, color="C0")
-        ax.set_ylabel(LABELS[metric] + (" (%)" if scale == 100 else ""))
-    fig.suptitle("LoRA against full fine-tuning (the recipe's fine-tuning part)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    """Accuracy of each setting: mean and spread over the seeds, each seed a dot."""
+    title = "LoRA against full fine-tuning (the recipe's fine-tuning part)"
+    common.bar_plot(records, path, SETTINGS, title)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
