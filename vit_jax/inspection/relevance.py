@@ -28,18 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.inspection.attention import rollout_maps
+from vit_jax.models import per_block
 from vit_jax.models.vit import VisionTransformer
-
-
-def _per_block(tree: Any, name: str, model: VisionTransformer) -> jax.Array:
-    """Each block's attention entry `name` of a perturbations or intermediates tree (sown
-    values are tuples of one), stacked.  # [L, B, H, N, N]"""
-    enc = tree["Transformer"]
-    blocks = [enc["encoderblock"]] if model.scan else [enc[f"encoderblock_{i}"]
-                                                        for i in range(model.depth)]  # fmt: skip
-    found = [b["MultiHeadDotProductAttention_1"][name] for b in blocks]
-    found = [x[0] if isinstance(x, tuple) else x for x in found]
-    return found[0] if model.scan else jnp.stack(found)
 
 
 def rollout_relevance(attention: jax.Array, gradients: jax.Array) -> jax.Array:
@@ -79,11 +70,9 @@ def _relevance_fn(model: VisionTransformer, image_shape: tuple[int, ...]):
 
         def one_class(c):  # c: [B]
             grads, inter = jax.grad(logit, has_aux=True)(zeros, c)
-            att = _per_block(inter, "attention", model)
-            r = rollout_relevance(att, _per_block(grads, "probabilities", model))
-            patches = r[:, :, prefix:]  # [B, N, n]
-            flow = patches[:, 0] if prefix else patches.mean(axis=1)  # [B, n]
-            return flow.reshape(flow.shape[0], *grid)
+            att = per_block(inter, model, "MultiHeadDotProductAttention_1", "attention")
+            grad = per_block(grads, model, "MultiHeadDotProductAttention_1", "probabilities")
+            return rollout_maps(rollout_relevance(att, grad), grid, prefix)  # [B, gh, gw]
 
         return jax.vmap(one_class, in_axes=1, out_axes=1)(classes)  # [B, K, gh, gw]
 

@@ -28,7 +28,8 @@ from vit_jax.models.vit import ORIGINAL_NUMERICS, VisionTransformer
 
 __all__ = [
     "GELUS", "ORIGINAL_NUMERICS", "RESNETS", "SIZES", "VARIANTS", "VisionTransformer",
-    "apply_with_intermediates", "count_params", "get_model", "param_shapes", "variant_config"
+    "apply_with_intermediates", "count_params", "get_model", "param_shapes", "per_block",
+    "variant_config"
 ]  # fmt: skip
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -88,17 +89,22 @@ def apply_with_intermediates(
     """
     logits, state = model.apply({"params": params}, images, train=False, mutable=["intermediates"])
     inter = state["intermediates"]
-    enc = inter["Transformer"]
-    if model.scan:
-        blocks = enc["encoderblock"]
-        outputs = blocks["output"][0]
-        attention = blocks["MultiHeadDotProductAttention_1"]["attention"][0]
-    else:
-        per = [enc[f"encoderblock_{i}"] for i in range(model.depth)]
-        outputs = jnp.stack([b["output"][0] for b in per])
-        attention = jnp.stack([b["MultiHeadDotProductAttention_1"]["attention"][0] for b in per])
     return logits, {
         "pre_logits": inter["representation"][0],
-        "blocks": outputs,
-        "attention": attention,
+        "blocks": per_block(inter, model, "output"),
+        "attention": per_block(inter, model, "MultiHeadDotProductAttention_1", "attention"),
     }
+
+
+def per_block(tree: Any, model: VisionTransformer, *path: str) -> jax.Array:
+    """Every block's entry at `path` of a variable collection ('intermediates', whose
+    sown values are tuples of one, or 'perturbations'), stacked: [L, ...]."""
+    enc = tree["Transformer"]
+    blocks = [enc["encoderblock"]] if model.scan else [enc[f"encoderblock_{i}"]
+                                                        for i in range(model.depth)]  # fmt: skip
+    found = []
+    for block in blocks:
+        for key in path:
+            block = block[key]
+        found.append(block[0] if isinstance(block, tuple) else block)
+    return found[0] if model.scan else jnp.stack(found)
