@@ -210,9 +210,14 @@ def create_state(
     make = jax.jit(functools.partial(new_state, start, model, tx), out_shardings=shardings)
     if not start.init_from:
         return make(), shardings
-    params = load_pretrained(start.init_from, model.clone(lora=None), start.image_size,
-                             start.reset_head, start.patch_size)  # fmt: skip
+    params = init_params(start, model)
     return make(sharding.put(params, sharding.tree_shardings(mesh, params))), shardings
+
+
+def init_params(start: Start, model: VisionTransformer) -> Any:
+    """`start.init_from`'s parameters for `model`, without LoRA's adapters (host arrays)."""
+    return load_pretrained(start.init_from, model.clone(lora=None), start.image_size,
+                           start.reset_head, start.patch_size)  # fmt: skip
 
 
 def restore_or_create(
@@ -237,7 +242,8 @@ def restore_or_create(
     if state is None:
         return create_state(start, model, tx, mesh)
     if model.lora:  # the frozen base is init_from's, read again
-        state = state.replace(frozen=create_state(start, model, tx, mesh)[0].frozen)
+        frozen = lora.split(init_params(start, model))[1]
+        state = state.replace(frozen=sharding.put(frozen, shardings.frozen))
     return state, shardings
 
 
