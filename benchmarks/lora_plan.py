@@ -42,6 +42,7 @@ def main() -> None:
                 continue
             c = finetune.get_config(f"{args.model},imagenet2012")
             c.image_size, c.model.dtype, c.lora.rank = args.size, "bfloat16", rank
+            c.model.attention = "xla"  # as recorded (benchmarks/attention_plan.py: fused)
             began = time.time()
             at512 = planner.plan_on(c, devices, topology)
             good, bad, n = planner.fit(c, devices, topology, max_compiles=args.max_compiles)

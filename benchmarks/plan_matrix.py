@@ -40,7 +40,9 @@ def cell_args(model: str, size: int, topology: str, sharding: str) -> list[str]:
         count = int(topology.rsplit("-", 1)[1])
         devices = count // 2 if topology.startswith("v5p") else count
         args += [f"--config.mesh.fsdp={devices}", "--config.model.remat=True"]
-    return [*args, f"--topology={topology}", "--json"]
+    # XLA's attention, as the matrix was recorded (auto fuses from 512 tokens on v4 and newer:
+    # benchmarks/attention_plan.py measures that)
+    return [*args, "--config.model.attention=xla", f"--topology={topology}", "--json"]
 
 
 def row(key: str, p: dict) -> str:

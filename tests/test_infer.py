@@ -332,6 +332,19 @@ def test_override_sets_a_model_option_the_file_cannot_tell(tmp_path, capsys):
     assert printed["none"] == pytest.approx({f"class {i}": p for i, p in enumerate(other)},
                                             abs=6e-5)  # fmt: skip
     assert np.abs(want - other).max() > 1e-3  # the option changes the function
+    # The fused kernel (Pallas' interpret mode here) prints what XLA's attention does; a
+    # choice this host cannot run is refused before the checkpoint is read.
+    assert (
+        run_command(infer, *args, "--override=posemb=sincos_2d", "--override=attention=splash") == 0
+    )
+    ((_, rows),) = _blocks(capsys.readouterr().out)
+    assert dict(rows) == pytest.approx(printed["sincos_2d"], abs=2e-6)
+    assert (
+        run_command(infer, "--checkpoint=nowhere.npz", *args[1:], "--override=attention=cudnn") == 1
+    )
+    assert capsys.readouterr().err.startswith(
+        "error: attention=cudnn needs an NVIDIA GPU, and there is no GPU here"
+    )
     # Not a KEY=VALUE, and no such option: one error line each, naming --override.
     assert run_command(infer, *args, "--override=posemb") == 1
     assert "--override=posemb: expected KEY=VALUE" in capsys.readouterr().err

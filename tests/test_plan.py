@@ -275,3 +275,27 @@ def test_the_loops_own_line_gives_no_flops_for_a_step_with_a_loop():
     assert line.endswith("temporaries); no FLOPs or step time: XLA counts the model.scan "
                          "loop's body once"), line  # fmt: skip
     assert "FLOP per device" not in line
+
+
+@needs_libtpu
+def test_a_plan_with_the_splash_kernel_keeps_less_and_adds_the_kernels_flops():
+    """At 577 tokens (96 px in 4 px patches) on v5e, `auto` is the splash kernel: the plan
+    keeps fewer bytes than XLA's attention (no [N, N] probabilities kept for the backward
+    pass), and its FLOPs add the kernel's analytic 12 B H N² hd a block, which XLA's cost
+    analysis leaves out. TPU v3 does not compile it in bfloat16: one line says so."""
+    at = lambda *a: plan_json(*SMALL, "--config.image_size=96", "--topology=v5e:2x2", *a)
+    xla, splash = at("--config.model.attention=xla"), at("--config.model.attention=splash")
+    assert at()["temp_bytes"] == splash["temp_bytes"]  # auto
+    assert splash["kernel_flops"] == 12 * (64 // 4) * 577**2 * 64 * 2 and xla["kernel_flops"] == 0
+    # XLA counts the explicit path's attention itself: the two totals agree to within the
+    # softmax and the kernel's padding
+    assert splash["flops"] == pytest.approx(xla["flops"], rel=0.05)
+    assert splash["temp_bytes"] < 0.7 * xla["temp_bytes"], (splash, xla)
+    proc = python_m("vit_jax.plan", *SMALL, "--config.image_size=96", "--topology=v3-8",
+                    "--config.model.attention=splash", "--config.model.dtype=bfloat16",
+                    env=WITH_LIBTPU, timeout=900)  # fmt: skip
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines()[0] == (
+        "error: attention=splash does not compile for TPU v3 "
+        "in bfloat16: use attention=xla, or dtype=float32"
+    )

@@ -165,11 +165,8 @@ def command_name(program: str) -> str:
     parts = os.path.normpath(program).split(os.sep)
     if program.endswith(".py") and "vit_jax" in parts:
         start = len(parts) - 1 - parts[::-1].index("vit_jax")
-        parts = parts[start:]
-        parts[-1] = parts[-1][: -len(".py")]
-        if parts[-1] == "__main__":
-            parts.pop()
-        return ".".join(parts)
+        parts = [*parts[start:-1], parts[-1].removesuffix(".py")]
+        return ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
     return program
 
 
@@ -307,11 +304,13 @@ def model_overrides() -> dict[str, object]:
     """--override's model options, with --numerics=original's (named overrides win)."""
     from absl import flags
 
-    from vit_jax.models import ORIGINAL_NUMERICS
+    from vit_jax.models import ORIGINAL_NUMERICS, attention
 
-    f = flags.FLAGS
-    numerics = ORIGINAL_NUMERICS if f.numerics == "original" else {}
-    return {**numerics, **parse_overrides(f.override)}
+    numerics = ORIGINAL_NUMERICS if flags.FLAGS.numerics == "original" else {}
+    out = {**numerics, **parse_overrides(flags.FLAGS.override)}
+    if "attention" in out:  # what this host cannot run, refused before anything is read
+        attention.choose(out["attention"], 0, out.get("dtype", "float32"))
+    return out
 
 
 def load_model(head: bool = True):

@@ -54,9 +54,11 @@ def table(p) -> str:
             ("step time", "no estimate: the compiler's cost model gave none for this step"),
         ]
     else:
+        fused = f", {p.kernel_flops:.3g} of them the attention kernel's" if p.kernel_flops else ""
         speed = [
-            ("FLOPs per step", f"{p.flops:.3g} per device"),
-            ("step time", f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound)"),
+            ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
+            ("step time", f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound"
+                          f"{'; the kernel at peak FLOP/s' if p.kernel_flops else ''})"),
             ("images/s", f"{p.images_per_second:,.0f} ({p.images_per_second / p.devices:,.0f} "
                          "per device)"),
             ("utilisation", f"{100 * p.utilisation:.0f}% of peak bf16 FLOP/s at that time"),

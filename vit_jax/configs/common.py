@@ -60,6 +60,7 @@ def model_fields(model: str) -> ml_collections.ConfigDict:
         dropout=0.0, attention_dropout=0.0, stochastic_depth=0.0, dtype="float32",
         remat=False, scan=False, width=unset(int), depth=unset(int), num_heads=unset(int),
         mlp_dim=unset(int), patch_size=unset(int), gelu=unset(str), layer_norm_eps=unset(float),
+        attention="auto",
     ))  # fmt: skip
 
 

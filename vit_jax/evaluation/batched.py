@@ -52,7 +52,8 @@ def over_batches(
 
             local = {"image": images, "label": onehot, "class": label, "mask": mask}
             arrays = sharding.global_batch(local, mesh)
-            out = fn(params, {"image": arrays["image"], "label": arrays["label"]})
+            batch = {"image": arrays["image"], "label": arrays["label"]}
+            out = sharding.on_mesh(mesh, fn)(params, batch)  # attention kernels: its shard_map
             out, label, mask = multihost_utils.process_allgather(
                 (out, arrays["class"], arrays["mask"]), tiled=True
             )

@@ -3,6 +3,7 @@
   variants.py      the one size table (published names and short names)
   vit.py           the VisionTransformer: patches, class token, position embeddings, head
   layers.py        encoder blocks: attention, MLP, GELU forms; remat and scan
+  attention.py     how attention is computed: XLA's softmax, or a fused kernel (splash, cuDNN)
   lora.py          low-rank adapters on the blocks' Dense layers: merge, split, overlay
   resnet.py        the hybrids' ResNet stem (weight-standardised convs, GroupNorm)
   posemb.py        position embeddings, learned or sin-cos, resized on their grid

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.models import attention
 from vit_jax.models.lora import Lora, adapted
 from vit_jax.models.posemb import PositionEmbedding
 
@@ -48,6 +49,7 @@ class BlockOptions:
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     lora: Lora | None = None  # low-rank adapters on some of the Dense modules (lora.py)
+    attention: str = "auto"  # how softmax(q kᵀ) v is computed: one of attention.CHOICES
 
 
 class MlpBlock(nn.Module):
@@ -77,7 +79,9 @@ class SelfAttention(nn.Module):
 
     Written out so that the attention probabilities can be sown as an intermediate
     (collection 'intermediates', name 'attention', [B, H, N, N]) and the softmax runs
-    in float32 whatever the compute dtype.
+    in float32 whatever the compute dtype; `opts.attention` may run a fused kernel
+    instead (attention.py), except where the probabilities are read (intermediates or
+    perturbations asked for).
     """
 
     opts: BlockOptions
@@ -95,6 +99,11 @@ class SelfAttention(nn.Module):
         q = adapted(self, "query", proj("query"), x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
         k = adapted(self, "key", proj("key"), x)
         v = adapted(self, "value", proj("value"), x)
+        how = attention.choose(o.attention, x.shape[1], o.dtype, o.attention_dropout * self.train)
+        read = self.is_mutable_collection("intermediates") or self.has_variable(
+            "perturbations", "probabilities")  # fmt: skip
+        if how != "xla" and not read:
+            return self._out(attention.attend(q, k, v, how), d)  # [B, N, H, hd] in
         # Heads first, so that both attention products are plain batched matrix
         # products: XLA:CPU runs the [B, N, H, hd] forms of these einsums ~4x slower.
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, H, N, hd]
@@ -107,9 +116,13 @@ class SelfAttention(nn.Module):
         attn = nn.Dropout(o.attention_dropout)(attn, deterministic=not self.train)
         attn = attn.astype(o.dtype)
         y = jnp.einsum("bhqk,bhkd->bhqd", attn, v).transpose(0, 2, 1, 3)  # [B, N, H, hd]
+        return self._out(y, d)
+
+    def _out(self, y: jax.Array, d: int) -> jax.Array:  # [B, N, H, hd] -> [B, N, D]
+        o = self.opts
         out = nn.DenseGeneral(d, axis=(-2, -1), dtype=o.dtype, param_dtype=o.param_dtype,
                               kernel_init=xavier, name="out")  # fmt: skip
-        return adapted(self, "out", out, y, in_axes=2)  # [B, N, D]
+        return adapted(self, "out", out, y, in_axes=2)
 
 
 def drop_path(module: nn.Module, y: jax.Array, rate: jax.Array | float) -> jax.Array:

@@ -79,6 +79,8 @@ class VisionTransformer(nn.Module):
         hybrid stem's GroupNorm keeps 1e-6). Imports take both from the source file
         (see vit_jax/weights/meta.py).
       lora: low-rank adapters on some of the blocks' Dense modules (models/lora.py).
+      attention: how softmax(q kᵀ) v is computed (models/attention.py): 'xla', 'splash',
+        'cudnn', or 'auto' (the platform's fused kernel on long sequences).
     """
 
     num_classes: int | None
@@ -103,6 +105,7 @@ class VisionTransformer(nn.Module):
     gelu: str = ORIGINAL_NUMERICS["gelu"]
     layer_norm_eps: float = ORIGINAL_NUMERICS["layer_norm_eps"]
     lora: Lora | None = None
+    attention: str = "auto"  # models/attention.py: xla, splash, cudnn, or auto
 
     @property
     def token_stride(self) -> int:
@@ -117,7 +120,8 @@ class VisionTransformer(nn.Module):
         return BlockOptions(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
                             attention_dropout=self.attention_dropout, gelu=self.gelu,
                             layer_norm_eps=float(self.layer_norm_eps), dtype=self.dtype,
-                            param_dtype=self.param_dtype, lora=self.lora)  # fmt: skip
+                            param_dtype=self.param_dtype, lora=self.lora,
+                            attention=self.attention)  # fmt: skip
 
     @property
     def has_class_token(self) -> bool:

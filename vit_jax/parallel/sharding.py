@@ -46,6 +46,17 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: list | None = None) -> Mes
     return Mesh(np.asarray(devices).reshape(data, fsdp), BATCH_AXES)
 
 
+def on_mesh(mesh: Mesh, fn: Any) -> Any:
+    """`fn`, traced with `mesh` in context: the fused attention kernels run in a shard_map
+    over it, and compile for its devices (models/attention.py)."""
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args, **kwargs)
+
+    return traced
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Leading (batch) axis split over all devices."""
     return NamedSharding(mesh, P(BATCH_AXES))

@@ -4,7 +4,8 @@ Each section of the config has one table, field -> rule (`base.problems`), whose
 of choices are those of the code that consumes them; the rules that relate two fields
 follow each table. `problems(config)` names every field that cannot make sense from the
 config alone (a `Problem` each: the field, its value, what is allowed);
-`device_problems` those that do not fit the devices and processes of this run;
+`device_problems` those that do not fit the devices and processes of this run (and an
+attention this host's devices cannot run);
 `data_problems` those that need the data's sizes (split boundaries, class ids, few-shot
 shots against each class's examples) and the `init_from` file: it reads them, and writes
 nothing. `check(config)` runs all three and raises one `ConfigError` naming every bad
@@ -33,7 +34,7 @@ from vit_jax.base.problems import (
 )
 from vit_jax.data import config as data_config
 from vit_jax.data import splits
-from vit_jax.models import DTYPES, GELUS, get_model, variant_config
+from vit_jax.models import DTYPES, GELUS, attention, get_model, variant_config
 from vit_jax.models.lora import TARGETS
 from vit_jax.models.posemb import KINDS
 from vit_jax.training.state import DECAYS, LOSSES, MU_DTYPES, OPTIMIZERS
@@ -64,6 +65,7 @@ MODEL = {
     "gelu": optional(one_of(GELUS)),
     "layer_norm_eps": optional(number(0, 1, low_open=True, high_open=True)),
     "head_bias_init": number(),
+    "attention": one_of(attention.CHOICES),
 }
 OPTIMIZER = {
     "name": one_of(OPTIMIZERS), "lr": number(0, low_open=True), "decay": one_of(DECAYS),
@@ -188,6 +190,11 @@ def device_problems(config: ml_collections.ConfigDict, devices: int, processes: 
     for field, b in batches:
         if b % devices:
             out.append(Problem(field, b, f"expected a multiple of the {devices} devices"))
+    m = c.model
+    try:  # what this host's devices cannot run (the planner checks a TPU target's)
+        attention.choose(m.attention, 0, m.dtype, m.attention_dropout)
+    except ValueError as e:
+        out.append(Problem("model.attention", m.attention, str(e)))
     return out
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import re
 import time
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.base import console
+from vit_jax.models import attention
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
 from vit_jax.training.report import CHIPS, Chip, compiled_figures, loop_of
@@ -81,6 +83,7 @@ class Plan:
     compiled: bool = True  # False: the compiler refused it, out of memory (no FLOPs, no time)
     compile_seconds: float = 0.0  # this host's time to lower and compile the step
     loop: str = ""  # the field whose loop XLA counts once (loop_of): no FLOPs, no time
+    kernel_flops: float = 0.0  # of `flops`: a fused attention kernel's, analytic (kernel_flops)
 
     @property
     def fits(self) -> bool:
@@ -216,10 +219,26 @@ def plan_on(
             compile_seconds=time.perf_counter() - began,
         )  # fmt: skip
     temp, total, flops, seconds = compiled_figures(compiled)
+    kernel = kernel_flops(config, mesh, classes)
     if known["loop"]:
-        flops, seconds = 0.0, 0.0
-    return Plan(**known, temp_bytes=temp, total_bytes=total, hbm_bytes=chip.hbm_bytes, flops=flops,
-                step_seconds=seconds, compile_seconds=time.perf_counter() - began)  # fmt: skip
+        flops, seconds, kernel = 0.0, 0.0, 0.0
+    seconds += kernel / chip.peak_flops if seconds and chip.peak_flops else 0.0
+    return Plan(**known, temp_bytes=temp, total_bytes=total, hbm_bytes=chip.hbm_bytes,
+                flops=flops + kernel, step_seconds=seconds, kernel_flops=kernel,
+                compile_seconds=time.perf_counter() - began)  # fmt: skip
+
+
+def kernel_flops(config: ml_collections.ConfigDict, mesh: Any, num_classes: int) -> float:
+    """A fused attention kernel's FLOPs per device per step, which XLA's cost analysis leaves
+    out (a splash forward and backward counts as thousands): 12 B H N² hd a block, the two
+    products forward and four backward (not the kernel's recomputation, as MFU counts);
+    0 where the model computes attention with XLA."""
+    model = state_lib.build_model(config.model, num_classes, adapters=config.get("lora"))
+    n = math.prod(model.grid((config.image_size,) * 2)) + int(model.has_class_token)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        how = attention.choose(model.attention, n, model.dtype, model.attention_dropout)
+    per_device = config.batch_size / mesh.size
+    return 0.0 if how == "xla" else 12.0 * per_device * n * n * model.width * model.depth
 
 
 _OOM = re.compile(

@@ -124,11 +124,12 @@ def jit_steps(model, tx, lr_fn, mesh: jax.sharding.Mesh, state_shardings: Any,
     batch, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     step = functools.partial(train_step, model=model, tx=tx, lr_fn=lr_fn,
                              accum_steps=accum_steps, loss_name=loss_name)  # fmt: skip
-    step = jax.jit(step, in_shardings=(state_shardings, batch),
+    step = jax.jit(sharding.on_mesh(mesh, step), in_shardings=(state_shardings, batch),
                    out_shardings=(state_shardings, rep), donate_argnums=0)  # fmt: skip
     evaluate = functools.partial(eval_step, model=model, loss_name=loss_name)
     params = state_shardings.model_params
-    evaluate = jax.jit(evaluate, in_shardings=(params, batch), out_shardings=batch)
+    evaluate = jax.jit(sharding.on_mesh(mesh, evaluate), in_shardings=(params, batch),
+                       out_shardings=batch)  # fmt: skip
     return step, evaluate
 
 

@@ -1,0 +1,94 @@
+"""How each block's softmax(q kᵀ) v is computed: the choices of `VisionTransformer.attention`.
+
+  xla     the explicit softmax of layers.SelfAttention, whose [B, H, N, N] probabilities
+          inspection reads: inspection always takes this path, whatever the model's choice.
+  splash  Pallas' splash attention, the TPU kernel (v4 and newer), in Pallas' interpret
+          mode when the compile target is a CPU (slowly: for tests and checks).
+  cudnn   cuDNN's fused attention (jax.nn.dot_product_attention) on NVIDIA GPUs, in
+          bfloat16 or float16.
+  auto    the target's fused kernel from FUSED_FROM tokens on, else xla (on CPUs, xla).
+
+Fused kernels never materialise the probabilities. The parameters are the same for every
+choice. The compile target is the mesh in context (`parallel.sharding.on_mesh`: the
+planner's is a TPU topology compiled for on a CPU host), else this host's first device.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+CHOICES = ("auto", "xla", "splash", "cudnn")
+# From here on `auto` fuses: below it the fused kernels run no faster and the probabilities
+# are small (197 tokens at 224 px with /16 stay xla; 577 at 384 px fuse). Set from the
+# planner's bytes (BENCHMARKS.md), not a measured time: no accelerator timed it yet.
+FUSED_FROM = 512
+BLOCK = 128  # splash's sequence block: sequences are padded to a multiple of it
+HALF = (jnp.bfloat16, jnp.float16)
+
+
+def target() -> tuple[str, str]:
+    """(platform, device kind) of the compile target: 'tpu', 'TPU v5 lite'; 'cpu', 'cpu'."""
+    mesh = jax.sharding.get_abstract_mesh()
+    d = jax.devices()[0] if mesh.empty else mesh.abstract_device
+    return d.platform, d.device_kind
+
+
+def choose(choice: str, tokens: int, dtype, dropout: float = 0.0) -> str:
+    """What `choice` runs as on the target for a sequence of `tokens`, or ValueError naming
+    what the target cannot run and what to use instead."""
+    (platform, kind), dtype = target(), jnp.dtype(dtype)
+    v3, gpu = kind.startswith("TPU v3"), platform in ("gpu", "cuda")
+    if choice == "auto":
+        fuse = tokens >= FUSED_FROM and not dropout
+        if fuse and platform == "tpu" and not v3:
+            return "splash"
+        return "cudnn" if fuse and gpu and dtype in HALF else "xla"
+    if choice not in CHOICES:
+        raise ValueError(f"attention={choice!r}: expected one of {', '.join(CHOICES)}")
+    if choice != "xla" and dropout:
+        raise ValueError(f"attention={choice} has no attention dropout: set "
+                         "attention_dropout=0, or attention=xla")  # fmt: skip
+    if choice == "cudnn" and not gpu:
+        raise ValueError(f"attention=cudnn needs an NVIDIA GPU, and there is no GPU here "
+                         f"({kind}): use attention=xla (or splash on TPUs)")  # fmt: skip
+    if choice == "cudnn" and dtype not in HALF:
+        raise ValueError(f"attention=cudnn runs in bfloat16 or float16, not {dtype}: set "
+                         "dtype=bfloat16, or attention=xla")  # fmt: skip
+    if choice == "splash" and (gpu or (v3 and dtype != jnp.float32)):
+        instead = "attention=cudnn" if gpu else "attention=xla, or dtype=float32"
+        raise ValueError(f"attention=splash does not compile for {kind} in {dtype}: use {instead}")
+    return choice
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, how: str) -> jax.Array:
+    """Fused softmax(q kᵀ) v, `how` one of 'splash', 'cudnn'. q (pre-scaled), k, v:
+    [B, N, H, hd] -> [B, N, H, hd]."""
+    if how == "cudnn":
+        return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation="cudnn")
+    fn = functools.partial(splash, interpret=target()[0] != "tpu")
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:  # XLA does not partition Mosaic kernels: each device runs its share
+        batch = P(mesh.axis_names)  # the batch split over every axis, as the activations
+        fn = jax.shard_map(fn, mesh=mesh, in_specs=batch, out_specs=batch, check_vma=False)
+    return fn(q, k, v)
+
+
+def splash(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool, fill: float = 0.0):
+    """Splash attention on one device, [B, N, H, hd] -> [B, N, H, hd]: the sequence padded
+    with `fill` to a multiple of BLOCK (197 -> 256, 577 -> 640), the pad set apart by its
+    segment id (no token attends to it), and sliced off again."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
+
+    n, heads = q.shape[1], q.shape[2]
+    m = n + -n % BLOCK
+    pad = lambda t: jnp.pad(t, ((0, 0), (0, m - n), (0, 0), (0, 0)), constant_values=fill)
+    q, k, v = (pad(t).transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, H, M, hd]
+    ids = (jnp.arange(m) >= n).astype(jnp.int32)  # 0: a token, 1: the pad
+    mask = sa.MultiHeadMask([sa.FullMask((m, m))] * heads)
+    kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
+    y = jax.vmap(kernel, in_axes=(0, 0, 0, None))(q, k, v, sa.SegmentIds(ids, ids))
+    return y.transpose(0, 2, 1, 3)[:, :n]  # [B, N, H, hd]
