@@ -10,6 +10,7 @@ from helpers import tiny_config
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from vit_jax.inspection import relevance
 from vit_jax.models import apply_with_intermediates, attention, get_model
 from vit_jax.parallel import sharding
 from vit_jax.training import check
@@ -69,9 +70,17 @@ def test_on_a_mesh_the_kernel_runs_in_a_shard_map_over_the_batch():
 def test_inspection_reads_the_probabilities_whatever_the_model_runs():
     xla, params, x = tiny(28, attention="xla")
     _, want = apply_with_intermediates(xla, params, x)
-    _, got = apply_with_intermediates(xla.clone(attention="splash"), params, x)
+    splash = xla.clone(attention="splash")
+    _, got = apply_with_intermediates(splash, params, x)
     assert got["attention"][0].shape == (2, 2, 197, 197)
     np.testing.assert_array_equal(got["attention"][0], want["attention"][0])
+    # the relevance maps' gradients come through the same probabilities
+    xla, splash = xla.clone(num_classes=3), splash.clone(num_classes=3)
+    params = xla.init(jax.random.key(2), x)["params"]
+    params["head"]["kernel"] = jax.random.normal(jax.random.key(3), (32, 3))
+    maps = [relevance(m, params, np.asarray(x), [0, 2]) for m in (xla, splash)]
+    assert maps[0].shape == (2, 2, 14, 14) and np.abs(maps[0]).max() > 0
+    np.testing.assert_array_equal(maps[1], maps[0])
 
 
 def test_auto_fuses_long_sequences_where_the_platform_has_a_kernel(monkeypatch):

@@ -100,8 +100,8 @@ class SelfAttention(nn.Module):
         k = adapted(self, "key", proj("key"), x)
         v = adapted(self, "value", proj("value"), x)
         how = attention.choose(o.attention, x.shape[1], o.dtype, o.attention_dropout * self.train)
-        read = self.is_mutable_collection("intermediates") or self.has_variable(
-            "perturbations", "probabilities")  # fmt: skip
+        read = (self.is_mutable_collection("intermediates") or self.is_mutable_collection(
+            "perturbations") or self.has_variable("perturbations", "probabilities"))  # fmt: skip
         if how != "xla" and not read:
             return self._out(attention.attend(q, k, v, how), d)  # [B, N, H, hd] in
         # Heads first, so that both attention products are plain batched matrix
