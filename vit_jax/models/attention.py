@@ -24,7 +24,8 @@ from jax.sharding import PartitionSpec as P
 CHOICES = ("auto", "xla", "splash", "cudnn")
 # From here on `auto` fuses: below it the fused kernels run no faster and the probabilities
 # are small (197 tokens at 224 px with /16 stay xla; 577 at 384 px fuse). Set from the
-# planner's bytes (BENCHMARKS.md), not a measured time: no accelerator timed it yet.
+# planner's bytes (BENCHMARKS.md), not a measured time: no accelerator timed it yet. Near
+# the HBM limit without remat XLA fits more images with its own softmax (it recomputes it).
 FUSED_FROM = 512
 BLOCK = 128  # splash's sequence block: sequences are padded to a multiple of it
 HALF = (jnp.bfloat16, jnp.float16)
