@@ -235,8 +235,8 @@ def kernel_flops(config: ml_collections.ConfigDict, mesh: Any, num_classes: int)
     0 where the model computes attention with XLA."""
     model = state_lib.build_model(config.model, num_classes, adapters=config.get("lora"))
     n = math.prod(model.grid((config.image_size,) * 2)) + int(model.has_class_token)
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        how = attention.choose(model.attention, n, model.dtype, model.attention_dropout)
+    how = sharding.on_mesh(mesh, attention.choose)(model.attention, n, model.dtype,
+                                                   model.attention_dropout)  # fmt: skip
     per_device = config.batch_size / mesh.size
     return 0.0 if how == "xla" else 12.0 * per_device * n * n * model.width * model.depth
 
