@@ -123,37 +123,21 @@ def plot_rollout(
       maps: rollout maps upsampled to the images (`attention.upsample`).  # [B, H, W]
       names: each image's row label (its file name); default 'image 1', 'image 2', ...
     """
-    plt = pyplot()
-    n = min(len(images), MAX_ROLLOUT_IMAGES)
-    fig, axes = plt.subplots(
-        n, 2, figsize=(5.6, 2.5 * n + 0.6), squeeze=False, layout="constrained"
-    )
-    for i in range(n):
-        rgb = np.clip((np.asarray(images[i]) + 1) / 2, 0, 1)
-        heat = maps[i] / max(float(maps[i].max()), 1e-12)
-        axes[i, 0].imshow(rgb)
-        axes[i, 1].imshow(rgb)
-        shown = axes[i, 1].imshow(heat, cmap="inferno", alpha=0.6, vmin=0, vmax=1)
-        for ax in axes[i]:
-            ax.set_xticks([])
-            ax.set_yticks([])
-        axes[i, 0].set_ylabel(names[i] if names else f"image {i + 1}")
-    axes[0, 0].set_title("input", fontsize=9)
-    axes[0, 1].set_title("attention rollout", fontsize=9)
-    fig.colorbar(shown, ax=axes.ravel().tolist(), shrink=min(0.9, 2.2 / n),
-                 label="rollout flow / its maximum")  # fmt: skip
-    fig.suptitle(title)
-    _save(fig, path)
+    captions = [["attention rollout" if i == 0 else ""] for i in range(len(maps))]
+    plot_relevance(images, maps[:, None], captions, path, title, names, "rollout flow")
 
 
 def plot_relevance(images: np.ndarray, maps: np.ndarray, captions: list[list[str]], path: str,
-                   title: str, names: list[str] | None = None) -> None:  # fmt: skip
+                   title: str, names: list[str] | None = None,
+                   what: str = "relevance") -> None:  # fmt: skip
     """Each image (first 8), then its relevance map for each class asked for, overlaid.
 
     Args:
       images: inputs in [-1, 1].  # [B, H, W, 3]
       maps: relevance maps upsampled to the images.  # [B, K, H, W]
       captions: per image and class, 'name (probability)'.
+      names: each image's row label (its file name); default 'image 1', 'image 2', ...
+      what: the maps' name, on the colour bar.
     """
     plt = pyplot()
     n, k = min(len(images), MAX_ROLLOUT_IMAGES), maps.shape[1]
@@ -171,7 +155,8 @@ def plot_relevance(images: np.ndarray, maps: np.ndarray, captions: list[list[str
         for ax in axes[i]:
             ax.set_xticks([])
             ax.set_yticks([])
+    axes[0, 0].set_title("input", fontsize=9)
     fig.colorbar(shown, ax=axes.ravel().tolist(), shrink=min(0.9, 2.2 / n),
-                 label="relevance / its maximum")  # fmt: skip
+                 label=f"{what} / its maximum")  # fmt: skip
     fig.suptitle(title)
     _save(fig, path)

@@ -36,24 +36,15 @@ def logits_fn(model: VisionTransformer) -> Callable:
 @functools.lru_cache(maxsize=16)
 def probabilities_fn(model: VisionTransformer) -> Callable:
     """Jitted (params, images [B, H, W, C]) -> softmax probabilities [B, K] (float32)."""
-
-    @jax.jit
-    def probabilities(params: Any, images: jax.Array) -> jax.Array:
-        return jax.nn.softmax(logits(model, params, images).astype(jnp.float32), axis=-1)
-
-    return probabilities
+    softmax = lambda p, images: jax.nn.softmax(logits(model, p, images).astype(jnp.float32), -1)
+    return jax.jit(softmax)
 
 
 @functools.lru_cache(maxsize=16)
 def features_fn(model: VisionTransformer) -> Callable:
     """Jitted (params, images [B, H, W, C]) -> pre-logits features [B, D]."""
-
-    @jax.jit
-    def features(params: Any, images: jax.Array) -> jax.Array:
-        _, inter = apply_with_intermediates(model, params, images)
-        return inter["pre_logits"]  # the unused intermediates are pruned by XLA
-
-    return features
+    features = lambda p, images: apply_with_intermediates(model, p, images)[1]["pre_logits"]
+    return jax.jit(features)  # the unused intermediates are pruned by XLA
 
 
 def map_batches(fn: Callable, params: Any, images: np.ndarray, batch_size: int = 32) -> Any:

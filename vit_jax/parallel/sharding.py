@@ -13,6 +13,7 @@ of its own devices, and arrays may span processes.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -100,9 +101,7 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
     """Bytes one device holds of a tree of arrays or ShapeDtypeStructs laid out by
     `shardings` (the most loaded device; all are equal for even splits)."""
 
-    def one(x, s):
-        return int(np.prod(s.shard_shape(tuple(x.shape)))) * np.dtype(x.dtype).itemsize
-
+    one = lambda x, s: math.prod(s.shard_shape(tuple(x.shape))) * np.dtype(x.dtype).itemsize
     return sum(jax.tree.leaves(jax.tree.map(one, tree, shardings)))
 
 

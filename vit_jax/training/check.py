@@ -50,11 +50,8 @@ RUN = {
     "keep_checkpoints": integer(0, " (0: keep all)"), "loss": one_of(tuple(LOSSES)),
 }  # fmt: skip
 MODEL = {
-    "width": optional(integer(1, " (or None: the variant's)")),
-    "depth": optional(integer(1, " (or None: the variant's)")),
-    "num_heads": optional(integer(1, " (or None: the variant's)")),
-    "mlp_dim": optional(integer(1, " (or None: the variant's)")),
-    "patch_size": optional(integer(1, " (or None: the variant's)")),
+    **dict.fromkeys(("width", "depth", "num_heads", "mlp_dim", "patch_size"),
+                    optional(integer(1, " (or None: the variant's)"))),
     "representation_size": optional(integer(0, " (0: no layer)")),
     "classifier": one_of(TRAINABLE_CLASSIFIERS),
     "posemb": one_of(KINDS),
@@ -66,7 +63,7 @@ MODEL = {
     "layer_norm_eps": optional(number(0, 1, low_open=True, high_open=True)),
     "head_bias_init": number(),
     "attention": one_of(attention.CHOICES),
-}
+}  # fmt: skip
 OPTIMIZER = {
     "name": one_of(OPTIMIZERS), "lr": number(0, low_open=True), "decay": one_of(DECAYS),
     "momentum": number(0, 1, high_open=True), "b1": number(0, 1, high_open=True),

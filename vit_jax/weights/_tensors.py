@@ -38,6 +38,16 @@ class Shape:
         return Shape(np.empty(self.shape, np.uint8).reshape(shape).shape)  # no copy of data
 
 
+def torch_names(modules: dict[str, str]) -> dict[str, str]:
+    """{original module: torch module} -> {original leaf: torch leaf}: a norm's scale and a
+    Dense's or conv's kernel are torch's weight, a bias its bias."""
+    out = {}
+    for o, t in modules.items():
+        out[f"{o}/{'scale' if 'norm' in o.lower() else 'kernel'}"] = f"{t}.weight"
+        out[f"{o}/bias"] = f"{t}.bias"
+    return out
+
+
 def concat(parts: Sequence[Any], axis: int = 0) -> Any:
     """np.concatenate for arrays, the concatenated shape for `Shape`s."""
     if isinstance(parts[0], Shape):

@@ -33,43 +33,25 @@ from vit_jax.base import files, store
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import safetensors_io
-from vit_jax.weights._tensors import Shape, check_table, conv_to_torch, top_from_torch
+from vit_jax.weights._tensors import Shape, check_table, conv_to_torch, top_from_torch, torch_names
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
-from vit_jax.weights.meta import Meta
+from vit_jax.weights.meta import Meta, checked
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 PREPROCESSOR = "preprocessor_config.json"
 _ATT = "MultiHeadDotProductAttention_1"
-_TOP = {
-    "cls": "vit.embeddings.cls_token",
-    POSEMB: "vit.embeddings.position_embeddings",
-    "embedding/kernel": "vit.embeddings.patch_embeddings.projection.weight",
-    "embedding/bias": "vit.embeddings.patch_embeddings.projection.bias",
-    "Transformer/encoder_norm/scale": "vit.layernorm.weight",
-    "Transformer/encoder_norm/bias": "vit.layernorm.bias",
-    "head/kernel": "classifier.weight",
-    "head/bias": "classifier.bias",
-}
-_BLOCK = {
-    "LayerNorm_0/scale": "layernorm_before.weight",
-    "LayerNorm_0/bias": "layernorm_before.bias",
-    "LayerNorm_2/scale": "layernorm_after.weight",
-    "LayerNorm_2/bias": "layernorm_after.bias",
-    "MlpBlock_3/Dense_0/kernel": "intermediate.dense.weight",
-    "MlpBlock_3/Dense_0/bias": "intermediate.dense.bias",
-    "MlpBlock_3/Dense_1/kernel": "output.dense.weight",
-    "MlpBlock_3/Dense_1/bias": "output.dense.bias",
-    f"{_ATT}/query/kernel": "attention.attention.query.weight",
-    f"{_ATT}/query/bias": "attention.attention.query.bias",
-    f"{_ATT}/key/kernel": "attention.attention.key.weight",
-    f"{_ATT}/key/bias": "attention.attention.key.bias",
-    f"{_ATT}/value/kernel": "attention.attention.value.weight",
-    f"{_ATT}/value/bias": "attention.attention.value.bias",
-    f"{_ATT}/out/kernel": "attention.output.dense.weight",
-    f"{_ATT}/out/bias": "attention.output.dense.bias",
-}
+_TOP = {"cls": "vit.embeddings.cls_token", POSEMB: "vit.embeddings.position_embeddings",
+        **torch_names({"embedding": "vit.embeddings.patch_embeddings.projection",
+                       "Transformer/encoder_norm": "vit.layernorm", "head": "classifier"}),
+        }  # fmt: skip
+_BLOCK = torch_names({  # under encoderblock_{i}/ -> under vit.encoder.layer.{i}.
+    "LayerNorm_0": "layernorm_before", "LayerNorm_2": "layernorm_after",
+    "MlpBlock_3/Dense_0": "intermediate.dense", "MlpBlock_3/Dense_1": "output.dense",
+    f"{_ATT}/out": "attention.output.dense",
+    **{f"{_ATT}/{n}": f"attention.attention.{n}" for n in ("query", "key", "value")},
+})  # fmt: skip
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
@@ -137,15 +119,7 @@ def config(model: VisionTransformer, image_size: tuple[int, int], meta: Meta | N
         raise ValueError(f"transformers' ViT takes square images; got {image_size}")
     meta = meta or Meta.of_model(model)
     k = model.num_classes or 0
-    names = list(meta.labels) if meta.labels is not None else [f"LABEL_{i}" for i in range(k)]
-    if len(names) != k:
-        raise ValueError(f"{len(names)} class names for a head of {k} classes: give one a class")
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ValueError(
-            f"class names must differ (label2id maps each name to one class); repeated: "
-            f"{', '.join(map(repr, twice[:5]))}"
-        )
+    names = checked(meta.labels, k, "the class names") or [f"LABEL_{i}" for i in range(k)]
     return {
         "architectures": ["ViTForImageClassification"],
         "model_type": "vit",
@@ -245,13 +219,8 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
                       channels=int(cfg.get("num_channels", 3)))  # fmt: skip
     size = cfg.get("image_size", 224)
     size = (int(size), int(size)) if isinstance(size, (int, float)) else tuple(map(int, size))
-    check_table(
-        tensors,
-        hf_shapes(model, size),
-        str(path),
-        "Hugging Face ViT",
-        "Is config.json the one saved with these weights?",
-    )
+    fix = "Is config.json the one saved with these weights?"
+    check_table(tensors, hf_shapes(model, size), str(path), "Hugging Face ViT", fix)
     return from_hf(tensors, h), cfg
 
 

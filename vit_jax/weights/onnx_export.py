@@ -25,8 +25,8 @@ import json
 import math
 from typing import Any
 
+import jax
 import numpy as np
-from flax import traverse_util
 
 from vit_jax.base import files, store
 from vit_jax.models import resnet
@@ -178,13 +178,11 @@ def _block(g: _Graph, x: str, b: dict, tokens: int, heads: int, gelu: str, name:
     y = g.layer_norm(x, b["LayerNorm_0"], f"{name}_ln0")
     att = b["MultiHeadDotProductAttention_1"]
     x = g.op("Add", x, _attention(g, y, att, tokens, heads, name))
-    mlp = b["MlpBlock_3"]
+    fc1, fc2 = b["MlpBlock_3"]["Dense_0"], b["MlpBlock_3"]["Dense_1"]
     y = g.layer_norm(x, b["LayerNorm_2"], f"{name}_ln2")
     act = _gelu_tanh if gelu == "tanh" else _gelu_exact
-    y = act(g, g.dense(y, mlp["Dense_0"]["kernel"], mlp["Dense_0"]["bias"], f"{name}_fc1"))
-    return g.op(
-        "Add", x, g.dense(y, mlp["Dense_1"]["kernel"], mlp["Dense_1"]["bias"], f"{name}_fc2")
-    )
+    y = act(g, g.dense(y, fc1["kernel"], fc1["bias"], f"{name}_fc1"))
+    return g.op("Add", x, g.dense(y, fc2["kernel"], fc2["bias"], f"{name}_fc2"))
 
 
 def _pool_head(g: _Graph, x: str, tree: dict, model: VisionTransformer) -> str:
@@ -212,10 +210,7 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
         raise ValueError(
             f"the ONNX export supports posemb 'learned' and 'none', not {model.posemb!r}"
         )
-    flat = traverse_util.flatten_dict(params, sep="/")
-    tree = traverse_util.unflatten_dict(
-        {k: np.asarray(v, np.float32) for k, v in flat.items()}, sep="/"
-    )
+    tree = jax.tree.map(lambda v: np.asarray(v, np.float32), params)
     g = _Graph(model.layer_norm_eps)
     x = _embed(g, tree, model, size)
     tokens = model.grid(size)[0] * model.grid(size)[1] + int(model.has_class_token)

@@ -46,32 +46,20 @@ from vit_jax.weights._tensors import (
     conv_from_torch,
     conv_to_torch,
     top_from_torch,
+    torch_names,
 )
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 
 _ATT = "MultiHeadDotProductAttention_1"
 _BLOCK = {  # original name under encoderblock_{i}/ -> timm name under blocks.{i}.
-    "LayerNorm_0/scale": "norm1.weight",
-    "LayerNorm_0/bias": "norm1.bias",
-    "LayerNorm_2/scale": "norm2.weight",
-    "LayerNorm_2/bias": "norm2.bias",
-    "MlpBlock_3/Dense_0/kernel": "mlp.fc1.weight",
-    "MlpBlock_3/Dense_0/bias": "mlp.fc1.bias",
-    "MlpBlock_3/Dense_1/kernel": "mlp.fc2.weight",
-    "MlpBlock_3/Dense_1/bias": "mlp.fc2.bias",
+    **torch_names({"LayerNorm_0": "norm1", "LayerNorm_2": "norm2", "MlpBlock_3/Dense_0": "mlp.fc1",
+                   "MlpBlock_3/Dense_1": "mlp.fc2"}),
     f"{_ATT}/out/bias": "attn.proj.bias",
-}
-_TOP = {
-    "cls": "cls_token",
-    POSEMB: "pos_embed",
-    "embedding/kernel": "patch_embed.proj.weight",
-    "embedding/bias": "patch_embed.proj.bias",
-    "Transformer/encoder_norm/scale": "norm.weight",
-    "Transformer/encoder_norm/bias": "norm.bias",
-    "head/kernel": "head.weight",
-    "head/bias": "head.bias",
-}
+}  # fmt: skip
+_TOP = {"cls": "cls_token", POSEMB: "pos_embed", **torch_names(
+    {"embedding": "patch_embed.proj", "Transformer/encoder_norm": "norm", "head": "head"})
+}  # fmt: skip
 _PRE_LOGITS = (
     "the checkpoint has a representation layer (pre_logits) under its head; timm's "
     "VisionTransformer has none. Convert with num_classes=K for a new head "
@@ -222,13 +210,8 @@ def check(
 ) -> None:
     """Raise naming every tensor of `tensors` that timm's table for `model` lacks,
     misses or shapes differently."""
-    check_table(
-        tensors,
-        timm_shapes(model, size),
-        source,
-        "timm VisionTransformer",
-        "Is the file a timm ViT of this size? Pass name=NAME for a size the file cannot tell.",
-    )
+    fix = "Is the file a timm ViT of this size? Pass name=NAME for a size the file cannot tell."
+    check_table(tensors, timm_shapes(model, size), source, "timm VisionTransformer", fix)
 
 
 def _mlp_ratio(width: int, mlp_dim: int) -> float:
