@@ -11,9 +11,10 @@ the difference is what one more image costs (activations: at these resolutions m
 attention probabilities, with xla), the rest what a device holds whatever the batch. The
 largest batch is where that line reaches the chip's HBM; --check compiles it and one
 more image a device, to confirm (the planner's `--fit` search takes ~6 compiles of ~3
-minutes each here). libtpu's cost model gives these steps no time estimate (planner.py:
-not a positive number), so FLOPs stand in for it (the kernel's analytic ones included:
-planner.kernel_flops). Prints a Markdown row per cell.
+minutes each here). The step time at 8 images a device is the compiler's estimate where
+libtpu's cost model gives one (a positive number: not for v4 or v5e), and the FLOPs at the
+chip's peak bf16 rate, a lower bound (the kernel's analytic FLOPs included:
+report.kernel_flops). Prints a Markdown row per cell.
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ def main() -> None:
     args = p.parse_args()
     from vit_jax.configs import finetune
     from vit_jax.training import planner
+    from vit_jax.training.report import CHIPS
 
     print("| model, pixels | topology | attention | a device holds | each image a device "
-          "adds | largest batch (a device) | TFLOPs a step a device at 8 | minutes |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "adds | largest batch (a device) | TFLOPs a step a device at 8 | ms a step at 8: "
+          "compiler / at peak | minutes |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for topology in args.topologies.split(","):
         devices = planner.topology_devices(topology)
         n = len(devices)
@@ -62,9 +65,12 @@ def main() -> None:
                 if args.check:
                     ok, over = at(largest).fits, at(largest + 1).fits
                     found += " confirmed" if ok and not over else f" NOT confirmed ({ok}, {over})"
+                compiler = f"{eight.step_seconds * 1e3:.0f}" if eight.step_seconds > 0 else "-"
+                peak = eight.flops / CHIPS[eight.device_kind].peak_flops * 1e3
                 print(f"| {model}, {pixels} | {topology} | {attention} | {fixed / GiB:.2f} GiB "
                       f"| {image / GiB:.3f} GiB | {found} | {eight.flops / 1e12:.1f} | "
-                      f"{(time.time() - began) / 60:.0f} |", flush=True)  # fmt: skip
+                      f"{compiler} / {peak:.0f} | {(time.time() - began) / 60:.0f} |",
+                      flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

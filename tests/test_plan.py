@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -275,6 +276,27 @@ def test_the_loops_own_line_gives_no_flops_for_a_step_with_a_loop():
     assert line.endswith("temporaries); no FLOPs or step time: XLA counts the model.scan "
                          "loop's body once"), line  # fmt: skip
     assert "FLOP per device" not in line
+
+
+def test_the_loops_own_line_adds_a_fused_kernels_flops():
+    """XLA's cost analysis does not see inside a fused kernel: the loop's start-up line adds
+    its analytic FLOPs (12 B N² width a block) and says which share they are; with XLA's
+    attention nothing is added. (The splash kernel runs in interpret mode on this CPU.)"""
+    c, _ = small_model()
+    mesh = sharding.make_mesh(-1, 1)
+    lines = {}
+    for how in ("xla", "splash"):
+        c.model.attention = how
+        model = build_model(c.model, 10)
+        step, state, batch = planner.loop_step(c, mesh, 10)
+        per_device = c.batch_size / jax.device_count()
+        kernel = report.kernel_flops(model, c.image_size, per_device)
+        assert kernel == (0 if how == "xla" else 12 * per_device * 65**2 * 64 * 2), how
+        lines[how] = report.compiled_line(step, state, batch, None, model)
+    share = re.search(r"GFLOP per device per step, (\d+)% of them the attention kernel's "
+                      r"\(analytic\)", lines["splash"])  # fmt: skip
+    assert share and 0 < int(share[1]) < 100, lines["splash"]
+    assert "kernel" not in lines["xla"] and "GFLOP per device per step" in lines["xla"]
 
 
 @needs_libtpu

@@ -43,6 +43,7 @@ def define_flags() -> None:
 
 def table(p) -> str:
     """The plan as aligned lines: bytes per device by kind, then speed and cost."""
+    fused = f", {p.kernel_flops:.3g} of them the attention kernel's" if p.kernel_flops else ""
     if not p.compiled:
         speed = [("step time", "not compiled: XLA refused the step, out of memory")]
     elif p.loop:  # planner.loop_of
@@ -50,11 +51,10 @@ def table(p) -> str:
                   f"once; plan with --config.{p.loop}={LOOPLESS[p.loop]} for them")]  # fmt: skip
     elif p.step_seconds <= 0:  # the cost model gave no usable time (planner.compiled_figures)
         speed = [
-            ("FLOPs per step", f"{p.flops:.3g} per device"),
+            ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
             ("step time", "no estimate: the compiler's cost model gave none for this step"),
         ]
     else:
-        fused = f", {p.kernel_flops:.3g} of them the attention kernel's" if p.kernel_flops else ""
         speed = [
             ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
             ("step time", f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 import os
 import re
 import time
@@ -28,10 +27,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.base import console
-from vit_jax.models import attention
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
-from vit_jax.training.report import CHIPS, Chip, compiled_figures, loop_of
+from vit_jax.training.report import CHIPS, Chip, compiled_figures, kernel_flops, loop_of
 from vit_jax.training.train import jit_steps
 
 # Cloud accelerator names (vN-COUNT: TensorCores for v3/v4/v5p, chips for v5e/v6e) -> the
@@ -193,9 +191,7 @@ def plan_on(
     shards = jax.tree.map(lambda s: s.sharding, state)
     param_bytes = sharding.bytes_per_device(state.model_params, shards.model_params)
     opt_bytes = sharding.bytes_per_device(state.opt_state, shards.opt_state)
-    batch_bytes = sum(
-        int(x.size) * x.dtype.itemsize // len(devices) for x in jax.tree.leaves(batch)
-    )
+    batch_bytes = sharding.bytes_per_device(batch, jax.tree.map(lambda x: x.sharding, batch))
     kind = devices[0].device_kind
     chip = CHIPS.get(kind, Chip(0, 0.0, getattr(devices[0], "num_cores", 1) or 1))
     known = dict(
@@ -219,26 +215,15 @@ def plan_on(
             compile_seconds=time.perf_counter() - began,
         )  # fmt: skip
     temp, total, flops, seconds = compiled_figures(compiled)
-    kernel = kernel_flops(config, mesh, classes)
+    model = state_lib.build_model(config.model, classes, adapters=config.get("lora"))
+    per_device = config.batch_size / len(devices)
+    kernel = sharding.on_mesh(mesh, kernel_flops)(model, config.image_size, per_device)
     if known["loop"]:
         flops, seconds, kernel = 0.0, 0.0, 0.0
     seconds += kernel / chip.peak_flops if seconds and chip.peak_flops else 0.0
     return Plan(**known, temp_bytes=temp, total_bytes=total, hbm_bytes=chip.hbm_bytes,
                 flops=flops + kernel, step_seconds=seconds, kernel_flops=kernel,
                 compile_seconds=time.perf_counter() - began)  # fmt: skip
-
-
-def kernel_flops(config: ml_collections.ConfigDict, mesh: Any, num_classes: int) -> float:
-    """A fused attention kernel's FLOPs per device per step, which XLA's cost analysis leaves
-    out (a splash forward and backward counts as thousands): 12 B H N² hd a block, the two
-    products forward and four backward (not the kernel's recomputation, as MFU counts);
-    0 where the model computes attention with XLA."""
-    model = state_lib.build_model(config.model, num_classes, adapters=config.get("lora"))
-    n = math.prod(model.grid((config.image_size,) * 2)) + int(model.has_class_token)
-    how = sharding.on_mesh(mesh, attention.choose)(model.attention, n, model.dtype,
-                                                   model.attention_dropout)  # fmt: skip
-    per_device = config.batch_size / mesh.size
-    return 0.0 if how == "xla" else 12.0 * per_device * n * n * model.width * model.depth
 
 
 _OOM = re.compile(

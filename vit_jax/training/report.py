@@ -27,7 +27,7 @@ import numpy as np
 
 from vit_jax.base import console, files, store
 from vit_jax.evaluation import fewshot as fewshot_lib
-from vit_jax.models import count_params
+from vit_jax.models import attention, count_params
 
 UPLOAD_SECONDS = 30
 
@@ -281,27 +281,44 @@ def starting(name: str, params: Any, frozen: Any, steps: int) -> str:
             "the first step...")  # fmt: skip
 
 
-def compiled_line(step: Any, state: Any, batch: Any, loop: str | None = None) -> str | None:
+def kernel_flops(model: Any, image_size: int, per_device: float) -> float:
+    """A fused attention kernel's FLOPs per device per step, which XLA's cost analysis leaves
+    out (a splash forward and backward counts as thousands): 12 B H N² hd a block, the two
+    products forward and four backward (not the kernel's recomputation, as MFU counts);
+    0 where `model` computes attention with XLA on the compile target in context."""
+    n = math.prod(model.grid((image_size,) * 2)) + int(model.has_class_token)
+    how = attention.choose(model.attention, n, model.dtype, model.attention_dropout)
+    return 0.0 if how == "xla" else 12.0 * per_device * n * n * model.width * model.depth
+
+
+def compiled_line(step: Any, state: Any, batch: Any, loop: str | None = None,
+                  model: Any = None) -> str | None:  # fmt: skip
     """One line of what the compiler says of the loop's own step on this host's devices,
     after its first call (whose executable the lowering finds again: no second compile):
-    bytes per device, FLOPs per step, and its step-time estimate where the backend gives
-    one (TPU); `loop` (`loop_of`): no FLOPs or time, which the compiler counts a part of.
-    None where the backend reports no memory analysis."""
+    bytes per device, FLOPs per step (with a fused kernel's: `kernel_flops` of `model`),
+    and its step-time estimate where the backend gives one (TPU); `loop` (`loop_of`): no
+    FLOPs or time, which the compiler counts a part of. None where the backend reports no
+    memory analysis."""
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             (state, batch))  # fmt: skip
     try:
         temp, total, flops, seconds = compiled_figures(step.lower(*abstract).compile())
     except Exception:  # noqa: BLE001 - a backend without the analyses: say nothing
         return None
-    kind = jax.devices()[0].device_kind
-    hbm = CHIPS[kind].hbm_bytes if kind in CHIPS else 0
-    of = f" of {console.size(hbm)}" if hbm else ""
+    kind, (b, size) = jax.devices()[0].device_kind, batch["image"].shape[:2]
+    chip = CHIPS.get(kind, Chip(0, 0.0, 1))
+    kernel = kernel_flops(model, size, b / jax.device_count()) if model is not None else 0.0
+    of = f" of {console.size(chip.hbm_bytes)}" if chip.hbm_bytes else ""
     line = f"compiled step: {console.size(total)} per device{of} ({console.size(temp)} temporaries)"
     if loop:
         return line + f"; no FLOPs or step time: XLA counts the {loop} loop's body once"
+    flops += kernel
     amount = f"{flops / 1e12:.3g} TFLOP" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP"
     line += f", {amount} per device per step"
-    if seconds:
-        images = batch["image"].shape[0] / seconds
+    if kernel:
+        line += f", {kernel / flops:.0%} of them the attention kernel's (analytic)"
+    if seconds:  # the kernel at peak FLOP/s, as the planner counts it
+        seconds += kernel / chip.peak_flops if chip.peak_flops else 0.0
+        images = b / seconds
         return line + f"; the compiler predicts {seconds * 1e3:.0f} ms a step ({images:,.0f} img/s)"
     return line + f" (the {jax.default_backend()} backend gives no step-time estimate)"
