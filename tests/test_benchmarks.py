@@ -147,6 +147,7 @@ def test_inference_and_train_step_share_one_flag_block():
     assert "--optimizer" in run("train_step.py", "--help")
 
 
+@pytest.mark.slow  # 15 fresh pinned processes: ~2 minutes
 @pytest.mark.skipif(
     not os.path.isdir("/usr/share/datasets/fashion-mnist"), reason="no embedded dataset"
 )

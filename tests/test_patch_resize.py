@@ -40,8 +40,8 @@ def linear_by_hand(old, new):
 
 
 def test_resize_matrix_1d_equals_the_old_one():
-    for old in range(1, 20):
-        for new in (1, 2, 3, 5, 7, 8, 14, 16, 24, 32):
+    for old in (1, 2, 5, 7, 8, 14, 16, 19):  # each pair compiles: a sample, odd and even,
+        for new in (1, 3, 8, 16, 24):  # shrinking, equal and growing
             got = resize_matrix_1d(old, new)
             assert got.dtype == np.float64 and got.shape == (new, old)
             np.testing.assert_allclose(got, linear_by_hand(old, new), rtol=0, atol=1e-14)
