@@ -6,7 +6,7 @@ that fits, and FLOPs.
         [--models=l16:512,h14:518] [--topologies=v5e-8,v4-8,v5p-8] [--attention=xla,splash]
 
 For each cell, the `finetune:MODEL,imagenet2012` preset (SGD with momentum, bfloat16
-compute, data parallel, no remat) is compiled for the topology at 1 and 8 images a device:
+compute, data parallel, no remat) is compiled for the topology at 1 and 8 images a device (`--at`):
 the difference is what one more image costs (activations: at these resolutions mostly the
 attention probabilities, with xla), the rest what a device holds whatever the batch. The
 largest batch is where that line reaches the chip's HBM; --check compiles it and one
@@ -37,6 +37,8 @@ def main() -> None:
     p.add_argument("--models", default="l16:512,h14:518", help="MODEL:PIXELS, comma-separated")
     p.add_argument("--topologies", default="v5e-8,v4-8,v5p-8")
     p.add_argument("--attention", default="xla,splash")
+    p.add_argument("--at", default="1,8", help="two batches a device to compile (H/14 on 16 "
+                   "GiB chips: 1,2, since XLA already rematerialises at 8)")  # fmt: skip
     p.add_argument("--check", action="store_true", help="compile the batch found and one more")
     args = p.parse_args()
     from vit_jax.configs import finetune
@@ -44,8 +46,8 @@ def main() -> None:
     from vit_jax.training.report import CHIPS
 
     print("| model, pixels | topology | attention | a device holds | each image a device "
-          "adds | largest batch (a device) | TFLOPs a step a device at 8 | ms a step at 8: "
-          "compiler / at peak | minutes |")  # fmt: skip
+          "adds | largest batch (a device) | TFLOPs a step a device (the second batch) | "
+          "ms a step there: compiler / at peak | minutes |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for topology in args.topologies.split(","):
         devices = planner.topology_devices(topology)
@@ -57,9 +59,10 @@ def main() -> None:
                 c.image_size, c.model.dtype, c.model.attention = int(pixels), "bfloat16", attention
                 at = lambda per_device, c=c, d=devices, t=topology: planner.plan_on(
                     dict_with(c, batch_size=per_device * len(d)), d, t)  # fmt: skip
-                one, eight = at(1), at(8)
-                image = (eight.total_bytes - one.total_bytes) / 7
-                fixed = one.total_bytes - image
+                low, high = map(int, args.at.split(","))
+                one, eight = at(low), at(high)
+                image = (eight.total_bytes - one.total_bytes) / (high - low)
+                fixed = one.total_bytes - low * image
                 largest = int((one.hbm_bytes - fixed) // image)
                 found = f"{largest * n} ({largest})"
                 if args.check:
