@@ -276,8 +276,8 @@ def train_loop(
             took = speed.compiled(step)
             if not log:
                 report.say(f"step {step}: compiled and ran in {console.duration(took)}")
-            loop_of = report.loop_of(config)
-            if line := report.compiled_line(loop.train_step, state, batch, loop_of, loop.model):
+            looped = report.loop_of(config)
+            if line := report.compiled_line(loop.train_step, state, batch, looped, loop.model):
                 report.say(line)
         del batch
         # A stop (the signal every process agrees on, lagged) saves now, evaluates nothing.
