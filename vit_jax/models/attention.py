@@ -6,7 +6,8 @@
           mode when the compile target is a CPU (slowly: for tests and checks).
   cudnn   cuDNN's fused attention (jax.nn.dot_product_attention) on NVIDIA GPUs, in
           bfloat16 or float16.
-  auto    the target's fused kernel from FUSED_FROM tokens on, else xla (on CPUs, xla).
+  auto    cudnn on GPUs in bfloat16 or float16; splash on TPUs from FUSED_FROM tokens on;
+          else xla (on CPUs, always).
 
 Fused kernels never materialise the probabilities. The parameters are the same for every
 choice. The compile target is the mesh in context (`parallel.sharding.on_mesh`: the
@@ -22,10 +23,11 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 CHOICES = ("auto", "xla", "splash", "cudnn")
-# From here on `auto` fuses: below it the fused kernels run no faster and the probabilities
-# are small (197 tokens at 224 px with /16 stay xla; 577 at 384 px fuse). Set from the
-# planner's bytes (BENCHMARKS.md), not a measured time: no accelerator timed it yet. Near
-# the HBM limit without remat XLA fits more images with its own softmax (it recomputes it).
+# From here on `auto` takes splash on TPUs: below it the probabilities are small (197 tokens
+# at 224 px with /16 stay xla; 577 at 384 px fuse). Set from the planner's bytes, not a time
+# (no TPU lent). On GPUs cuDNN paid at every length timed (an H200, bfloat16, the train
+# step: 1.19x at 197 tokens, 1.5x at 577; BENCHMARKS.md), so `auto` takes it at any length.
+# Near the HBM limit without remat XLA fits more images with its own softmax (it recomputes it).
 FUSED_FROM = 512
 BLOCK = 128  # splash's sequence block: sequences are padded to a multiple of it
 HALF = (jnp.bfloat16, jnp.float16)
@@ -44,10 +46,11 @@ def choose(choice: str, tokens: int, dtype, dropout: float = 0.0) -> str:
     (platform, kind), dtype = target(), jnp.dtype(dtype)
     v3, gpu = kind.startswith("TPU v3"), platform in ("gpu", "cuda")
     if choice == "auto":
-        fuse = tokens >= FUSED_FROM and not dropout
-        if fuse and platform == "tpu" and not v3:
+        if dropout:
+            return "xla"
+        if platform == "tpu" and not v3 and tokens >= FUSED_FROM:
             return "splash"
-        return "cudnn" if fuse and gpu and dtype in HALF else "xla"
+        return "cudnn" if gpu and dtype in HALF else "xla"
     if choice not in CHOICES:
         raise ValueError(f"attention={choice!r}: expected one of {', '.join(CHOICES)}")
     if choice != "xla" and dropout:
@@ -69,7 +72,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, how: str) -> jax.Array:
     """Fused softmax(q kᵀ) v, `how` one of 'splash', 'cudnn'. q (pre-scaled), k, v:
     [B, N, H, hd] -> [B, N, H, hd]."""
     if how == "cudnn":
-        return jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation="cudnn")
+        return cudnn(q, k, v)
     fn = functools.partial(splash, interpret=target()[0] != "tpu")
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:  # XLA does not partition Mosaic kernels: each device runs its share
@@ -93,3 +96,17 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool, fill: floa
     kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
     y = jax.vmap(kernel, in_axes=(0, 0, 0, None))(q, k, v, sa.SegmentIds(ids, ids))
     return y.transpose(0, 2, 1, 3)[:, :n]  # [B, N, H, hd]
+
+
+def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = "cudnn", fill=0.0):
+    """cuDNN's fused attention, [B, N, H, hd] -> [B, N, H, hd]. Its training kernel takes
+    even lengths only (JAX 0.11 refuses 197 tokens: "Unsupported sequence length"), so an
+    odd sequence gets one pad token with `fill`, masked by length, and sliced off again."""
+    n = q.shape[1]
+    q, k, v = (
+        jnp.pad(t, ((0, 0), (0, n % 2), (0, 0), (0, 0)), constant_values=fill) for t in (q, k, v)
+    )
+    lengths = jnp.full(q.shape[:1], n, jnp.int32)
+    y = jax.nn.dot_product_attention(q, k, v, scale=1.0, query_seq_lengths=lengths,
+                                     key_value_seq_lengths=lengths, implementation=implementation)  # fmt: skip
+    return y[:, :n]

@@ -80,7 +80,7 @@ class VisionTransformer(nn.Module):
         (see vit_jax/weights/meta.py).
       lora: low-rank adapters on some of the blocks' Dense modules (models/lora.py).
       attention: how softmax(q kᵀ) v is computed (models/attention.py): 'xla', 'splash',
-        'cudnn', or 'auto' (the platform's fused kernel on long sequences).
+        'cudnn', or 'auto' (the platform's fused kernel where it pays, else 'xla').
     """
 
     num_classes: int | None
