@@ -62,7 +62,7 @@ def test_the_cudnn_path_pads_an_odd_sequence_and_masks_the_pad(tokens):
     p = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q / 8, k), axis=-1)
     want = jnp.einsum("bhqk,bkhd->bqhd", p, v)
     for fill in (0.0, 1e4):
-        got = attention.cudnn(q / 8, k, v, implementation="xla", fill=fill)
+        got = attention.cudnn(q / 8, k, v, impl="xla", fill=fill)
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 

@@ -98,7 +98,7 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool, fill: floa
     return y.transpose(0, 2, 1, 3)[:, :n]  # [B, N, H, hd]
 
 
-def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = "cudnn", fill=0.0):
+def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "cudnn", fill=0.0):
     """cuDNN's fused attention, [B, N, H, hd] -> [B, N, H, hd]. Its training kernel takes
     even lengths only (JAX 0.11 refuses 197 tokens: "Unsupported sequence length"), so an
     odd sequence gets one pad token with `fill`, masked by length, and sliced off again."""
@@ -106,7 +106,7 @@ def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str = "cudnn
     q, k, v = (
         jnp.pad(t, ((0, 0), (0, n % 2), (0, 0), (0, 0)), constant_values=fill) for t in (q, k, v)
     )
-    lengths = jnp.full(q.shape[:1], n, jnp.int32)
-    y = jax.nn.dot_product_attention(q, k, v, scale=1.0, query_seq_lengths=lengths,
-                                     key_value_seq_lengths=lengths, implementation=implementation)  # fmt: skip
+    n_ = jnp.full(q.shape[:1], n, jnp.int32)  # [B]: each image's length, the pad after it
+    y = jax.nn.dot_product_attention(q, k, v, scale=1.0, query_seq_lengths=n_,
+                                     key_value_seq_lengths=n_, implementation=impl)  # fmt: skip
     return y[:, :n]
