@@ -39,9 +39,16 @@ def optimizer_config(name: str) -> ml_collections.ConfigDict:
 
 
 def measure(
-    name: str, size: int, batch: int, opt: str, dtype: str, remat: bool, bound: bool = True
+    name: str,
+    size: int,
+    batch: int,
+    opt: str,
+    dtype: str,
+    remat: bool,
+    bound: bool = True,
+    **model_kw,
 ) -> dict:
-    model = get_model(name, 1000, dtype=dtype, remat=remat)
+    model = get_model(name, 1000, dtype=dtype, remat=remat, **model_kw)
     tx, lr = state_lib.make_optimizer(optimizer_config(opt), 1000)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     start = state_lib.Start(seed=0, image_size=size)
@@ -57,6 +64,9 @@ def measure(
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     flops = float(cost.get("flops", 0.0)) / batch
+    mem = compiled.memory_analysis()  # the compiler's bytes: temporaries, and in all
+    temp = mem.temp_size_in_bytes
+    total = temp + mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
     holder = [state]
 
     def run():
@@ -64,7 +74,14 @@ def measure(
         return m["loss"]
 
     t = timeit(run)
-    row = dict(ips=batch / t, ms=1e3 * t, gflops=flops / 1e9, achieved=flops * batch / t / 1e9)
+    row = dict(
+        ips=batch / t,
+        ms=1e3 * t,
+        gflops=flops / 1e9,
+        achieved=flops * batch / t / 1e9,
+        temp_gib=temp / 2**30,
+        total_gib=total / 2**30,
+    )
     if bound:
         b, lines = product_bound(step_fn, holder[0], data)
         row.update(bound_ms=1e3 * b, ratio=b / t, lines=lines)

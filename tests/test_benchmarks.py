@@ -94,6 +94,18 @@ def test_train_step_prints_the_ratio_for_both_optimizers():
         assert within(ratio, lambda m, b: b / m, ms, bound_ms)
 
 
+def test_attention_gpu_measures_xla_and_prints_the_cpus_refusal_of_cudnn():
+    out = run("attention_gpu.py", "--smoke")
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    check, xla, cudnn = rows  # the agreement check: xla against itself on this CPU
+    assert check["agreement"]["logits"] == check["agreement"]["grad_max"] == 0.0
+    assert (xla["attention"], xla["batch"]) == ("xla", 4)
+    assert xla["ips"] == pytest.approx(4e3 / xla["ms"], rel=0.01)
+    assert 0 < xla["temp_gib"] <= xla["total_gib"] < 1
+    assert cudnn["refused"].startswith("attention=cudnn needs an NVIDIA GPU, and there is no GPU")
+    assert row(out, "| ViT-Ti_16 | 32 | 4 | xla |")[9] == f"{xla['ips']:.0f}"
+
+
 @pytest.mark.slow
 def test_memory_prints_state_per_device_and_largest_batches():
     out = run(
