@@ -33,8 +33,8 @@ from vit_jax.base.console import duration
 from vit_jax.configs import common
 from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
+from vit_jax.training import report, stopping, train
 from vit_jax.training import state as state_lib
-from vit_jax.training import stopping, train
 from vit_jax.training.report import console_line
 from vit_jax.workdir.checkpoints import Checkpoints
 
@@ -574,3 +574,21 @@ def test_augreg_tiny_trains_with_randaugment_and_mixup(tmp_path):
     # -log sigmoid(-2.3) - 9 log sigmoid(2.3) = 3.2550 (softmax's would be log 10 = 2.3026).
     first = np.log1p(np.exp(2.3)) + 9 * np.log1p(np.exp(-2.3))
     assert f"step 1/20 | loss {first:.4f}" in proc.stdout, proc.stdout[:2000]
+
+
+def test_a_failing_event_file_does_not_hide_the_runs_own_error(tmp_path):
+    """On a full disk the run's named error ('could not save checkpoint ...') is raised first;
+    closing the TensorBoard writer then fails too, and must not replace it."""
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+
+    for own in (ValueError("the run's own"), None):
+        with pytest.raises(type(own) if own else OSError, match="^the run's own$" if own else
+                           "No space left on device"):  # fmt: skip
+            with report.EventWriter(tmp_path) as writer:
+                tensorboard, tensorboard.close = writer._writer, full
+                if own:
+                    raise own
+        del tensorboard.close  # the real one, which ends the writer's thread
+        tensorboard.close()

@@ -11,6 +11,7 @@ so TensorBoard can read it from the bucket while the run goes on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -199,8 +200,9 @@ class EventWriter:
     def __enter__(self) -> EventWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        with contextlib.suppress(*(() if kind is None else (Exception,))):  # the run's error wins
+            self.close()  # (a full disk fails the event file too: the run's error names it)
 
 
 def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
