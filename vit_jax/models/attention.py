@@ -81,6 +81,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, how: str) -> jax.Array:
     return fn(q, k, v)
 
 
+def padded(m: int, fill: float, *ts: jax.Array):
+    """Each [B, N, H, hd] of `ts` (one N) padded along N to `m` with `fill`."""
+    widths = ((0, 0), (0, m - ts[0].shape[1]), (0, 0), (0, 0))
+    return (jnp.pad(t, widths, constant_values=fill) for t in ts)
+
+
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool, fill: float = 0.0):
     """Splash attention on one device, [B, N, H, hd] -> [B, N, H, hd]: the sequence padded
     with `fill` to a multiple of BLOCK (197 -> 256, 577 -> 640), the pad set apart by its
@@ -89,8 +95,7 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool, fill: floa
 
     n, heads = q.shape[1], q.shape[2]
     m = n + -n % BLOCK
-    pad = lambda t: jnp.pad(t, ((0, 0), (0, m - n), (0, 0), (0, 0)), constant_values=fill)
-    q, k, v = (pad(t).transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, H, M, hd]
+    q, k, v = (t.transpose(0, 2, 1, 3) for t in padded(m, fill, q, k, v))  # [B, H, M, hd]
     ids = (jnp.arange(m) >= n).astype(jnp.int32)  # 0: a token, 1: the pad
     mask = sa.MultiHeadMask([sa.FullMask((m, m))] * heads)
     kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
@@ -103,9 +108,7 @@ def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "cudnn", fill=0.
     even lengths only (JAX 0.11 refuses 197 tokens: "Unsupported sequence length"), so an
     odd sequence gets one pad token with `fill`, masked by length, and sliced off again."""
     n = q.shape[1]
-    q, k, v = (
-        jnp.pad(t, ((0, 0), (0, n % 2), (0, 0), (0, 0)), constant_values=fill) for t in (q, k, v)
-    )
+    q, k, v = padded(n + n % 2, fill, q, k, v)
     n_ = jnp.full(q.shape[:1], n, jnp.int32)  # [B]: each image's length, the pad after it
     y = jax.nn.dot_product_attention(q, k, v, scale=1.0, query_seq_lengths=n_,
                                      key_value_seq_lengths=n_, implementation=impl)  # fmt: skip
