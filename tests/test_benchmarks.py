@@ -97,8 +97,10 @@ def test_train_step_prints_the_ratio_for_both_optimizers():
 def test_attention_gpu_measures_xla_and_prints_the_cpus_refusal_of_cudnn():
     out = run("attention_gpu.py", "--smoke")
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    check, xla, cudnn = rows  # the agreement check: xla against itself on this CPU
-    assert check["agreement"]["logits"] == check["agreement"]["grad_max"] == 0.0
+    check, xla, cudnn = rows  # the agreement check: splash on this CPU, in bfloat16
+    agree = check["agreement"]  # measured: logits 1.5e-2, gradients 8.2e-3 (median), 5.7e-2
+    assert agree["attention"] == "splash" and 0 < agree["logits"] < 0.05
+    assert 0 < agree["grad_median"] <= agree["grad_max"] < 0.2
     assert (xla["attention"], xla["batch"]) == ("xla", 4)
     assert xla["ips"] == pytest.approx(4e3 / xla["ms"], rel=0.01)
     assert 0 < xla["temp_gib"] <= xla["total_gib"] < 1
