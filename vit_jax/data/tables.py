@@ -149,12 +149,8 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     if failures:
         logging.warning(
             "image folder %s split %r: skipped %d corrupt image(s) of %d (skip_corrupt=True): %s",
-            root,
-            spec,
-            len(failures),
-            len(paths),
-            [path for path, _ in failures[:5]],
-        )
+            root, spec, len(failures), len(paths), [path for path, _ in failures[:5]],
+        )  # fmt: skip
     paths, new_labels = paths[ok], new_labels[ok]
     read = images.__getitem__ if cfg.cache else (lambda i: folder_source.read(paths[i]))
     example = lambda i: (read(i), int(new_labels[i]))

@@ -121,24 +121,16 @@ def config(model: VisionTransformer, image_size: tuple[int, int], meta: Meta | N
     k = model.num_classes or 0
     names = checked(meta.labels, k, "the class names") or [f"LABEL_{i}" for i in range(k)]
     return {
-        "architectures": ["ViTForImageClassification"],
-        "model_type": "vit",
-        "hidden_size": model.width,
-        "num_hidden_layers": model.depth,
-        "num_attention_heads": model.num_heads,
-        "intermediate_size": model.mlp_dim,
+        "architectures": ["ViTForImageClassification"], "model_type": "vit",
+        "hidden_size": model.width, "num_hidden_layers": model.depth,
+        "num_attention_heads": model.num_heads, "intermediate_size": model.mlp_dim,
         **meta.to_hf(),  # hidden_act, layer_norm_eps, vit_jax_preprocessing
-        "hidden_dropout_prob": 0.0,
-        "attention_probs_dropout_prob": 0.0,
-        "image_size": image_size[0],
-        "patch_size": model.patch_size,
-        "num_channels": model.channels,
-        "qkv_bias": True,
-        "encoder_stride": model.patch_size,
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "image_size": image_size[0], "patch_size": model.patch_size,
+        "num_channels": model.channels, "qkv_bias": True, "encoder_stride": model.patch_size,
         "id2label": {str(i): n for i, n in enumerate(names)},
-        "label2id": {n: i for i, n in enumerate(names)},
-        "torch_dtype": "float32",
-    }
+        "label2id": {n: i for i, n in enumerate(names)}, "torch_dtype": "float32",
+    }  # fmt: skip
 
 
 def preprocessor_config(image_size: tuple[int, int]) -> dict:
@@ -149,17 +141,12 @@ def preprocessor_config(image_size: tuple[int, int]) -> dict:
     --preprocessing=pil_antialias` does. transformers has no resize without antialiasing,
     so a tf_bilinear model (config.json's vit_jax_preprocessing) gets PIL's pixels there."""
     return {
-        "image_processor_type": "ViTImageProcessor",
-        "do_convert_rgb": True,
-        "do_resize": True,
+        "image_processor_type": "ViTImageProcessor", "do_convert_rgb": True, "do_resize": True,
         "size": {"height": image_size[0], "width": image_size[1]},
         "resample": 2,  # PIL.Image.Resampling.BILINEAR, as pixels' pil_antialias
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-    }
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    }  # fmt: skip
 
 
 def hf_shapes(model: VisionTransformer, image_size: tuple[int, int]) -> dict[str, Shape]:
