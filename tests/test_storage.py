@@ -20,11 +20,11 @@ from helpers import ROOT, assert_npz_equal, needs_embedded_data, python_m, tiny_
 from subprocesses import Run, tiny_flags
 
 from vit_jax.base.console import first_few
+from vit_jax.training import report, stopping, train
 from vit_jax.training import state as state_lib
-from vit_jax.training import stopping, train
 from vit_jax.weights.meta import Meta
 from vit_jax.workdir import shards, verify
-from vit_jax.workdir.checkpoints import COMMIT, Checkpoints
+from vit_jax.workdir.checkpoints import COMMIT, WAY_OUT, Checkpoints
 from vit_jax.workdir.workdir import run_workdirs
 
 # 20 steps with dropout on, a checkpoint every 5 (5 is deleted: 3 kept).
@@ -474,3 +474,37 @@ def test_export_to_a_full_disk_leaves_nothing_half_written(small_disk, tmp_path)
         "writes it without training again"
     )
     assert os.listdir(small_disk) == []
+
+
+def test_a_full_disk_fails_the_event_file_on_the_loops_thread_with_the_saves_message(
+    small_disk, capfd
+):
+    """tensorboardX's writer thread, failed by a full disk, printed a traceback and then
+    blocked the loop for good (CI saw the traceback). The write fails on the loop's thread
+    now; a save that failed in flight is the error, naming what it left."""
+    with Checkpoints(f"{small_disk}/run/checkpoints") as kept, pytest.raises(OSError) as error:
+        kept.save(5, {"w": jax.numpy.arange(3.0)})
+        kept.wait()
+        with report.EventWriter(f"{small_disk}/run", kept.rerun_sentence) as writer:
+            writer.write_scalars(5, {"loss": 1.0})
+            noise = np.random.default_rng(0).standard_normal((1024, 1024), np.float32)
+            kept.save(10, {"w": jax.device_put(noise)})  # 4 MB, incompressible: no room
+            for step in range(6, 10**6):  # till the disk is full
+                writer.write_scalars(step, {"loss": 1.0})
+                writer.flush()
+    assert re.fullmatch(
+        rf"could not save checkpoint step 10 in {small_disk}/run/checkpoints: No space left on "
+        rf"device\. Nothing of step 10 was left behind\. The newest intact checkpoint is step 5 "
+        rf"\({small_disk}/run/checkpoints/5\); a rerun resumes there: {re.escape(WAY_OUT)}",
+        str(error.value),
+    ), error.value
+    assert "Exception in thread" not in capfd.readouterr().err  # (Orbax's own logs may be)
+    assert Checkpoints(f"{small_disk}/run/checkpoints").steps() == [5]
+    with pytest.raises(OSError) as error, report.EventWriter(f"{small_disk}/other") as writer:
+        for step in range(10**6):  # without checkpoints, its own words
+            writer.write_scalars(step, {"loss": 1.0})
+    assert str(error.value) == (
+        f"could not write TensorBoard events in {small_disk}/other: No space left on device."
+    )
+    written = report.read_scalars(f"{small_disk}/other")["loss"]  # to the record cut short
+    assert len(written) > 100 and written == [(i, 1.0) for i in range(len(written))]

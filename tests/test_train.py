@@ -576,6 +576,16 @@ def test_augreg_tiny_trains_with_randaugment_and_mixup(tmp_path):
     assert f"step 1/20 | loss {first:.4f}" in proc.stdout, proc.stdout[:2000]
 
 
+def test_read_scalars_stops_at_a_record_cut_short(tmp_path):
+    """A full disk can cut the event file's last record: what came before it is read."""
+    with report.EventWriter(tmp_path) as writer:
+        writer.write_scalars(1, {"a": 1.0})
+        writer.write_scalars(2, {"a": 2.0})
+    (path,) = tmp_path.glob("events.out.tfevents.*")
+    path.write_bytes(path.read_bytes()[:-7])
+    assert report.read_scalars(tmp_path) == {"a": [(1, 1.0)]}
+
+
 def test_a_failing_event_file_does_not_hide_the_runs_own_error(tmp_path):
     """On a full disk the run's named error ('could not save checkpoint ...') is raised first;
     closing the TensorBoard writer then fails too, and must not replace it."""
@@ -587,8 +597,8 @@ def test_a_failing_event_file_does_not_hide_the_runs_own_error(tmp_path):
         with pytest.raises(type(own) if own else OSError, match="^the run's own$" if own else
                            "No space left on device"):  # fmt: skip
             with report.EventWriter(tmp_path) as writer:
-                tensorboard, tensorboard.close = writer._writer, full
+                events, events.close = writer._file, full
                 if own:
                     raise own
-        del tensorboard.close  # the real one, which ends the writer's thread
-        tensorboard.close()
+        del events.close  # the real one
+        events.close()

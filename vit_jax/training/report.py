@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import struct
 import tempfile
 import time
@@ -157,41 +158,60 @@ def write_summary(path: Any, summary: dict[str, Any]) -> None:
 
 
 class EventWriter:
-    """Scalars per step into WORKDIR/events.out.tfevents.* (tensorboardX's writer)."""
+    """Scalars per step into WORKDIR/events.out.tfevents.*, on the loop's thread (a full disk
+    killed tensorboardX's writer thread: a traceback, then a hung loop). A failed write raises,
+    naming the directory and `resume()`'s words. Flushed at once, each UPLOAD_SECONDS, at end."""
 
-    def __init__(self, logdir: str | os.PathLike):
-        from tensorboardX import SummaryWriter  # noqa: PLC0415 -- imports protobuf
+    def __init__(self, logdir: str | os.PathLike, resume: Callable[[], str] | None = None):
+        from tensorboardX.record_writer import RecordWriter  # noqa: PLC0415 -- TFRecord framing
 
         self._remote = store.path(logdir) if store.is_remote(logdir) else None
         local = tempfile.mkdtemp(prefix="vit_jax_events_") if self._remote else os.fspath(logdir)
-        self._local = local
-        self._writer = SummaryWriter(local, flush_secs=UPLOAD_SECONDS)
-        self._uploaded = time.monotonic()
+        self._local, self._where, self._resume = local, self._remote or local, resume
+        name = f"{local}/events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        os.makedirs(local, exist_ok=True)
+        self._file = self._guarded(lambda: RecordWriter(name))
+        self._flushed = -math.inf
+        self._write(file_version="brain.Event:2")
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        from tensorboardX.summary import scalar  # noqa: PLC0415
+
         for name, value in scalars.items():
-            self._writer.add_scalar(name, float(np.asarray(value)), global_step=int(step))
-        if self._remote is not None and time.monotonic() - self._uploaded > UPLOAD_SECONDS:
+            self._write(step=int(step), summary=scalar(name, float(np.asarray(value))))
+        if time.monotonic() - self._flushed > UPLOAD_SECONDS:
             self.flush()
 
+    def _write(self, **fields: Any) -> None:
+        from tensorboardX.proto.event_pb2 import Event  # noqa: PLC0415
+
+        event = Event(wall_time=time.time(), **fields).SerializeToString()
+        self._guarded(lambda: self._file.write(event))
+
     def flush(self) -> None:
-        self._writer.flush()
-        self._upload()
+        self._flushed = time.monotonic()
+        self._guarded(lambda: (self._file.flush(), self._upload()))
 
     def close(self) -> None:
-        """Writes what is pending and ends the writer's thread."""
-        if self._writer is None:
+        """Writes what is pending and closes the file (also when that write fails)."""
+        if self._file is None:
             return
-        self._writer.close()
-        self._writer = None
-        self._upload()
+        file, self._file = self._file, None
+        self._guarded(lambda: (file.close(), self._upload()))
         if self._remote is not None:
             shutil.rmtree(self._local, ignore_errors=True)
+
+    def _guarded(self, write: Callable[[], Any]) -> Any:
+        try:
+            return write()
+        except OSError as error:
+            then = f" {self._resume()}" if self._resume else ""
+            why = f"{self._where}: {store.explain(error, self._where)}.{then}"
+            raise OSError(f"could not write TensorBoard events in {why}") from error
 
     def _upload(self) -> None:
         if self._remote is None:
             return
-        self._uploaded = time.monotonic()
         for name in os.listdir(self._local):
             with open(os.path.join(self._local, name), "rb") as source:
                 with files.atomic_write(self._remote / name) as f:
@@ -214,8 +234,10 @@ def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]
     out: dict[str, list[tuple[int, float]]] = {}
     for path in sorted(store.path(logdir).glob("events.out.tfevents.*")):
         data, at = path.read_bytes(), 0
-        while at + 12 <= len(data):
+        while at + 12 <= len(data):  # a record cut short (a full disk) ends the file
             (length,) = struct.unpack("<Q", data[at : at + 8])
+            if at + 16 + length > len(data):
+                break
             event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
             at += 12 + length + 4
             for v in event.summary.value:

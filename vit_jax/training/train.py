@@ -215,7 +215,8 @@ def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
             loop.model, tx, lr_fn, loop.mesh, shardings, config.accum_steps, config.loss
         )
         if distributed.is_lead():
-            loop.writer = running.enter_context(report.EventWriter(wd.root))
+            writer = report.EventWriter(wd.root, loop.saver.rerun_sentence)
+            loop.writer = running.enter_context(writer)
         loop.fewshot = fewshot_lib.evaluator_of(config)
         batches = running.enter_context(data.train_iterator(
             config.dataset, global_batch=config.batch_size, image_size=config.image_size,

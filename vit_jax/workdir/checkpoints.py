@@ -43,6 +43,7 @@ COMMIT = ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE
 NAME = "integrity.json"  # the record, in each checkpoint
 FORMAT = 2  # 1: files as [bytes, crc32] (read too)
 DAMAGED = "DAMAGED"
+WAY_OUT = "free space there (or restore access to it) and run the same command again"
 
 
 class Checkpoints:
@@ -163,7 +164,7 @@ class Checkpoints:
             left = "What it wrote of step {step} is never resumed from (the next run deletes it)"
             newest = "A rerun resumes from the newest intact checkpoint"
         why = store.explain(error, self.directory)
-        way_out = "free space there (or restore access to it) and run the same command again"
+        way_out = WAY_OUT
         if store.is_remote(self.directory):
             way_out = "once the store answers (and lets this account write), run the same command"
         raise OSError(
@@ -235,6 +236,12 @@ class Checkpoints:
             return "There is no intact checkpoint yet; a rerun starts from step 0"
         where = f"{self.directory}/{good}"
         return f"The newest intact checkpoint is step {good} ({where}); a rerun resumes there"
+
+    def rerun_sentence(self) -> str:
+        """`newest_intact_sentence` and the way out, for a failed write beside the saves,
+        once the save in flight ended (a failure of it, naming what it left, is raised)."""
+        self.wait()
+        return f"{self.newest_intact_sentence()}: {WAY_OUT}"
 
     def _quick_problems(self, step: int) -> list[str]:
         try:
