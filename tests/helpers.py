@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import jax
 import numpy as np
@@ -189,7 +190,8 @@ def run_command(module, *args: str) -> int:
     disabled, unraisable = logging.root.manager.disable, sys.unraisablehook
     try:
         prepare = getattr(module, "preset_argv", None)
-        cli.run(module.main, module.define_flags, [module.__name__, *args], prepare)
+        with warnings.catch_warnings():  # (and warnings)
+            cli.run(module.main, module.define_flags, [module.__name__, *args], prepare)
     except SystemExit as e:
         return int(e.code or 0) if not isinstance(e.code, str) else 1
     finally:

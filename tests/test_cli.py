@@ -182,7 +182,12 @@ from vit_jax import cli
 def main():
     # What a failed asynchronous checkpoint write leaves behind: a library's error log
     # from a background thread, a future whose exception nobody retrieved (asyncio logs
-    # it when the future is collected, at exit), an error in a finalizer.
+    # it when the future is collected, at exit), an error in a finalizer, a coroutine
+    # never awaited (Python warns when it is collected, at exit).
+    async def write():
+        pass
+
+    main.coroutine = write()
     loop = asyncio.new_event_loop()
     main.future = loop.create_future()
     main.future.set_exception(OSError("write failed"))
@@ -216,6 +221,7 @@ def test_after_the_error_line_nothing(debug):
         ]
     else:  # VIT_JAX_DEBUG=1 shows everything: the traceback and what came after
         assert "Traceback" in done.stderr and "save failed" in done.stderr
+        assert "coroutine 'main.<locals>.write' was never awaited" in done.stderr
 
 
 # ---------------------------------------------------------------- the library names no flags

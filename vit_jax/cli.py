@@ -14,6 +14,7 @@ import dataclasses
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 DEBUG_ENV = "VIT_JAX_DEBUG"
@@ -236,12 +237,13 @@ def _last_word(text: str) -> None:
     """Writes `text` to stderr as the command's last output. What libraries would report
     afterwards about the failure just named (Orbax's and asyncio's logs of a failed
     background write, 'Future exception was never retrieved' at exit, errors in
-    finalizers) says nothing the line does not, so logging and unraisable-exception
-    reports are silenced first; VIT_JAX_DEBUG=1 keeps them (and the traceback)."""
+    finalizers, unawaited coroutines) says nothing the line does not, so logging, warnings
+    and unraisable reports are silenced first; VIT_JAX_DEBUG=1 keeps them (and the traceback)."""
     import logging
 
     sys.stdout.flush()
     logging.disable(logging.CRITICAL)  # absl's logs go through the standard logging
+    warnings.simplefilter("ignore")  # at exit: 'coroutine ... was never awaited' (Orbax's)
     sys.unraisablehook = lambda unraisable: None
     sys.stderr.write(text)
     sys.stderr.flush()
