@@ -31,7 +31,7 @@ from vit_jax.weights.meta import Meta
 from vit_jax.weights.npz import save_npz
 from vit_jax.weights.read import read_meta
 from vit_jax.workdir import verify
-from vit_jax.workdir.checkpoints import Checkpoints, read_record
+from vit_jax.workdir.checkpoints import WAY_OUT, Checkpoints, read_record
 from vit_jax.workdir.workdir import Workdir
 
 OPTIMIZERS = ("adam", "sgd")
@@ -300,7 +300,6 @@ def export_npz(path: Any, params: Any, meta: Meta, checkpoints: Checkpoints) -> 
     except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
         raise OSError(
             f"could not write {path}: {store.explain(e, path)}. Nothing half-written was "
-            f"left. {checkpoints.newest_intact_sentence()}: free space there (or restore "
-            "access to it) and run the same command again, which writes it without training "
-            "again"
+            f"left. {checkpoints.newest_intact_sentence()}: {WAY_OUT}, which writes it "
+            "without training again"
         ) from e
