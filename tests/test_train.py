@@ -588,17 +588,21 @@ def test_read_scalars_stops_at_a_record_cut_short(tmp_path):
 
 def test_a_failing_event_file_does_not_hide_the_runs_own_error(tmp_path):
     """On a full disk the run's named error ('could not save checkpoint ...') is raised first;
-    closing the TensorBoard writer then fails too, and must not replace it."""
+    closing the TensorBoard writer then fails too, and must not replace it, nor wait for the
+    rerun sentence (`resume`: a wait for the save in flight and a listing) it would drop."""
 
     def full(*_):
         raise OSError(28, "No space left on device")
 
     for own in (ValueError("the run's own"), None):
+        asked = []
+        resume = lambda a=asked: a.append(1) or "resume here"  # noqa: E731
         with pytest.raises(type(own) if own else OSError, match="^the run's own$" if own else
-                           "No space left on device"):  # fmt: skip
-            with report.EventWriter(tmp_path) as writer:
+                           "No space left on device. resume here$"):  # fmt: skip
+            with report.EventWriter(tmp_path, resume) as writer:
                 events, events.close = writer._file, full
                 if own:
                     raise own
+        assert asked == ([] if own else [1])
         del events.close  # the real one
         events.close()

@@ -146,8 +146,7 @@ def write_fewshot(writer: Any, step: int, evals: dict) -> None:
 
 
 def write_summary(path: Any, summary: dict[str, Any]) -> None:
-    """Write a run's summary.json at `path`, whole or not at all (non-finite numbers as
-    null)."""
+    """Writes a run's summary.json at `path`, whole or not at all (non-finite: null)."""
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
              for k, v in summary.items()}  # fmt: skip
     with files.atomic_write(path, "w") as f:
@@ -221,6 +220,7 @@ class EventWriter:
         return self
 
     def __exit__(self, kind: object, *exc: object) -> None:
+        self._resume = self._resume if kind is None else None  # no waits for a suppressed error
         with contextlib.suppress(*(() if kind is None else (Exception,))):  # the run's error wins
             self.close()  # (a full disk fails the event file too: the run's error names it)
 
