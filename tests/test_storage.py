@@ -476,6 +476,42 @@ def test_export_to_a_full_disk_leaves_nothing_half_written(small_disk, tmp_path)
     assert os.listdir(small_disk) == []
 
 
+class FillsTheDiskAfterTheRecord(Checkpoints):
+    """Fills the disk once the record of a save is written: the next write, Orbax's commit
+    marker, creates its file and then finds no room (what CI met at a real save)."""
+
+    fill = False
+
+    def _write_record(self) -> None:
+        super()._write_record()
+        if self.fill:
+            filler = os.open(self.directory.parent.parent / "filler", os.O_WRONLY | os.O_CREAT)
+            try:
+                while os.write(filler, b"x" * 4096):
+                    pass
+            except OSError:
+                pass
+            os.close(filler)
+
+
+def test_a_save_whose_commit_marker_meets_a_full_disk_leaves_nothing(small_disk):
+    directory = f"{small_disk}/run/checkpoints"
+    with FillsTheDiskAfterTheRecord(directory, keep=3) as kept:
+        kept.save(5, {"w": jax.numpy.arange(1000.0)})
+        kept.wait()
+        kept.fill = True
+        kept.save(10, {"w": jax.numpy.arange(1000.0) + 1})
+        with pytest.raises(OSError) as error:
+            kept.wait()
+        # Orbax would list it complete: its marker is there, empty; the failed save is gone.
+        assert str(error.value) == (
+            f"could not save checkpoint step 10 in {directory}: No space left on device. "
+            f"Nothing of step 10 was left behind. The newest intact checkpoint is step 5 "
+            f"({directory}/5); a rerun resumes there: {WAY_OUT}"
+        )
+        assert kept.steps() == [5] and os.listdir(directory) == ["5"]
+
+
 def test_a_full_disk_fails_the_event_file_on_the_loops_thread_with_the_saves_message(
     small_disk, capfd
 ):

@@ -133,9 +133,10 @@ class Checkpoints:
                   "save stands in for it", flush=True)  # fmt: skip
         return True
 
-    def _drop_failed(self, step: int) -> bool:
-        """Removes what a failed save of `step` left (process 0); whether it is complete."""
-        done = step in self.steps()
+    def _drop_failed(self, step: int, trust_marker: bool = True) -> bool:
+        """Removes what a failed save of `step` left (process 0), unless `trust_marker` and it
+        is complete; whether it was kept."""
+        done = trust_marker and step in self.steps()
         if jax.process_index() == 0 and not done:
             store.remove_tree(self.directory / str(step))
         return done
@@ -158,7 +159,7 @@ class Checkpoints:
         """
         left = "Nothing of step {step} was left behind"
         try:  # the store may be what failed: then the listing fails too
-            self._drop_failed(step)
+            self._drop_failed(step, trust_marker=False)  # a full disk leaves an empty marker
             newest = self.newest_intact_sentence()
         except Exception:  # noqa: BLE001 (the next run deletes what is left, naming it)
             left = "What it wrote of step {step} is never resumed from (the next run deletes it)"
