@@ -123,8 +123,9 @@ class Checkpoints:
         OUTAGE.failed(error)
         state, self._state = self._state, None
         leaves = jax.tree.leaves(state)
-        if OUTAGE.call(lambda: self._drop_failed(step), f"listing {self.directory}"):
+        if OUTAGE.call(lambda: step in self.steps(), f"listing {self.directory}"):
             return True  # it completed after all
+        OUTAGE.call(lambda: self._drop_failed(step), f"removing {self.directory / str(step)}")
         if state is not None and not any(getattr(x, "is_deleted", bool)() for x in leaves):
             self.save(step, state)
             self.wait()
@@ -133,13 +134,11 @@ class Checkpoints:
                   "save stands in for it", flush=True)  # fmt: skip
         return True
 
-    def _drop_failed(self, step: int, trust_marker: bool = True) -> bool:
-        """Removes what a failed save of `step` left (process 0), unless `trust_marker` and it
-        is complete; whether it was kept."""
-        done = trust_marker and step in self.steps()
-        if jax.process_index() == 0 and not done:
+    def _drop_failed(self, step: int) -> None:
+        """Removes what a failed save of `step` left (process 0), even when it lists as
+        complete: a full disk can leave Orbax's commit marker created but empty."""
+        if jax.process_index() == 0:
             store.remove_tree(self.directory / str(step))
-        return done
 
     def _write_record(self) -> None:
         """Orbax's post-finalization callback: the arrays of the save in flight are all
@@ -159,7 +158,7 @@ class Checkpoints:
         """
         left = "Nothing of step {step} was left behind"
         try:  # the store may be what failed: then the listing fails too
-            self._drop_failed(step, trust_marker=False)  # a full disk leaves an empty marker
+            self._drop_failed(step)
             newest = self.newest_intact_sentence()
         except Exception:  # noqa: BLE001 (the next run deletes what is left, naming it)
             left = "What it wrote of step {step} is never resumed from (the next run deletes it)"
