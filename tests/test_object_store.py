@@ -313,6 +313,25 @@ def test_a_workdir_on_a_missing_bucket_is_one_line_and_leaves_nothing(gcs, tmp_p
     assert not os.path.exists(os.path.join(ROOT, "gs:"))
 
 
+def test_an_event_file_the_bucket_refuses_leaves_no_staging_copy(gcs, tmp_path, monkeypatch):
+    """The event file of a gs:// workdir is staged in a local temporary directory; when the
+    store refuses the upload, the error names the bucket and the staging copy is gone all the
+    same (it was left in /tmp at every such exit: a refusal, an outage)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    logdir = f"gs://{gcs_emulator.DENIED}bkt/run"
+    resume = lambda: "Run the same command again to resume."  # noqa: E731
+    with pytest.raises(OSError) as error, report.EventWriter(logdir, resume) as writer:
+        assert [n[:15] for n in os.listdir(tmp_path)] == ["vit_jax_events_"]
+        writer.write_scalars(1, {"loss": 0.5})  # the first write uploads at once
+    assert str(error.value) == (
+        f"could not write TensorBoard events in {logdir}: permission denied: the account needs "
+        "read and write access to the bucket. Run the same command again to resume."
+    )
+    assert os.listdir(tmp_path) == []
+
+
 def test_a_denied_write_and_missing_credentials_are_one_line_each(gcs, tmp_path):
     """A bucket this account may only read (the server answers 403): the run stops before
     training with one line; a client without credentials gets the way to provide them."""

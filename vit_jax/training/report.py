@@ -37,10 +37,9 @@ UPLOAD_SECONDS = 30
 class Throughput:
     """Images/s per device and the ETA, from the steps between two log lines.
 
-    The first step of a run (or of a resumed run) compiles the train step, which can
-    take longer than hundreds of steps: `compiled(step)` restarts the clock once it is
-    done, so neither the speed nor the ETA counts it. Until a step after that has been
-    timed, `update` returns no speed and no ETA. `clock` (seconds) is for tests.
+    The first step of a run (or a resumed run) compiles, which can outlast hundreds of steps:
+    `compiled(step)` restarts the clock once it is done, so neither speed nor ETA counts it;
+    `update` gives none until a later step is timed. `clock` (seconds) is for tests.
     """
 
     def __init__(self, total_steps: int, batch: int, devices: int, start_step: int = 0,
@@ -49,8 +48,7 @@ class Throughput:
         self.last_step, self.last_time = start_step, clock()
 
     def compiled(self, step: int) -> float:
-        """The first step (compilation included) ended at `step`: restart the clock;
-        returns the seconds that step took."""
+        """The first step (compile included) ended at `step`: restarts the clock; its seconds."""
         now = self.clock()
         took = now - self.last_time
         self.last_step, self.last_time = step, now
@@ -196,9 +194,11 @@ class EventWriter:
         if self._file is None:
             return
         file, self._file = self._file, None
-        self._guarded(lambda: (file.close(), self._upload()))
-        if self._remote is not None:
-            shutil.rmtree(self._local, ignore_errors=True)
+        try:
+            self._guarded(lambda: (file.close(), self._upload()))
+        finally:  # the staging copy goes whether or not the store took it (the rerun rewrites)
+            if self._remote is not None:
+                shutil.rmtree(self._local, ignore_errors=True)
 
     def _guarded(self, write: Callable[[], Any]) -> Any:
         try:
