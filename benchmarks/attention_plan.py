@@ -9,12 +9,15 @@ For each cell, the `finetune:MODEL,imagenet2012` preset (SGD with momentum, bflo
 compute, data parallel, no remat) is compiled for the topology at 1 and 8 images a device (`--at`):
 the difference is what one more image costs (activations: at these resolutions mostly the
 attention probabilities, with xla), the rest what a device holds whatever the batch. The
-largest batch is where that line reaches the chip's HBM; --check compiles it and one
-more image a device, to confirm (the planner's `--fit` search takes ~6 compiles of ~3
-minutes each here). The step time at 8 images a device is the compiler's estimate where
-libtpu's cost model gives one (a positive number: not for v4 or v5e), and the FLOPs at the
-chip's peak bf16 rate, a lower bound (the kernel's analytic FLOPs included:
-report.kernel_flops). Prints a Markdown row per cell.
+largest batch is where that line reaches the chip's HBM; --fit then searches for the
+largest that compiles within HBM, a device's images at a time: each compile's guess is where
+the line through the nearest fitting and failing compiles reaches HBM (XLA rematerialises
+near the limit, so the first line is not the last word), until the batch fits and one more
+image a device does not, or --max-compiles (a floor then; the planner's bisecting `--fit`
+takes ~6 compiles of ~3 minutes each here). The step time at 8 images a device is the
+compiler's estimate where libtpu's cost model gives one (a positive number: not for v4 or
+v5e), and the FLOPs at the chip's peak bf16 rate, a lower bound (the kernel's analytic FLOPs
+included: report.kernel_flops). Prints a Markdown row per cell.
 """
 
 from __future__ import annotations
@@ -32,6 +35,30 @@ def dict_with(config, **fields):
     return config
 
 
+def search(seen: dict, at, n: int, max_compiles: int) -> str:
+    """The largest images a device that fit, from the plans `seen` (images a device -> Plan):
+    each guess is where the line through the largest fitting and the smallest failing plan
+    (or the two largest) reaches HBM, kept between them; where bytes fell with the batch (XLA
+    trading memory for recomputation), the first line's slope. Returns the Markdown cell."""
+    low, high = sorted(seen)
+    first = (seen[high].total_bytes - seen[low].total_bytes) / (high - low)
+    for _ in range(max_compiles):
+        good = max((k for k, p in seen.items() if p.fits), default=0)
+        bad = min((k for k, p in seen.items() if not p.fits), default=None)
+        if bad == good + 1:
+            return f"**{good * n}** ({good}; {bad} a device does not fit, {len(seen) - 2} compiles)"
+        a, b = (good, bad) if bad and good else sorted(seen)[-2:]
+        slope = (seen[b].total_bytes - seen[a].total_bytes) / (b - a)
+        slope = slope if slope > 0 else first
+        guess = good + int((seen[good].hbm_bytes - seen[good].total_bytes) // slope) if good else 1
+        guess = max(good + 1, min(guess, bad - 1) if bad else guess)
+        seen[guess] = at(guess)
+        print(f"  {guess} a device: {seen[guess].total_bytes / GiB:.2f} GiB, "
+              f"{'fits' if seen[guess].fits else 'does not fit'}", flush=True)  # fmt: skip
+    good = max((k for k, p in seen.items() if p.fits), default=0)
+    return f"{good * n} fits ({good} a device; a floor after {len(seen) - 2} compiles)"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="l16:512,h14:518", help="MODEL:PIXELS, comma-separated")
@@ -39,7 +66,8 @@ def main() -> None:
     p.add_argument("--attention", default="xla,splash")
     p.add_argument("--at", default="1,8", help="two batches a device to compile (H/14 on 16 "
                    "GiB chips: 1,2, since XLA already rematerialises at 8)")  # fmt: skip
-    p.add_argument("--check", action="store_true", help="compile the batch found and one more")
+    p.add_argument("--fit", action="store_true", help="search for the largest batch that fits")
+    p.add_argument("--max-compiles", type=int, default=4, help="--fit's compiles a cell")
     args = p.parse_args()
     from vit_jax.configs import finetune
     from vit_jax.training import planner
@@ -64,10 +92,9 @@ def main() -> None:
                 image = (eight.total_bytes - one.total_bytes) / (high - low)
                 fixed = one.total_bytes - low * image
                 largest = int((one.hbm_bytes - fixed) // image)
-                found = f"{largest * n} ({largest})"
-                if args.check:
-                    ok, over = at(largest).fits, at(largest + 1).fits
-                    found += " confirmed" if ok and not over else f" NOT confirmed ({ok}, {over})"
+                found = f"the line: {largest * n} ({largest})"
+                if args.fit:
+                    found = search({low: one, high: eight}, at, n, args.max_compiles)
                 compiler = f"{eight.step_seconds * 1e3:.0f}" if eight.step_seconds > 0 else "-"
                 peak = eight.flops / CHIPS[eight.device_kind].peak_flops * 1e3
                 print(f"| {model}, {pixels} | {topology} | {attention} | {fixed / GiB:.2f} GiB "
