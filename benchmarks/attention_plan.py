@@ -38,20 +38,24 @@ def dict_with(config, **fields):
 def search(seen: dict, at, n: int, max_compiles: int) -> str:
     """The largest images a device that fit, from the plans `seen` (images a device -> Plan):
     each guess is where the line through the largest fitting and the smallest failing plan
-    (or the two largest) reaches HBM, kept between them; where bytes fell with the batch (XLA
-    trading memory for recomputation), the first line's slope. Returns the Markdown cell."""
-    low, high = sorted(seen)
-    first = (seen[high].total_bytes - seen[low].total_bytes) / (high - low)
+    (or the two largest) reaches HBM, kept between them. Where bytes fell as the batch grew
+    (XLA trading memory for recomputation near the limit), it strides on, twice the last
+    stride, or bisects once a batch has failed; a guess is kept in the middle half of a wide
+    bracket, which so shrinks at every compile. Returns the Markdown cell."""
     for _ in range(max_compiles):
-        good = max((k for k, p in seen.items() if p.fits), default=0)
-        bad = min((k for k, p in seen.items() if not p.fits), default=None)
-        if bad == good + 1:
+        fitting = sorted(k for k, p in seen.items() if p.fits) or [0]
+        good, bad = fitting[-1], min((k for k, p in seen.items() if not p.fits), default=None)
+        if bad == good + 1 or not good:  # (nothing fits: 0)
             return f"**{good * n}** ({good}; {bad} a device does not fit, {len(seen) - 2} compiles)"
         a, b = (good, bad) if bad and good else sorted(seen)[-2:]
         slope = (seen[b].total_bytes - seen[a].total_bytes) / (b - a)
-        slope = slope if slope > 0 else first
-        guess = good + int((seen[good].hbm_bytes - seen[good].total_bytes) // slope) if good else 1
+        if slope <= 0:
+            guess = (good + bad) // 2 if bad else good + 2 * (good - fitting[-2])
+        else:
+            guess = good + int((seen[good].hbm_bytes - seen[good].total_bytes) // slope)
         guess = max(good + 1, min(guess, bad - 1) if bad else guess)
+        if bad and bad - good > 3:  # in the bracket's middle half: it shrinks by a quarter
+            guess = min(max(guess, good + (bad - good) // 4), bad - (bad - good) // 4)
         seen[guess] = at(guess)
         print(f"  {guess} a device: {seen[guess].total_bytes / GiB:.2f} GiB, "
               f"{'fits' if seen[guess].fits else 'does not fit'}", flush=True)  # fmt: skip
