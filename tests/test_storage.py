@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import zlib
 
 import jax
@@ -486,13 +487,18 @@ class FillsTheDiskAfterTheRecord(Checkpoints):
     def _write_record(self) -> None:
         super()._write_record()
         if self.fill:
-            filler = os.open(self.directory.parent.parent / "filler", os.O_WRONLY | os.O_CREAT)
-            try:
-                while os.write(filler, b"x" * 4096):
-                    pass
-            except OSError:
-                pass
-            os.close(filler)
+            fill(self.directory.parent.parent / "filler")
+
+
+def fill(path) -> None:
+    """Writes `path` until its disk is full."""
+    filler = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(filler, b"x" * 4096):
+            pass
+    except OSError:
+        pass
+    os.close(filler)
 
 
 def test_a_save_whose_commit_marker_meets_a_full_disk_leaves_nothing(small_disk):
@@ -511,6 +517,26 @@ def test_a_save_whose_commit_marker_meets_a_full_disk_leaves_nothing(small_disk)
             f"({directory}/5); a rerun resumes there: {WAY_OUT}"
         )
         assert kept.steps() == [5] and os.listdir(directory) == ["5"]
+
+
+def test_a_save_on_a_full_disk_leaves_nothing_once_its_other_writes_end(small_disk):
+    """The first failed write of a save ends Orbax's wait for it, not its other commit
+    threads: they made the step's directory again after the removal, and the message said
+    nothing was left (a CI failure of the disk-full run). The removal waits for them."""
+    directory = f"{small_disk}/run/checkpoints"
+    state = {f"w{i}": jax.numpy.arange(1000.0) + i for i in range(20)}
+    with Checkpoints(directory) as kept:
+        kept.save(5, state)
+        kept.wait()
+        fill(f"{small_disk}/filler")
+        with pytest.raises(OSError) as error:
+            kept.save(10, state)
+            kept.wait()
+        assert "Nothing of step 10 was left behind." in str(error.value)
+        for thread in threading.enumerate():  # what a late write of the save would do, done
+            if type(thread).__name__ == "_SignalingThread":
+                threading.Thread.join(thread)
+        assert os.listdir(directory) == ["5"]
 
 
 def test_a_full_disk_fails_the_event_file_on_the_loops_thread_with_the_saves_message(

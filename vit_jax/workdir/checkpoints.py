@@ -29,6 +29,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import threading
 from typing import Any
 
 import jax
@@ -136,7 +137,11 @@ class Checkpoints:
 
     def _drop_failed(self, step: int) -> None:
         """Removes what a failed save of `step` left (process 0), even when it lists as
-        complete: a full disk can leave Orbax's commit marker created but empty."""
+        complete (a full disk can leave Orbax's commit marker created but empty), once the
+        save's own threads ended (a minute each at most): one failed write ends Orbax's wait,
+        not the other writes, which made the step's directory again after the removal."""
+        for thread in [t for t in threading.enumerate() if type(t).__name__ == "_SignalingThread"]:
+            threading.Thread.join(thread, 60)  # Orbax's commit threads (their own join raises)
         if jax.process_index() == 0:
             store.remove_tree(self.directory / str(step))
 
@@ -282,9 +287,8 @@ def read_record(step_dir: store.Path) -> dict[str, Any] | None:
     Raises:
         ValueError: the record is there but unreadable (damaged).
     """
-    path = step_dir / NAME
     try:
-        text = path.read_text()
+        text = (step_dir / NAME).read_text()
     except FileNotFoundError:
         return None
     try:
