@@ -184,8 +184,7 @@ def flag_error_message(error: BaseException, program: str) -> str:
     if root is not error and "Error whilst parsing config file" in str(error):
         return str(root)  # the config's own message names the valid arguments
     required = r"(?:flag --\S+=None: )?[Ff]lag --(\S+) must have a value other than None\."
-    what = re.sub(required, r"--\1 is required;", str(error))
-    what = " ".join(what.split()).rstrip(";")
+    what = " ".join(re.sub(required, r"--\1 is required;", str(error)).split()).rstrip(";")
     return f"{what} (python -m {command_name(program)} --help lists the flags)"
 
 

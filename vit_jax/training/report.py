@@ -50,8 +50,7 @@ class Throughput:
     def compiled(self, step: int) -> float:
         """The first step (compile included) ended at `step`: restarts the clock; its seconds."""
         now = self.clock()
-        took = now - self.last_time
-        self.last_step, self.last_time = step, now
+        took, self.last_step, self.last_time = now - self.last_time, step, now
         return took
 
     def pause(self, step: int) -> None:
