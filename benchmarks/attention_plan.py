@@ -38,18 +38,22 @@ def dict_with(config, **fields):
 def search(seen: dict, at, n: int, max_compiles: int) -> str:
     """The largest images a device that fit, from the plans `seen` (images a device -> Plan):
     each guess is where the line through the largest fitting and the smallest failing plan
-    (or the two largest) reaches HBM, kept between them. Where bytes fell as the batch grew
-    (XLA trading memory for recomputation near the limit), it strides on, twice the last
-    stride, or bisects once a batch has failed; a guess is kept in the middle half of a wide
-    bracket, which so shrinks at every compile. Returns the Markdown cell."""
-    for _ in range(max_compiles):
+    (or the two largest) reaches HBM, kept between them. Where bytes grew at under half the
+    first line's slope or fell (XLA trading memory for recomputation near the limit), it
+    strides on, twice the last stride, or bisects once a batch has failed; a guess is kept in
+    the middle half of a wide bracket, which so shrinks at every compile. Returns the cell."""
+    low, high = sorted(seen)
+    first = (seen[high].total_bytes - seen[low].total_bytes) / (high - low)
+    for compiles in range(max_compiles + 1):
         fitting = sorted(k for k, p in seen.items() if p.fits) or [0]
         good, bad = fitting[-1], min((k for k, p in seen.items() if not p.fits), default=None)
         if bad == good + 1 or not good:  # (nothing fits: 0)
-            return f"**{good * n}** ({good}; {bad} a device does not fit, {len(seen) - 2} compiles)"
+            return f"**{good * n}** ({good}; {bad} a device does not fit, {compiles} compiles)"
+        if compiles == max_compiles:
+            return f"{good * n} fits ({good} a device; a floor after {compiles} compiles)"
         a, b = (good, bad) if bad and good else sorted(seen)[-2:]
         slope = (seen[b].total_bytes - seen[a].total_bytes) / (b - a)
-        if slope <= 0:
+        if slope < first / 2:
             guess = (good + bad) // 2 if bad else good + 2 * (good - fitting[-2])
         else:
             guess = good + int((seen[good].hbm_bytes - seen[good].total_bytes) // slope)
@@ -59,8 +63,7 @@ def search(seen: dict, at, n: int, max_compiles: int) -> str:
         seen[guess] = at(guess)
         print(f"  {guess} a device: {seen[guess].total_bytes / GiB:.2f} GiB, "
               f"{'fits' if seen[guess].fits else 'does not fit'}", flush=True)  # fmt: skip
-    good = max((k for k, p in seen.items() if p.fits), default=0)
-    return f"{good * n} fits ({good} a device; a floor after {len(seen) - 2} compiles)"
+    raise AssertionError  # (the loop returns)
 
 
 def main() -> None:
