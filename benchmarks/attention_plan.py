@@ -60,9 +60,10 @@ def search(seen: dict, at, n: int, max_compiles: int) -> str:
         guess = max(good + 1, min(guess, bad - 1) if bad else guess)
         if bad and bad - good > 3:  # in the bracket's middle half: it shrinks by a quarter
             guess = min(max(guess, good + (bad - good) // 4), bad - (bad - good) // 4)
-        seen[guess] = at(guess)
-        print(f"  {guess} a device: {seen[guess].total_bytes / GiB:.2f} GiB, "
-              f"{'fits' if seen[guess].fits else 'does not fit'}", flush=True)  # fmt: skip
+        seen[guess] = p = at(guess)
+        ms = f", {p.step_seconds * 1e3:.0f} ms a step (estimate)" if p.step_seconds > 0 else ""
+        print(f"  {guess} a device: {p.total_bytes / GiB:.2f} GiB, "
+              f"{'fits' if p.fits else 'does not fit'}{ms}", flush=True)  # fmt: skip
     raise AssertionError  # (the loop returns)
 
 
