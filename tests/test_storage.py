@@ -522,7 +522,7 @@ def test_a_save_whose_commit_marker_meets_a_full_disk_leaves_nothing(small_disk)
 def test_a_save_on_a_full_disk_leaves_nothing_once_its_other_writes_end(small_disk):
     """The first failed write of a save ends Orbax's wait for it, not its other commit
     threads: they made the step's directory again after the removal, and the message said
-    nothing was left (a CI failure of the disk-full run). The removal waits for them."""
+    nothing was left (the disk-full run failed so here, under load). The removal waits for them."""
     directory = f"{small_disk}/run/checkpoints"
     state = {f"w{i}": jax.numpy.arange(1000.0) + i for i in range(20)}
     with Checkpoints(directory) as kept:
