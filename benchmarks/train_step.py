@@ -46,8 +46,10 @@ def measure(
     dtype: str,
     remat: bool,
     bound: bool = True,
+    timed: bool = True,
     **model_kw,
 ) -> dict:
+    """The step's speed and the compiler's bytes (GiB); with `timed` off, its bytes alone."""
     model = get_model(name, 1000, dtype=dtype, remat=remat, **model_kw)
     tx, lr = state_lib.make_optimizer(optimizer_config(opt), 1000)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
@@ -67,6 +69,8 @@ def measure(
     mem = compiled.memory_analysis()  # the compiler's bytes: temporaries, and in all
     temp = mem.temp_size_in_bytes
     total = temp + mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+    if not timed:
+        return dict(temp_gib=temp / 2**30, total_gib=total / 2**30)
     holder = [state]
 
     def run():

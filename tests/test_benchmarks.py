@@ -95,9 +95,9 @@ def test_train_step_prints_the_ratio_for_both_optimizers():
 
 
 def test_attention_gpu_measures_xla_and_prints_the_cpus_refusal_of_cudnn():
-    out = run("attention_gpu.py", "--smoke")
+    out = run("attention_gpu.py", "--smoke", "--fit=ViT-Ti_16:32", "--limit_gib=0.3")
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    check, xla, cudnn = rows  # the agreement check: splash on this CPU, in bfloat16
+    check, xla, cudnn, line, fitted, fit_refused = rows  # agreement: splash on the CPU, bf16
     agree = check["agreement"]  # measured: logits 1.5e-2, gradients 8.2e-3 (median), 5.7e-2
     assert agree["attention"] == "splash" and 0 < agree["logits"] < 0.05
     assert 0 < agree["grad_median"] <= agree["grad_max"] < 0.2
@@ -106,6 +106,14 @@ def test_attention_gpu_measures_xla_and_prints_the_cpus_refusal_of_cudnn():
     assert 0 < xla["temp_gib"] <= xla["total_gib"] < 1
     assert cudnn["refused"].startswith("attention=cudnn needs an NVIDIA GPU, and there is no GPU")
     assert row(out, "| ViT-Ti_16 | 32 | 4 | xla |")[9] == f"{xla['ips']:.0f}"
+    # --fit: the line through 32 and 64 images meets the limit at the guess, which then runs
+    # with the compiler's bytes near the limit (measured: 0.298 GiB at 216 images)
+    at32, at64 = line["gib_at"]["32"], line["gib_at"]["64"]
+    assert line["gib_an_image"] == pytest.approx((at64 - at32) / 32) and at64 > at32 > 0
+    assert line["guess"] == int(64 + (0.3 - at64) / line["gib_an_image"]) > 64
+    assert (fitted["batch"], fitted["runs"]) == (line["guess"], True)
+    assert 0.29 < fitted["total_gib"] <= 0.3
+    assert fit_refused["refused"].startswith("attention=cudnn needs an NVIDIA GPU")
 
 
 @pytest.mark.slow
