@@ -39,11 +39,14 @@ def search(seen: dict, at, n: int, max_compiles: int) -> str:
     """The largest images a device that fit, from the plans `seen` (images a device -> Plan):
     each guess is where the line through the largest fitting and the smallest failing plan
     (or the two largest) reaches HBM, kept between them. Where bytes grew at under half the
-    first line's slope or fell (XLA trading memory for recomputation near the limit), it
-    strides on, twice the last stride, or bisects once a batch has failed; a guess is kept in
+    first line's slope or fell (XLA trading memory for recomputation near the limit), or if
+    the first plans hold over 85% of HBM already (a narrowing run's seeds, whose line is
+    flat), it strides from then on, twice the last stride, or bisects once a batch has failed
+    (a line from a flat point means nothing); a guess is kept in
     the middle half of a wide bracket, which so shrinks at every compile. Returns the cell."""
     low, high = sorted(seen)
     first = (seen[high].total_bytes - seen[low].total_bytes) / (high - low)
+    flat = seen[low].total_bytes > 0.85 * seen[low].hbm_bytes
     for compiles in range(max_compiles + 1):
         fitting = sorted(k for k, p in seen.items() if p.fits) or [0]
         good, bad = fitting[-1], min((k for k, p in seen.items() if not p.fits), default=None)
@@ -53,7 +56,8 @@ def search(seen: dict, at, n: int, max_compiles: int) -> str:
             return f"{good * n} fits ({good} a device; a floor after {compiles} compiles)"
         a, b = (good, bad) if bad and good else sorted(seen)[-2:]
         slope = (seen[b].total_bytes - seen[a].total_bytes) / (b - a)
-        if slope < first / 2:
+        flat = flat or slope < first / 2  # once seen, for the rest of the search
+        if flat:
             guess = (good + bad) // 2 if bad else good + 2 * (good - fitting[-2])
         else:
             guess = good + int((seen[good].hbm_bytes - seen[good].total_bytes) // slope)

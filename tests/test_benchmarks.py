@@ -259,3 +259,32 @@ def test_plan_matrix_resumes_from_its_file_and_prints_rows(tmp_path):
     out = run("plan_matrix.py", "--models=h14", "--sizes=384", "--topologies=v3-8",
               "--shardings=data", f"--out={done}")  # fmt: skip
     assert out.splitlines()[2].startswith("| H/14 378 px, v3-8, data | 4.50 of 16.0 GiB | yes")
+
+
+@pytest.mark.parametrize(
+    "seeds, rematerialises, compiles", [((1, 8), False, 2), ((1, 8), True, 10), ((23, 30), True, 5)]
+)
+def test_attention_plans_search_finds_the_largest_batch_on_a_byte_curve(
+    seeds, rematerialises, compiles
+):
+    """search() on a synthetic curve, 16 GiB of HBM: 2 GiB held and 1 GiB an image fits 14
+    images, found by the line at once (14 fits, 15 does not); where the compiler instead holds
+    its bytes at 14.5 GiB up to 40 images (as on v4-8) and then runs out, the answer is 40,
+    found by striding and bisecting. Seeded in the flat part (23 and 30, as a narrowing run
+    is), it strides too, where following the flat line asked for 350 images a device."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from attention_plan import GiB, search
+
+    class Plan:
+        def __init__(self, n):
+            flat = rematerialises and 14 < n <= 40
+            self.total_bytes = (14.5 if flat else 2 + n) * GiB
+            self.hbm_bytes, self.step_seconds = 16 * GiB, 0.0
+            self.fits = self.total_bytes <= self.hbm_bytes
+
+    asked = []
+    at = lambda n: asked.append(n) or Plan(n)  # noqa: E731
+    found = search({n: Plan(n) for n in seeds}, at, 8, max_compiles=12)
+    best = 40 if rematerialises else 14
+    assert found.startswith(f"**{8 * best}** ({best}; {best + 1} a device does not fit")
+    assert len(asked) == compiles and max(asked) < 2 * best, asked
