@@ -3,7 +3,8 @@ step (SGD, bfloat16 compute) of ViT-B/16 and L/16 at 224 and 384 px, issue 42's 
 
     python benchmarks/attention_gpu.py                 # on a GPU (about 5 minutes on an H200)
     python benchmarks/attention_gpu.py --smoke         # anywhere: Ti/16 at 32 px
-    python benchmarks/attention_gpu.py --cells=ViT-L_16:224:128 --fit=ViT-L_16:384
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python benchmarks/attention_gpu.py \
+        --cells=ViT-L_16:224:128 --fit=ViT-L_16:384    # JAX takes 75% of the GPU unless told
 
 For each cell (model, resolution, batch) and choice (`xla`, `cudnn`): img/s of
 `train.train_step` jitted with its state donated (benchmarks/train_step.py's `measure`), and

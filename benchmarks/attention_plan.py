@@ -4,6 +4,7 @@ that fits, and FLOPs.
 
     PYTHONPATH=~/.cache/vit_jax/libtpu-py3.11 python benchmarks/attention_plan.py \\
         [--models=l16:512,h14:518] [--topologies=v5e-8,v4-8,v5p-8] [--attention=xla,splash]
+    ... --fit --at=FITS,FAILS    # narrows a bracket: a batch a device that fits, one that does not
 
 For each cell, the `finetune:MODEL,imagenet2012` preset (SGD with momentum, bfloat16
 compute, data parallel, no remat) is compiled for the topology at 1 and 8 images a device (`--at`):
