@@ -26,9 +26,12 @@ def debug() -> bool:
     return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
 
 
-def run(main: Callable[[], object], define_flags: Callable[[], None] | None = None,
-        argv: Sequence[str] | None = None,
-        prepare_argv: Callable[[list[str]], list[str]] | None = None) -> None:  # fmt: skip
+def run(
+    main: Callable[[], object],
+    define_flags: Callable[[], None] | None = None,
+    argv: Sequence[str] | None = None,
+    prepare_argv: Callable[[list[str]], list[str]] | None = None,
+) -> None:
     """Defines the command's flags, parses `argv` (default sys.argv) and calls `main()`.
 
     `prepare_argv` may rewrite the arguments before absl parses them (main.py turns
@@ -257,31 +260,46 @@ def define_model_flags() -> None:
     figures, evaluate, convert)."""
     from absl import flags
 
-    # fmt: off
     flags.DEFINE_string(
-        "checkpoint", None, "Checkpoint: a published .npz (or final.npz), a timm .safetensors "
+        "checkpoint",
+        None,
+        "Checkpoint: a published .npz (or final.npz), a timm .safetensors "
         "file, a Hugging Face model directory, a published file's gs:// path, or a run's "
-        "workdir (its newest checkpoint that verifies; LoRA's adapters unmerged).")
+        "workdir (its newest checkpoint that verifies; LoRA's adapters unmerged).",
+    )
     flags.DEFINE_string(
-        "model", None, "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16. Default: read from the file.")
+        "model", None, "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16. Default: read from the file."
+    )
     flags.DEFINE_multi_string(
-        "override", [], "Model option KEY=VALUE (e.g. posemb=sincos_2d, dtype=bfloat16); repeat.")
+        "override", [], "Model option KEY=VALUE (e.g. posemb=sincos_2d, dtype=bfloat16); repeat."
+    )
     flags.DEFINE_string("image_size", None, "Resolution N or H,W. Default: the checkpoint's own.")
     flags.DEFINE_integer(
-        "patch_size", None, "Another patch size than the checkpoint's: its patch embedding is "
-        "resampled (FlexiViT); the default resolution keeps the token grid.", lower_bound=1)
+        "patch_size",
+        None,
+        "Another patch size than the checkpoint's: its patch embedding is "
+        "resampled (FlexiViT); the default resolution keeps the token grid.",
+        lower_bound=1,
+    )
     flags.DEFINE_enum(
-        "numerics", "file", ["file", "original"], "GELU form and LayerNorm epsilon. file: what "
+        "numerics",
+        "file",
+        ["file", "original"],
+        "GELU form and LayerNorm epsilon. file: what "
         "the checkpoint says (a published .npz: the original's; timm: exact GELU, eps 1e-6 "
         "unless this package wrote it; Hugging Face: config.json's). original: tanh GELU, eps "
         "1e-6, for files others converted from the published weights, such as google/vit-* on "
-        "the hub (their config.json says gelu, 1e-12). --override=gelu=... sets one.")
+        "the hub (their config.json says gelu, 1e-12). --override=gelu=... sets one.",
+    )
     flags.DEFINE_enum(
-        "preprocessing", None, ["tf_bilinear", "pil_antialias"], "How images are resized: "
+        "preprocessing",
+        None,
+        ["tf_bilinear", "pil_antialias"],
+        "How images are resized: "
         "tf_bilinear (tf.image.resize, no antialiasing: the published checkpoints') or "
         "pil_antialias (PIL's antialiased bilinear: HF's and timm's). Default: what the "
-        "checkpoint records (a published .npz: tf_bilinear; another tool's file: pil_antialias).")
-    # fmt: on
+        "checkpoint records (a published .npz: tf_bilinear; another tool's file: pil_antialias).",
+    )
     flags.mark_flag_as_required("checkpoint")
 
 

@@ -59,12 +59,27 @@ def main() -> None:
 
             run = state.load_run(f.checkpoint, size, **overrides)
             meta = Meta(preprocessing=f.preprocessing or run.preprocessing)
-            done = convert.write(lora.merge(run.params, run.model.lora), run.model.clone(lora=None),
-                                 run.image_size, f.format, f.out, meta)  # fmt: skip
+            done = convert.write(
+                lora.merge(run.params, run.model.lora),
+                run.model.clone(lora=None),
+                run.image_size,
+                f.format,
+                f.out,
+                meta,
+            )
         else:
-            done = convert.convert(f.checkpoint, f.format, f.out, f.model, size, f.num_classes,
-                                   f.patch_size, labels=f.labels, preprocessing=f.preprocessing,
-                                   **overrides)  # fmt: skip
+            done = convert.convert(
+                f.checkpoint,
+                f.format,
+                f.out,
+                f.model,
+                size,
+                f.num_classes,
+                f.patch_size,
+                labels=f.labels,
+                preprocessing=f.preprocessing,
+                **overrides,
+            )
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
     h, w = done.image_size

@@ -124,9 +124,16 @@ def main() -> None:
         raise ValueError(f"{f.checkpoint} has no classification head: nothing to evaluate")
     try:
         result = classify.evaluate(
-            model, params, dataset, f.split, size, f.batch_size, label_map, f.progress,
+            model,
+            params,
+            dataset,
+            f.split,
+            size,
+            f.batch_size,
+            label_map,
+            f.progress,
             loaded.labels,
-        )  # fmt: skip
+        )
     except classify.NarrowHead as e:  # said in flags
         ids = lambda c: f"--classes={c if isinstance(c, str) else ','.join(map(str, c))}"  # noqa: E731
         raise ValueError(e.advice(ids, "--labels")) from None
@@ -135,8 +142,9 @@ def main() -> None:
     subset = f" classes {','.join(map(str, classes))}" if classes else ""
     if result["matched_by_name"]:
         subset += " (matched to the head's classes by name)"
-    scores = ", ".join(f"top-{k} {100 * result[f'top{k}']:.2f}%" for k in classify.TOP_K
-                       if f"top{k}" in result)  # fmt: skip
+    scores = ", ".join(
+        f"top-{k} {100 * result[f'top{k}']:.2f}%" for k in classify.TOP_K if f"top{k}" in result
+    )
     print(f"{title} on {name} {f.split}{subset} ({result['examples']} images): {scores}")
     print(json.dumps({"checkpoint": f.checkpoint, "image_size": list(size), **result}))
 

@@ -44,8 +44,12 @@ def define_flags() -> None:
     flags.DEFINE_string("data_dir", None, "idx directory of the sample (Fashion-MNIST).")
     flags.DEFINE_integer("batch_size", 8, "Images per forward pass.", lower_bound=1)
     flags.DEFINE_bool("relevance", False, "Also class-specific relevance maps (relevance.png).")
-    flags.DEFINE_multi_string("class", [], "With --relevance: a class to explain, the "
-                              "head's index or name; repeat. Default: the prediction.")  # fmt: skip
+    flags.DEFINE_multi_string(
+        "class",
+        [],
+        "With --relevance: a class to explain, the "
+        "head's index or name; repeat. Default: the prediction.",
+    )
 
 
 def main() -> None:

@@ -23,14 +23,15 @@ from vit_jax.training import check, train
 
 def define_flags() -> None:
     config_flags.DEFINE_config_file(
-        "config", None,
+        "config",
+        None,
         "a preset NAME:ARG (fashion_mnist:pretrain|finetune|scratch|full|tiny, "
         "finetune:MODEL,DATASET, pretrain:MODEL,DATASET, augreg:MODEL,DATASET,SETTING; "
         "e.g. finetune:b16,cifar10) or a "
         "config file PATH.py:ARG; set any field with --config.FIELD=VALUE "
         "(all fields: vit_jax/configs/common.py)",
         lock_config=True,
-    )  # fmt: skip
+    )
     flags.DEFINE_string("workdir", None, "checkpoints, TensorBoard events, summary.json go here")
     flags.mark_flags_as_required(["config", "workdir"])
 

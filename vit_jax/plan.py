@@ -30,9 +30,11 @@ from vit_jax.training import check, planner
 
 def define_flags() -> None:
     config_flags.DEFINE_config_file(
-        "config", None, "a preset NAME:ARG or config file PATH.py:ARG, as vit_jax.main takes",
+        "config",
+        None,
+        "a preset NAME:ARG or config file PATH.py:ARG, as vit_jax.main takes",
         lock_config=True,
-    )  # fmt: skip
+    )
     flags.DEFINE_string("topology", None, "TPU topology: v3-8, v4-8, v5e-16, v5p-8, v5e:4x4, ...")
     flags.DEFINE_integer("num_classes", None, "head width where the dataset is not a preset's")
     flags.DEFINE_bool("json", False, "print one JSON object (--fit, --compare: one per line)")
@@ -47,8 +49,13 @@ def table(p) -> str:
     if not p.compiled:
         speed = [("step time", "not compiled: XLA refused the step, out of memory")]
     elif p.loop:  # planner.loop_of
-        speed = [("FLOPs, step time", f"no estimate: XLA counts the {p.loop} loop's body "
-                  f"once; plan with --config.{p.loop}={LOOPLESS[p.loop]} for them")]  # fmt: skip
+        speed = [
+            (
+                "FLOPs, step time",
+                f"no estimate: XLA counts the {p.loop} loop's body "
+                f"once; plan with --config.{p.loop}={LOOPLESS[p.loop]} for them",
+            )
+        ]
     elif p.step_seconds <= 0:  # the cost model gave no usable time (planner.compiled_figures)
         speed = [
             ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
@@ -57,27 +64,44 @@ def table(p) -> str:
     else:
         speed = [
             ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
-            ("step time", f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound"
-                          f"{'; the kernel at peak FLOP/s' if p.kernel_flops else ''})"),
-            ("images/s", f"{p.images_per_second:,.0f} ({p.images_per_second / p.devices:,.0f} "
-                         "per device)"),
+            (
+                "step time",
+                f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound"
+                f"{'; the kernel at peak FLOP/s' if p.kernel_flops else ''})",
+            ),
+            (
+                "images/s",
+                f"{p.images_per_second:,.0f} ({p.images_per_second / p.devices:,.0f} per device)",
+            ),
             ("utilisation", f"{100 * p.utilisation:.0f}% of peak bf16 FLOP/s at that time"),
-            ("total", f"{p.total_steps:,} steps: {p.total_steps * p.step_seconds / 3600:,.1f} h, "
-                      f"{p.core_days:,.2f} TPU-core-days"),
-        ]  # fmt: skip
+            (
+                "total",
+                f"{p.total_steps:,} steps: {p.total_steps * p.step_seconds / 3600:,.1f} h, "
+                f"{p.core_days:,.2f} TPU-core-days",
+            ),
+        ]
     rows = [
-        ("topology", f"{p.topology}: {p.devices} x {p.device_kind}, mesh {p.mesh} "
-                     f"(compiled here in {p.compile_seconds:.0f} s)"),
-        ("batch", f"{p.batch_size} global, {p.batch_size // p.devices} per device"
-                  f"{', remat' if p.remat else ''}"),
+        (
+            "topology",
+            f"{p.topology}: {p.devices} x {p.device_kind}, mesh {p.mesh} "
+            f"(compiled here in {p.compile_seconds:.0f} s)",
+        ),
+        (
+            "batch",
+            f"{p.batch_size} global, {p.batch_size // p.devices} per device"
+            f"{', remat' if p.remat else ''}",
+        ),
         ("parameters", console.size(p.param_bytes)),
         ("optimizer state", console.size(p.optimizer_bytes)),
         ("input batch", console.size(p.batch_bytes)),
         ("temporaries", console.size(p.temp_bytes)),
-        ("total per device", f"{console.size(p.total_bytes)} of {console.size(p.hbm_bytes)} HBM: "
-                             f"{'fits' if p.fits else 'does NOT fit'}"),
+        (
+            "total per device",
+            f"{console.size(p.total_bytes)} of {console.size(p.hbm_bytes)} HBM: "
+            f"{'fits' if p.fits else 'does NOT fit'}",
+        ),
         *speed,
-    ]  # fmt: skip
+    ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -138,17 +162,32 @@ def compare(devices: list, topology: str) -> None:
         c.mesh.data, c.mesh.fsdp, c.batch_size = -1, len(devices), 8 * len(devices)
         p = planner.plan_on(c, devices, topology, k)
         seen = epochs * images
-        days = seen / p.images_per_second * p.devices * p.cores_per_device / 86400 if (
-            p.images_per_second) else float("nan")  # fmt: skip
+        days = (
+            seen / p.images_per_second * p.devices * p.cores_per_device / 86400
+            if (p.images_per_second)
+            else float("nan")
+        )
         if flags.FLAGS.json:
-            print(json.dumps({"run": what, "paper_core_days": paper, "images_seen": seen,
-                              "estimated_core_days": days, **p.to_json()}))  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "run": what,
+                        "paper_core_days": paper,
+                        "images_seen": seen,
+                        "estimated_core_days": days,
+                        **p.to_json(),
+                    }
+                )
+            )
         else:
-            print(f"{what}: paper {paper:,} TPUv3-core-days; estimated {days:,.0f} on "
-                  f"{topology} ({days / paper:.2f}x; {epochs} epochs of {images:,} images "
-                  f"at {p.images_per_second:,.0f} images/s: batch {c.batch_size}, "
-                  "bfloat16, remat, FSDP; the compiler's estimate is a lower bound on "
-                  "the step)", flush=True)  # fmt: skip
+            print(
+                f"{what}: paper {paper:,} TPUv3-core-days; estimated {days:,.0f} on "
+                f"{topology} ({days / paper:.2f}x; {epochs} epochs of {images:,} images "
+                f"at {p.images_per_second:,.0f} images/s: batch {c.batch_size}, "
+                "bfloat16, remat, FSDP; the compiler's estimate is a lower bound on "
+                "the step)",
+                flush=True,
+            )
 
 
 def fit(config, devices: list, topology: str, classes: int | None) -> None:
@@ -160,17 +199,30 @@ def fit(config, devices: list, topology: str, classes: int | None) -> None:
             good, bad, n = planner.fit(c, devices, topology, classes)
             how = f"{'fsdp' if fsdp > 1 else 'data'}{' + remat' if remat else ''}"
             if flags.FLAGS.json:
-                print(json.dumps({"sharding": how, "compiles": n,
-                                  "fits": good.to_json() if good else None,
-                                  "does_not_fit": bad.to_json() if bad else None}))  # fmt: skip
+                print(
+                    json.dumps(
+                        {
+                            "sharding": how,
+                            "compiles": n,
+                            "fits": good.to_json() if good else None,
+                            "does_not_fit": bad.to_json() if bad else None,
+                        }
+                    )
+                )
             elif good is None:
-                print(f"{how}: no batch fits ({bad.batch_size}: {console.size(bad.total_bytes)}), "
-                      f"{n} compiles", flush=True)  # fmt: skip
+                print(
+                    f"{how}: no batch fits ({bad.batch_size}: {console.size(bad.total_bytes)}), "
+                    f"{n} compiles",
+                    flush=True,
+                )
             else:
                 top = f", {bad.batch_size} does not" if bad else " (the search's limit)"
-                print(f"{how}: batch {good.batch_size} fits ({console.size(good.total_bytes)} of "
-                      f"{console.size(good.hbm_bytes)}, {good.images_per_second:,.0f} images/s "
-                      f"estimated){top}; {n} compiles", flush=True)  # fmt: skip
+                print(
+                    f"{how}: batch {good.batch_size} fits ({console.size(good.total_bytes)} of "
+                    f"{console.size(good.hbm_bytes)}, {good.images_per_second:,.0f} images/s "
+                    f"estimated){top}; {n} compiles",
+                    flush=True,
+                )
 
 
 preset_argv = configs.preset_argv  # a preset name in --config -> its file (as main.py)

@@ -36,9 +36,16 @@ def first_few(items: Sequence[str], sep: str = ", ", n: int = 3, unit: str = "")
     return sep.join(items[:n]) + more
 
 
-def bar(items: Iterable[T], total: int | None, desc: str, enabled: bool = True,
-        stream: TextIO | None = None, tty: bool | None = None, every_seconds: float = 60.0,
-        clock: Callable[[], float] = time.perf_counter) -> Iterator[T]:  # fmt: skip
+def bar(
+    items: Iterable[T],
+    total: int | None,
+    desc: str,
+    enabled: bool = True,
+    stream: TextIO | None = None,
+    tty: bool | None = None,
+    every_seconds: float = 60.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[T]:
     """A progress bar on `stream` (stderr) for long loops (evaluation passes).
 
     On a terminal, one line redrawn in place ('\r'). Otherwise (a log file, a pipe)

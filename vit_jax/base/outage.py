@@ -102,8 +102,11 @@ class Outage:
             self.cause = " ".join(str(error).split())[:200] or type(error).__name__
             if self.since is None:
                 self.since = now
-                print(f"the store at {self.url} did not answer ({self.cause}); retrying for up "
-                      f"to {self.seconds:g} s", flush=True)  # fmt: skip
+                print(
+                    f"the store at {self.url} did not answer ({self.cause}); retrying for up "
+                    f"to {self.seconds:g} s",
+                    flush=True,
+                )
             lasted = now - self.since
         if lasted >= self.seconds:
             self.stop(
@@ -115,8 +118,10 @@ class Outage:
     def answered(self) -> None:
         with self._lock:
             if self.since is not None:
-                print(f"the store answers again, after {time.monotonic() - self.since:.0f} s",
-                      flush=True)  # fmt: skip
+                print(
+                    f"the store answers again, after {time.monotonic() - self.since:.0f} s",
+                    flush=True,
+                )
             self.since = None
 
     def call(self, fn: Callable[[], T], what: str = "") -> T:

@@ -69,8 +69,14 @@ def integer(low: int, note: str = "") -> Rule:
     return lambda v: None if is_int(v) and v >= low else f"expected an integer >= {low}{note}"
 
 
-def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           high_open: bool = False, note: str = "") -> Rule:  # fmt: skip
+def number(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    note: str = "",
+) -> Rule:
     """A finite number in the interval [low, high] (or open at either end)."""
 
     def rule(v: Any) -> str | None:
@@ -97,8 +103,11 @@ def optional(rule: Rule) -> Rule:
 def table_problems(section: Any, table: dict[str, Rule], prefix: str = "") -> list[Problem]:
     """A Problem for each field of `section` (a ConfigDict or dict) that its rule in
     `table` refuses; a field the section does not have is not checked."""
-    return [Problem(prefix + field, section[field], why) for field, rule in table.items()
-            if field in section and (why := rule(section[field]))]  # fmt: skip
+    return [
+        Problem(prefix + field, section[field], why)
+        for field, rule in table.items()
+        if field in section and (why := rule(section[field]))
+    ]
 
 
 def _interval(low, high, low_open: bool, high_open: bool) -> str:

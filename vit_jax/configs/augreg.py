@@ -138,9 +138,13 @@ def get_config(arg: str = "b16,imagenet2012,medium2"):
     train = splits.resolve(c.dataset.train_split, ds.train_examples)  # train[:99%]
     c.total_steps = EPOCHS * train.size // c.batch_size
     c.optimizer.update(
-        name="adam", lr=1e-3, warmup_steps=10_000, decay="cosine",
-        weight_decay=WEIGHT_DECAY, grad_clip=1.0,
-    )  # fmt: skip
+        name="adam",
+        lr=1e-3,
+        warmup_steps=10_000,
+        decay="cosine",
+        weight_decay=WEIGHT_DECAY,
+        grad_clip=1.0,
+    )
     return _augreg(c, setting, reg, HEAD_BIAS[dataset])
 
 

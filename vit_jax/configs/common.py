@@ -55,21 +55,47 @@ def model_fields(model: str) -> ml_collections.ConfigDict:
     `gelu` and `layer_norm_eps`, None is the init_from file's (its source's numerics, see
     vit_jax/weights/meta.py), or the original ViT's (tanh, 1e-6) from scratch."""
     unset = config_dict.placeholder  # a new reference each call: fields set one by one
-    return ml_collections.ConfigDict(dict(
-        name=model, representation_size=unset(int), classifier="token", posemb="learned",
-        dropout=0.0, attention_dropout=0.0, stochastic_depth=0.0, dtype="float32",
-        remat=False, scan=False, width=unset(int), depth=unset(int), num_heads=unset(int),
-        mlp_dim=unset(int), patch_size=unset(int), gelu=unset(str), layer_norm_eps=unset(float),
-        attention="auto",
-    ))  # fmt: skip
+    return ml_collections.ConfigDict(
+        dict(
+            name=model,
+            representation_size=unset(int),
+            classifier="token",
+            posemb="learned",
+            dropout=0.0,
+            attention_dropout=0.0,
+            stochastic_depth=0.0,
+            dtype="float32",
+            remat=False,
+            scan=False,
+            width=unset(int),
+            depth=unset(int),
+            num_heads=unset(int),
+            mlp_dim=unset(int),
+            patch_size=unset(int),
+            gelu=unset(str),
+            layer_norm_eps=unset(float),
+            attention="auto",
+        )
+    )
 
 
 def optimizer_fields() -> ml_collections.ConfigDict:
     """config.optimizer: the paper's fine-tuning SGD by default (vit_jax/training/state.py)."""
-    return ml_collections.ConfigDict(dict(
-        name="sgd", lr=0.03, end_lr=0.0, warmup_steps=500, decay="cosine", momentum=0.9,
-        b1=0.9, b2=0.999, weight_decay=0.0, grad_clip=1.0, mu_dtype="",
-    ))  # fmt: skip
+    return ml_collections.ConfigDict(
+        dict(
+            name="sgd",
+            lr=0.03,
+            end_lr=0.0,
+            warmup_steps=500,
+            decay="cosine",
+            momentum=0.9,
+            b1=0.9,
+            b2=0.999,
+            weight_decay=0.0,
+            grad_clip=1.0,
+            mu_dtype="",
+        )
+    )
 
 
 def fewshot_fields() -> ml_collections.ConfigDict:
@@ -77,10 +103,20 @@ def fewshot_fields() -> ml_collections.ConfigDict:
     (pretraining runs; vit_jax/evaluation/fewshot.py): dataset names, comma-separated
     ('fashion_mnist' reads the idx files, any other name TFDS, unless `source` says
     otherwise); '' turns it off. `every` 0 runs it with each evaluation (eval_every)."""
-    return ml_collections.ConfigDict(dict(
-        datasets="", source="", data_dir="", train_split="train", test_split="test",
-        shots=DEFAULT_SHOTS, l2=DEFAULT_L2, seed=0, batch_size=256, every=0,
-    ))  # fmt: skip
+    return ml_collections.ConfigDict(
+        dict(
+            datasets="",
+            source="",
+            data_dir="",
+            train_split="train",
+            test_split="test",
+            shots=DEFAULT_SHOTS,
+            l2=DEFAULT_L2,
+            seed=0,
+            batch_size=256,
+            every=0,
+        )
+    )
 
 
 def base(model: str) -> ml_collections.ConfigDict:
@@ -112,9 +148,11 @@ def base(model: str) -> ml_collections.ConfigDict:
     # (vit_jax/parallel/sharding.py); the batch is split over all data x fsdp devices.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: all devices left
     # Multi-host: see vit_jax/parallel/distributed.py. Nothing set: one process.
-    c.distributed = ml_collections.ConfigDict(dict(
-        coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
-    ))  # fmt: skip
+    c.distributed = ml_collections.ConfigDict(
+        dict(
+            coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
+        )
+    )
     # A workdir on gs:// or s3:// that stops answering: every call is retried for at most
     # retry_seconds from the first failure, then the run stops with exit status 75.
     c.store = ml_collections.ConfigDict(dict(retry_seconds=120.0))

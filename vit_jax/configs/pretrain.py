@@ -51,8 +51,14 @@ def get_config(arg: str = "b16,imagenet21k"):
     c.total_steps = ds.epochs * ds.train_examples // c.batch_size
     c.model.representation_size = variant_config(name)["width"]
     c.model.dropout = ds.dropout
-    c.optimizer.update(name="adam", lr=ds.lr, warmup_steps=10_000, decay=ds.decay,
-                       weight_decay=ds.weight_decay, grad_clip=ds.grad_clip)  # fmt: skip
+    c.optimizer.update(
+        name="adam",
+        lr=ds.lr,
+        warmup_steps=10_000,
+        decay=ds.decay,
+        weight_decay=ds.weight_decay,
+        grad_clip=ds.grad_clip,
+    )
     c.eval_every = c.checkpoint_every = 5000
     return c
 

@@ -66,14 +66,28 @@ def default_config() -> ml_collections.ConfigDict:
         workers: Grain worker processes that prepare batches (each with one thread);
             0 prepares them in this process, on `threads` threads.
     """
-    return ml_collections.ConfigDict(dict(
-        source="idx", name="fashion_mnist", data_dir=config_dict.placeholder(str),
-        train_split="train", test_split="test", classes=config_dict.placeholder(tuple),
-        examples_per_class=config_dict.placeholder(int), subset_seed=0,
-        preprocessing="tf_bilinear", crop_min_area=0.05, flip=True, mixup=0.0,
-        randaugment=config_dict.placeholder(tuple), label_smoothing=0.0, skip_corrupt=False,
-        cache=False, threads=0, workers=0,
-    ))  # fmt: skip
+    return ml_collections.ConfigDict(
+        dict(
+            source="idx",
+            name="fashion_mnist",
+            data_dir=config_dict.placeholder(str),
+            train_split="train",
+            test_split="test",
+            classes=config_dict.placeholder(tuple),
+            examples_per_class=config_dict.placeholder(int),
+            subset_seed=0,
+            preprocessing="tf_bilinear",
+            crop_min_area=0.05,
+            flip=True,
+            mixup=0.0,
+            randaugment=config_dict.placeholder(tuple),
+            label_smoothing=0.0,
+            skip_corrupt=False,
+            cache=False,
+            threads=0,
+            workers=0,
+        )
+    )
 
 
 def _classes(ids: Any) -> str | None:
@@ -118,8 +132,10 @@ def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[P
     if cfg.source == "tfds" and remote_tfds(cfg.data_dir):
         out.append(Problem(f"{prefix}data_dir", cfg.data_dir, REMOTE_TFDS))
     if cfg.source == "folder" and not cfg.data_dir:
-        why = ("source 'folder' needs the folder DIR, with DIR/train/<class>/*.jpg and "
-               "DIR/test/<class>/*.jpg")  # fmt: skip
+        why = (
+            "source 'folder' needs the folder DIR, with DIR/train/<class>/*.jpg and "
+            "DIR/test/<class>/*.jpg"
+        )
         out.append(Problem(f"{prefix}data_dir", cfg.data_dir, why))
     return out
 

@@ -286,9 +286,15 @@ def train_iterator(
     return _batches(make, range(start_step, _FOREVER), cfg)
 
 
-def eval_iterator(cfg: ml_collections.ConfigDict, split: str, *, global_batch: int,
-                  image_size: int | tuple[int, int], process_index: int | None = None,
-                  process_count: int | None = None) -> Batches:  # fmt: skip
+def eval_iterator(
+    cfg: ml_collections.ConfigDict,
+    split: str,
+    *,
+    global_batch: int,
+    image_size: int | tuple[int, int],
+    process_index: int | None = None,
+    process_count: int | None = None,
+) -> Batches:
     """One pass over a split: each example exactly once over all processes.
 
     Every process yields the same number of batches; the tail is padded to full batches

@@ -51,8 +51,13 @@ HELP = (
 )
 
 # What PIL raises for a file that is not a readable image.
-DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError,
-                 Image.DecompressionBombError)  # fmt: skip
+DECODE_ERRORS = (
+    UnidentifiedImageError,
+    OSError,
+    SyntaxError,
+    ValueError,
+    Image.DecompressionBombError,
+)
 
 
 @functools.cache
@@ -188,8 +193,13 @@ def decode(source: str | os.PathLike | bytes, method: str = "pil_antialias") -> 
         raise ValueError(str(e) or type(e).__name__) from None
 
 
-def resize(image: np.ndarray, size: tuple[int, int], method: str, window: Window | None = None,
-           out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def resize(
+    image: np.ndarray,
+    size: tuple[int, int],
+    method: str,
+    window: Window | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """Crops `window` (the whole image if None) and resizes it to `size` (H, W).
 
     uint8 [h, w, c] (c = 1 or 3) -> [H, W, c]: float32 in [0, 255] (tf_bilinear) or uint8
@@ -215,9 +225,13 @@ def resize(image: np.ndarray, size: tuple[int, int], method: str, window: Window
     return target
 
 
-def decode_crop_resize(source: str | os.PathLike | bytes | np.ndarray, size: tuple[int, int],
-                       method: str, window: Window | Callable[[int, int], Window] | None = None,
-                       out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def decode_crop_resize(
+    source: str | os.PathLike | bytes | np.ndarray,
+    size: tuple[int, int],
+    method: str,
+    window: Window | Callable[[int, int], Window] | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
     """The one preprocessing primitive: an image (file, bytes, or a decoded uint8
     [h, w, c] array) -> its window resized to `size`, [H, W, c] float32 in [0, 255]
     (tf_bilinear) or uint8 (pil_antialias).

@@ -290,19 +290,23 @@ def translate_y(image: np.ndarray, pixels: float) -> np.ndarray:
     return _shift(image, pixels, axis=0)
 
 
-def apply_op(image: np.ndarray, name: str, magnitude: float, negate: bool = False, row: int = 0,
-             col: int = 0) -> np.ndarray:  # fmt: skip
+def apply_op(
+    image: np.ndarray, name: str, magnitude: float, negate: bool = False, row: int = 0, col: int = 0
+) -> np.ndarray:
     """One op of OPS at `magnitude`, as big_vision's level_to_arg maps it. `negate` flips
     the sign of rotate/shear/translate; (row, col) is the cutout centre."""
     level = magnitude / MAX_LEVEL
     signed, factor = (-level if negate else level), level * 1.8 + 0.1
     ops = {
-        "AutoContrast": lambda: autocontrast(image), "Equalize": lambda: equalize(image),
-        "Invert": lambda: invert(image), "Rotate": lambda: rotate(image, signed * 30.0),
+        "AutoContrast": lambda: autocontrast(image),
+        "Equalize": lambda: equalize(image),
+        "Invert": lambda: invert(image),
+        "Rotate": lambda: rotate(image, signed * 30.0),
         "Posterize": lambda: posterize(image, int(level * 4)),
         "Solarize": lambda: solarize(image, int(level * 256)),
         "SolarizeAdd": lambda: solarize_add(image, int(level * 110)),
-        "Color": lambda: color(image, factor), "Contrast": lambda: contrast(image, factor),
+        "Color": lambda: color(image, factor),
+        "Contrast": lambda: contrast(image, factor),
         "Brightness": lambda: brightness(image, factor),
         "Sharpness": lambda: sharpness(image, factor),
         "ShearX": lambda: shear_x(image, signed * 0.3),
@@ -310,7 +314,7 @@ def apply_op(image: np.ndarray, name: str, magnitude: float, negate: bool = Fals
         "TranslateX": lambda: translate_x(image, signed * TRANSLATE_CONST),
         "TranslateY": lambda: translate_y(image, signed * TRANSLATE_CONST),
         "Cutout": lambda: cutout(image, int(level * CUTOUT_CONST), row, col),
-    }  # fmt: skip
+    }
     if name not in ops:
         raise ValueError(f"randaugment: unknown op {name!r}; the ops are {', '.join(OPS)}")
     return ops[name]()

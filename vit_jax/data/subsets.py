@@ -32,9 +32,13 @@ def relabel_table(classes: Sequence[int] | None, num_total: int) -> np.ndarray:
     return table
 
 
-def select(labels: np.ndarray, classes: Sequence[int] | None, num_total: int,
-           examples_per_class: int | None = None, subset_seed: int = 0) -> tuple[np.ndarray,
-           np.ndarray]:  # fmt: skip
+def select(
+    labels: np.ndarray,
+    classes: Sequence[int] | None,
+    num_total: int,
+    examples_per_class: int | None = None,
+    subset_seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Chooses the examples a split keeps and their new labels.
 
     Args:

@@ -120,8 +120,9 @@ def _open_idx(cfg, spec: str, classes, epc) -> Table:
     example = lambda i: (kept_images[i], int(new_labels[i]))
     names = IDX_CLASS_NAMES.get(cfg.name)
     names = _kept(names, classes) if names is not None and len(names) == total else None
-    return Table(len(kept), num_classes, example, labels=new_labels, class_names=names,
-                 images=kept_images)  # fmt: skip
+    return Table(
+        len(kept), num_classes, example, labels=new_labels, class_names=names, images=kept_images
+    )
 
 
 def _open_folder(cfg, spec: str, classes, epc) -> Table:
@@ -149,14 +150,25 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     if failures:
         logging.warning(
             "image folder %s split %r: skipped %d corrupt image(s) of %d (skip_corrupt=True): %s",
-            root, spec, len(failures), len(paths), [path for path, _ in failures[:5]],
-        )  # fmt: skip
+            root,
+            spec,
+            len(failures),
+            len(paths),
+            [path for path, _ in failures[:5]],
+        )
     paths, new_labels = paths[ok], new_labels[ok]
     read = images.__getitem__ if cfg.cache else (lambda i: folder_source.read(paths[i]))
     example = lambda i: (read(i), int(new_labels[i]))
-    return Table(len(paths), num_classes, example, lambda i,
-                 why: folder_source.corrupt_error(paths[i], why), paths, num_skipped=len(failures),
-                 labels=new_labels, class_names=_kept(class_names, classes))  # fmt: skip
+    return Table(
+        len(paths),
+        num_classes,
+        example,
+        lambda i, why: folder_source.corrupt_error(paths[i], why),
+        paths,
+        num_skipped=len(failures),
+        labels=new_labels,
+        class_names=_kept(class_names, classes),
+    )
 
 
 def _open_tfds(cfg, spec: str, classes, epc) -> Table:

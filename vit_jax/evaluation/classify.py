@@ -54,10 +54,17 @@ def counts(
     return out
 
 
-def evaluate(model: VisionTransformer, params: Any, dataset: Mapping[str, Any], split: str,
-             image_size: int | tuple[int, int], batch_size: int = 64,
-             label_map: Sequence[int] | None = None, progress: bool = True,
-             head_labels: Sequence[str] | None = None) -> dict[str, Any]:  # fmt: skip
+def evaluate(
+    model: VisionTransformer,
+    params: Any,
+    dataset: Mapping[str, Any],
+    split: str,
+    image_size: int | tuple[int, int],
+    batch_size: int = 64,
+    label_map: Sequence[int] | None = None,
+    progress: bool = True,
+    head_labels: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Top-1/top-5 accuracy of `model` on `split` of `dataset` (fields of
     `vit_jax.data.default_config()`, e.g. {'source': 'tfds', 'name': 'cifar10'}).
 
@@ -95,8 +102,9 @@ def evaluate(model: VisionTransformer, params: Any, dataset: Mapping[str, Any], 
     if label_map is None and k_data > k_head:
         raise NarrowHead(cfg, k_data, k_head)
     n = data.num_examples(cfg, split)
-    batches = data.eval_iterator(cfg, split, global_batch=batch_size, image_size=image_size,
-                                 process_index=0, process_count=1)  # fmt: skip
+    batches = data.eval_iterator(
+        cfg, split, global_batch=batch_size, image_size=image_size, process_index=0, process_count=1
+    )
     ks = [k for k in TOP_K if k == 1 or k < k_head]
     with batches:
         bar = console.bar(batches, -(-n // batch_size), f"evaluate {cfg.name} {split}", progress)

@@ -47,9 +47,14 @@ def by_dataset(metrics: Mapping[str, float]) -> dict[str, dict[int, float]]:
     return {name: dict(sorted(row.items())) for name, row in out.items()}
 
 
-def dataset_configs(names: Sequence[str], source: str | None = None, data_dir: str | None = None,
-                    train_split: str = "train", test_split: str = "test",
-                    preprocessing: str = "tf_bilinear") -> list[dict]:  # fmt: skip
+def dataset_configs(
+    names: Sequence[str],
+    source: str | None = None,
+    data_dir: str | None = None,
+    train_split: str = "train",
+    test_split: str = "test",
+    preprocessing: str = "tf_bilinear",
+) -> list[dict]:
     """Dataset configs (fields of vit_jax.data.default_config()) for the named datasets.
 
     Without `source`, 'fashion_mnist' reads idx files and any other name a TFDS builder.
@@ -73,8 +78,14 @@ def evaluator_of(config: Any) -> FewShotEvaluator | None:
     names = [n.strip() for n in f.datasets.split(",") if n.strip()]
     if not names:
         return None
-    datasets = dataset_configs(names, f.source or None, f.data_dir or None, f.train_split,
-                               f.test_split, config.dataset.preprocessing)  # fmt: skip
+    datasets = dataset_configs(
+        names,
+        f.source or None,
+        f.data_dir or None,
+        f.train_split,
+        f.test_split,
+        config.dataset.preprocessing,
+    )
     return FewShotEvaluator(datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size)
 
 
@@ -103,8 +114,10 @@ def extract_features(
     parts = list(over_batches(lambda p, b: features(p, b["image"]), params, batches, mesh))
     if not parts:
         raise ValueError("no batches to extract features from: is the split empty?")
-    return (np.concatenate([np.asarray(f, np.float32) for f, _ in parts]),
-            np.concatenate([labels for _, labels in parts]))  # fmt: skip
+    return (
+        np.concatenate([np.asarray(f, np.float32) for f, _ in parts]),
+        np.concatenate([labels for _, labels in parts]),
+    )
 
 
 class FewShotEvaluator:
@@ -116,9 +129,15 @@ class FewShotEvaluator:
       evaluator.run(model, params)  # {'fewshot/fashion_mnist_1shot': 0.41, ...}
     """
 
-    def __init__(self, datasets: Sequence[Mapping[str, Any]], shots: Sequence[int] = DEFAULT_SHOTS,
-                 l2: float = DEFAULT_L2, seed: int = 0, image_size: int | tuple[int, int] = 224,
-                 batch_size: int = 256):  # fmt: skip
+    def __init__(
+        self,
+        datasets: Sequence[Mapping[str, Any]],
+        shots: Sequence[int] = DEFAULT_SHOTS,
+        l2: float = DEFAULT_L2,
+        seed: int = 0,
+        image_size: int | tuple[int, int] = 224,
+        batch_size: int = 256,
+    ):
         """Checks the dataset configs; nothing is read until `run`.
 
         Args:
@@ -204,7 +223,15 @@ class FewShotEvaluator:
         for cfg in self.configs:
             train_x, train_y = self.features(model, params, cfg, cfg.train_split, mesh)
             test_x, test_y = self.features(model, params, cfg, cfg.test_split, mesh)
-            accuracy = fewshot_accuracy(train_x, train_y, test_x, test_y, self.shots, self.l2,
-                                        self.seed, num_classes=data.num_classes(cfg))  # fmt: skip
+            accuracy = fewshot_accuracy(
+                train_x,
+                train_y,
+                test_x,
+                test_y,
+                self.shots,
+                self.l2,
+                self.seed,
+                num_classes=data.num_classes(cfg),
+            )
             out.update({metric_name(cfg.name, k): acc for k, acc in accuracy.items()})
         return out

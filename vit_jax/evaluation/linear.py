@@ -147,10 +147,17 @@ def choose_shots(labels: np.ndarray, k: int, seed: int) -> np.ndarray:
     return np.concatenate(chosen)
 
 
-def fewshot_accuracy(train_feats: np.ndarray, train_labels: np.ndarray, test_feats: np.ndarray,
-                     test_labels: np.ndarray, shots: Sequence[int] = (1, 5, 10, 25),
-                     l2: float = 1024.0, seed: int = 0, num_classes: int | None = None,
-                     standardize: bool = True) -> dict[int, float]:  # fmt: skip
+def fewshot_accuracy(
+    train_feats: np.ndarray,
+    train_labels: np.ndarray,
+    test_feats: np.ndarray,
+    test_labels: np.ndarray,
+    shots: Sequence[int] = (1, 5, 10, 25),
+    l2: float = 1024.0,
+    seed: int = 0,
+    num_classes: int | None = None,
+    standardize: bool = True,
+) -> dict[int, float]:
     """Linear few-shot test accuracy for each number of shots.
 
     Args:

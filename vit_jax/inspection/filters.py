@@ -71,9 +71,11 @@ def filter_pca(kernel: np.ndarray, num_components: int = NUM_COMPONENTS) -> Filt
     signs = np.sign(comps[np.arange(k), np.abs(comps).argmax(axis=1)])
     comps = comps * signs[:, None]
     variance = s**2 / max(d - 1, 1)
-    return FilterPCA(components=comps.reshape(k, p1, p2, c).astype(np.float32),
-                     explained_variance=variance[:k],
-                     variance_ratio=variance[:k] / max(variance.sum(), 1e-30))  # fmt: skip
+    return FilterPCA(
+        components=comps.reshape(k, p1, p2, c).astype(np.float32),
+        explained_variance=variance[:k],
+        variance_ratio=variance[:k] / max(variance.sum(), 1e-30),
+    )
 
 
 def to_tiles(components: np.ndarray) -> np.ndarray:

@@ -98,8 +98,13 @@ def plot_attention_distance(distance: np.ndarray, path: str, title: str) -> None
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     colors = plt.get_cmap("tab20" if heads > 10 else "tab10")
     for h in range(heads):
-        ax.scatter(np.arange(1, depth + 1), distance[:, h], s=14, color=colors(h % colors.N),
-                   label=f"head {h + 1}")  # fmt: skip
+        ax.scatter(
+            np.arange(1, depth + 1),
+            distance[:, h],
+            s=14,
+            color=colors(h % colors.N),
+            label=f"head {h + 1}",
+        )
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xlim(0.5, depth + 0.5)
@@ -107,8 +112,14 @@ def plot_attention_distance(distance: np.ndarray, path: str, title: str) -> None
     ax.set_xticks(np.arange(1, depth + 1, max(1, depth // 12)))
     ax.grid(alpha=0.3)
     if heads <= 16:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
-                  title="one dot per head", title_fontsize=7)  # fmt: skip
+        ax.legend(
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            frameon=False,
+            title="one dot per head",
+            title_fontsize=7,
+        )
     ax.set_title(f"{title}\nmean attention distance")
     _save(fig, path)
 
@@ -127,9 +138,15 @@ def plot_rollout(
     plot_relevance(images, maps[:, None], captions, path, title, names, "rollout flow")
 
 
-def plot_relevance(images: np.ndarray, maps: np.ndarray, captions: list[list[str]], path: str,
-                   title: str, names: list[str] | None = None,
-                   what: str = "relevance") -> None:  # fmt: skip
+def plot_relevance(
+    images: np.ndarray,
+    maps: np.ndarray,
+    captions: list[list[str]],
+    path: str,
+    title: str,
+    names: list[str] | None = None,
+    what: str = "relevance",
+) -> None:
     """Each image (first 8), then its relevance map for each class asked for, overlaid.
 
     Args:
@@ -141,8 +158,9 @@ def plot_relevance(images: np.ndarray, maps: np.ndarray, captions: list[list[str
     """
     plt = pyplot()
     n, k = min(len(images), MAX_ROLLOUT_IMAGES), maps.shape[1]
-    fig, axes = plt.subplots(n, k + 1, figsize=(2.6 * (k + 1) + 0.4, 2.5 * n + 0.6),
-                             squeeze=False, layout="constrained")  # fmt: skip
+    fig, axes = plt.subplots(
+        n, k + 1, figsize=(2.6 * (k + 1) + 0.4, 2.5 * n + 0.6), squeeze=False, layout="constrained"
+    )
     for i in range(n):
         rgb = np.clip((np.asarray(images[i]) + 1) / 2, 0, 1)
         axes[i, 0].imshow(rgb)
@@ -156,7 +174,8 @@ def plot_relevance(images: np.ndarray, maps: np.ndarray, captions: list[list[str
             ax.set_xticks([])
             ax.set_yticks([])
     axes[0, 0].set_title("input", fontsize=9)
-    fig.colorbar(shown, ax=axes.ravel().tolist(), shrink=min(0.9, 2.2 / n),
-                 label=f"{what} / its maximum")  # fmt: skip
+    fig.colorbar(
+        shown, ax=axes.ravel().tolist(), shrink=min(0.9, 2.2 / n), label=f"{what} / its maximum"
+    )
     fig.suptitle(title)
     _save(fig, path)

@@ -79,8 +79,9 @@ def _relevance_fn(model: VisionTransformer, image_shape: tuple[int, ...]):
     return maps
 
 
-def relevance(model: VisionTransformer, params: Any, images: np.ndarray, classes: Any,
-              batch_size: int = 8) -> np.ndarray:  # fmt: skip
+def relevance(
+    model: VisionTransformer, params: Any, images: np.ndarray, classes: Any, batch_size: int = 8
+) -> np.ndarray:
     """Class-specific relevance maps (Chefer et al. 2021) of a classifier.
 
     Args:
@@ -95,16 +96,20 @@ def relevance(model: VisionTransformer, params: Any, images: np.ndarray, classes
       maps over the patch grid, unnormalised.  # [N, K, gh, gw]
     """
     if not model.num_classes:
-        raise ValueError("relevance needs the model's head: load the checkpoint with it "
-                         "(head=True), the maps explain its classes")  # fmt: skip
+        raise ValueError(
+            "relevance needs the model's head: load the checkpoint with it "
+            "(head=True), the maps explain its classes"
+        )
     images = np.asarray(images, np.float32)
     classes = np.asarray(classes, np.int32)
     if classes.ndim == 1:
         classes = np.broadcast_to(classes, (len(images), len(classes)))
     bad = classes[(classes < 0) | (classes >= model.num_classes)]
     if bad.size:
-        raise ValueError(f"class {int(bad[0])} is not one of the head's {model.num_classes} "
-                         f"classes (0-{model.num_classes - 1})")  # fmt: skip
+        raise ValueError(
+            f"class {int(bad[0])} is not one of the head's {model.num_classes} "
+            f"classes (0-{model.num_classes - 1})"
+        )
     n, b = len(images), min(batch_size, len(images))
     pad = -n % b  # the last batch padded to the compiled size, then dropped
     images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), np.float32)])

@@ -85,8 +85,12 @@ def analyse_images(
     return distance.transpose(1, 0, 2), maps
 
 
-def sample_images(num_images: int, image_size: tuple[int, int], data_dir: str | None = None,
-                  method: str = "tf_bilinear") -> np.ndarray:  # fmt: skip
+def sample_images(
+    num_images: int,
+    image_size: tuple[int, int],
+    data_dir: str | None = None,
+    method: str = "tf_bilinear",
+) -> np.ndarray:
     """The first `num_images` test images of the idx dataset (Fashion-MNIST by default),
     through the evaluation preprocessing (vit_jax/data/pixels.py) by `method`.
 
@@ -100,8 +104,14 @@ def sample_images(num_images: int, image_size: tuple[int, int], data_dir: str | 
     if data_dir:
         cfg.data_dir = data_dir
     cfg.test_split = f"test[:{num_images}]"
-    with data.eval_iterator(cfg, cfg.test_split, global_batch=num_images, image_size=image_size,
-                            process_index=0, process_count=1) as batches:  # fmt: skip
+    with data.eval_iterator(
+        cfg,
+        cfg.test_split,
+        global_batch=num_images,
+        image_size=image_size,
+        process_index=0,
+        process_count=1,
+    ) as batches:
         batch = next(batches)
     return batch["image"][batch["mask"] > 0]
 
@@ -161,8 +171,15 @@ def compute(
     return Inspection(arrays, info, skipped)
 
 
-def explain(result: Inspection, model: VisionTransformer, params: Any, images: np.ndarray,
-            classes: Any = (), labels: Any = None, batch_size: int = 8) -> None:  # fmt: skip
+def explain(
+    result: Inspection,
+    model: VisionTransformer,
+    params: Any,
+    images: np.ndarray,
+    classes: Any = (),
+    labels: Any = None,
+    batch_size: int = 8,
+) -> None:
     """Adds relevance maps to `result` for `classes` (head indices or, where `labels` name
     the head's classes, names), the same for every image; none: each image's prediction.
 
@@ -176,9 +193,11 @@ def explain(result: Inspection, model: VisionTransformer, params: Any, images: n
     result.arrays["relevance"] = relevance(model, params, images, chosen, batch_size)
     result.arrays["relevance_classes"] = chosen
     result.arrays["relevance_probabilities"] = np.take_along_axis(probs, chosen, axis=1)
-    result.info["relevance"] = ("Chefer et al. 2021: per layer mean over heads of (gradient "
-                                "of the class's logit x attention)+, R <- R + that R from I; "
-                                + result.info["rollout"].split("; ")[-1])  # fmt: skip
+    result.info["relevance"] = (
+        "Chefer et al. 2021: per layer mean over heads of (gradient "
+        "of the class's logit x attention)+, R <- R + that R from I; "
+        + result.info["rollout"].split("; ")[-1]
+    )
     result.info["relevance_labels"] = labels
 
 
@@ -188,8 +207,10 @@ def _class_index(name: str, num_classes: int, labels: list[str] | None) -> int:
     if name.lstrip("-").isdigit() and 0 <= int(name) < num_classes:
         return int(name)
     known = f"; or one of its class names: {', '.join(labels[:10])}..." if labels else ""
-    raise ValueError(f"class {name!r}: expected an index of the head's {num_classes} classes "
-                     f"(0-{num_classes - 1}){known}")  # fmt: skip
+    raise ValueError(
+        f"class {name!r}: expected an index of the head's {num_classes} classes "
+        f"(0-{num_classes - 1}){known}"
+    )
 
 
 def write(
@@ -220,10 +241,18 @@ def write(
         labels = result.info.get("relevance_labels")
         name = lambda c: labels[c] if labels else f"class {c}"
         chosen, probs = a["relevance_classes"], a["relevance_probabilities"]
-        captions = [[f"{name(c)} ({p:.0%})" for c, p in zip(cs, ps, strict=True)]
-                    for cs, ps in zip(chosen, probs, strict=True)]  # fmt: skip
-        plots.plot_relevance(images, up.reshape(*maps.shape[:2], *up.shape[1:]), captions,
-                             path(PNG["relevance"]), title, names)  # fmt: skip
+        captions = [
+            [f"{name(c)} ({p:.0%})" for c, p in zip(cs, ps, strict=True)]
+            for cs, ps in zip(chosen, probs, strict=True)
+        ]
+        plots.plot_relevance(
+            images,
+            up.reshape(*maps.shape[:2], *up.shape[1:]),
+            captions,
+            path(PNG["relevance"]),
+            title,
+            names,
+        )
         written.append(path(PNG["relevance"]))
     with files.atomic_write(path(NUMBERS)) as f:
         np.savez(f, **a)

@@ -101,8 +101,11 @@ def per_block(tree: Any, model: VisionTransformer, *path: str) -> jax.Array:
     """Every block's entry at `path` of a variable collection ('intermediates', whose
     sown values are tuples of one, or 'perturbations'), stacked: [L, ...]."""
     enc = tree["Transformer"]
-    blocks = [enc["encoderblock"]] if model.scan else [enc[f"encoderblock_{i}"]
-                                                        for i in range(model.depth)]  # fmt: skip
+    blocks = (
+        [enc["encoderblock"]]
+        if model.scan
+        else [enc[f"encoderblock_{i}"] for i in range(model.depth)]
+    )
     found = []
     for block in blocks:
         for key in path:

@@ -54,14 +54,20 @@ def choose(choice: str, tokens: int, dtype, dropout: float = 0.0) -> str:
     if choice not in CHOICES:
         raise ValueError(f"attention={choice!r}: expected one of {', '.join(CHOICES)}")
     if choice != "xla" and dropout:
-        raise ValueError(f"attention={choice} has no attention dropout: set "
-                         "attention_dropout=0, or attention=xla")  # fmt: skip
+        raise ValueError(
+            f"attention={choice} has no attention dropout: set "
+            "attention_dropout=0, or attention=xla"
+        )
     if choice == "cudnn" and not gpu:
-        raise ValueError(f"attention=cudnn needs an NVIDIA GPU, and there is no GPU here "
-                         f"({kind}): use attention=xla (or splash on TPUs)")  # fmt: skip
+        raise ValueError(
+            f"attention=cudnn needs an NVIDIA GPU, and there is no GPU here "
+            f"({kind}): use attention=xla (or splash on TPUs)"
+        )
     if choice == "cudnn" and dtype not in HALF:
-        raise ValueError(f"attention=cudnn runs in bfloat16 or float16, not {dtype}: set "
-                         "dtype=bfloat16, or attention=xla")  # fmt: skip
+        raise ValueError(
+            f"attention=cudnn runs in bfloat16 or float16, not {dtype}: set "
+            "dtype=bfloat16, or attention=xla"
+        )
     if choice == "splash" and (gpu or (v3 and dtype != jnp.float32)):
         instead = "attention=cudnn" if gpu else "attention=xla, or dtype=float32"
         raise ValueError(f"attention=splash does not compile for {kind} in {dtype}: use {instead}")
@@ -110,6 +116,7 @@ def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "cudnn", fill=0.
     n = q.shape[1]
     q, k, v = padded(n + n % 2, fill, q, k, v)
     n_ = jnp.full(q.shape[:1], n, jnp.int32)  # [B]: each image's length, the pad after it
-    y = jax.nn.dot_product_attention(q, k, v, scale=1.0, query_seq_lengths=n_,
-                                     key_value_seq_lengths=n_, implementation=impl)  # fmt: skip
+    y = jax.nn.dot_product_attention(
+        q, k, v, scale=1.0, query_seq_lengths=n_, key_value_seq_lengths=n_, implementation=impl
+    )
     return y[:, :n]

@@ -63,9 +63,14 @@ class MlpBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
         o = self.opts
-        dense = lambda n, name: nn.Dense(n, dtype=o.dtype, param_dtype=o.param_dtype,
-                                         kernel_init=xavier, bias_init=tiny_normal,
-                                         name=name)  # fmt: skip
+        dense = lambda n, name: nn.Dense(
+            n,
+            dtype=o.dtype,
+            param_dtype=o.param_dtype,
+            kernel_init=xavier,
+            bias_init=tiny_normal,
+            name=name,
+        )
         d = x.shape[-1]
         x = gelu(adapted(self, "Dense_0", dense(o.mlp_dim, "Dense_0"), x), o.gelu)  # [B, N, F]
         x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
@@ -93,15 +98,22 @@ class SelfAttention(nn.Module):
         if d % o.num_heads:
             raise ValueError(f"width {d} is not divisible by num_heads={o.num_heads}")
         hd = d // o.num_heads
-        proj = lambda name: nn.DenseGeneral((o.num_heads, hd), dtype=o.dtype,
-                                            param_dtype=o.param_dtype, kernel_init=xavier,
-                                            name=name)  # fmt: skip
+        proj = lambda name: nn.DenseGeneral(
+            (o.num_heads, hd),
+            dtype=o.dtype,
+            param_dtype=o.param_dtype,
+            kernel_init=xavier,
+            name=name,
+        )
         q = adapted(self, "query", proj("query"), x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
         k = adapted(self, "key", proj("key"), x)
         v = adapted(self, "value", proj("value"), x)
         how = attention.choose(o.attention, x.shape[1], o.dtype, o.attention_dropout * self.train)
-        read = (self.is_mutable_collection("intermediates") or self.is_mutable_collection(
-            "perturbations") or self.has_variable("perturbations", "probabilities"))  # fmt: skip
+        read = (
+            self.is_mutable_collection("intermediates")
+            or self.is_mutable_collection("perturbations")
+            or self.has_variable("perturbations", "probabilities")
+        )
         if how != "xla" and not read:
             return self._out(attention.attend(q, k, v, how), d)  # [B, N, H, hd] in
         # Heads first, so that both attention products are plain batched matrix
@@ -120,8 +132,14 @@ class SelfAttention(nn.Module):
 
     def _out(self, y: jax.Array, d: int) -> jax.Array:  # [B, N, H, hd] -> [B, N, D]
         o = self.opts
-        out = nn.DenseGeneral(d, axis=(-2, -1), dtype=o.dtype, param_dtype=o.param_dtype,
-                              kernel_init=xavier, name="out")  # fmt: skip
+        out = nn.DenseGeneral(
+            d,
+            axis=(-2, -1),
+            dtype=o.dtype,
+            param_dtype=o.param_dtype,
+            kernel_init=xavier,
+            name="out",
+        )
         return adapted(self, "out", out, y, in_axes=2)
 
 
@@ -192,8 +210,12 @@ class Encoder(nn.Module):
         if self.scan:
             body = nn.remat(_ScanBlock) if self.remat else _ScanBlock
             axes = {"params": 0, "intermediates": 0, "perturbations": 0}  # stacked per block
-            stack = nn.scan(body, variable_axes=axes, length=self.depth,
-                            split_rngs={"params": True, "dropout": True})  # fmt: skip
+            stack = nn.scan(
+                body,
+                variable_axes=axes,
+                length=self.depth,
+                split_rngs={"params": True, "dropout": True},
+            )
             x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates))
         else:
             block = nn.remat(Encoder1DBlock) if self.remat else Encoder1DBlock

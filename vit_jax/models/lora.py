@@ -20,8 +20,13 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 # config.lora.targets -> the Dense modules they adapt ('mlp': both of the MLP's)
-TARGETS = {"query": ("query",), "key": ("key",), "value": ("value",), "out": ("out",),
-           "mlp": ("Dense_0", "Dense_1")}  # fmt: skip
+TARGETS = {
+    "query": ("query",),
+    "key": ("key",),
+    "value": ("value",),
+    "out": ("out",),
+    "mlp": ("Dense_0", "Dense_1"),
+}
 MARK = "_lora_"  # in every adapter's parameter name
 
 
@@ -58,8 +63,9 @@ def adapted(module: nn.Module, name: str, dense: nn.Module, x: jax.Array, in_axe
     fan_in, out_shape = math.prod(x.shape[-in_axes:]), y.shape[x.ndim - in_axes :]
     init_a = nn.initializers.normal(1 / math.sqrt(fan_in))
     a = module.param(f"{name}{MARK}a", init_a, (*x.shape[-in_axes:], lora.rank), o.param_dtype)
-    b = module.param(f"{name}{MARK}b", nn.initializers.zeros, (lora.rank, *out_shape),
-                     o.param_dtype)  # fmt: skip
+    b = module.param(
+        f"{name}{MARK}b", nn.initializers.zeros, (lora.rank, *out_shape), o.param_dtype
+    )
     h = jnp.tensordot(x, a.astype(o.dtype), in_axes)  # [B, N, r]
     return y + (lora.scale * jnp.tensordot(h, b.astype(o.dtype), 1)).astype(y.dtype)
 

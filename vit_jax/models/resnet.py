@@ -47,8 +47,14 @@ class StdConv(nn.Module):
 
 def group_norm(name: str, dtype: Dtype, param_dtype: Dtype, zero: bool = False) -> nn.GroupNorm:
     init = nn.initializers.zeros if zero else nn.initializers.ones
-    return nn.GroupNorm(num_groups=32, epsilon=1e-6, dtype=dtype, param_dtype=param_dtype,
-                        scale_init=init, name=name)  # fmt: skip
+    return nn.GroupNorm(
+        num_groups=32,
+        epsilon=1e-6,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        scale_init=init,
+        name=name,
+    )
 
 
 class ResidualUnit(nn.Module):
@@ -85,13 +91,23 @@ class ResNetStage(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for u in range(self.units):
-            x = ResidualUnit(self.features, self.stride if u == 0 else 1, self.dtype,
-                             self.param_dtype, name=f"unit{u + 1}")(x)  # fmt: skip
+            x = ResidualUnit(
+                self.features,
+                self.stride if u == 0 else 1,
+                self.dtype,
+                self.param_dtype,
+                name=f"unit{u + 1}",
+            )(x)
         return x
 
 
-def stem(x: jax.Array, stages: tuple[int, ...], width: int = 64, dtype: Dtype = jnp.float32,
-         param_dtype: Dtype = jnp.float32) -> jax.Array:  # fmt: skip
+def stem(
+    x: jax.Array,
+    stages: tuple[int, ...],
+    width: int = 64,
+    dtype: Dtype = jnp.float32,
+    param_dtype: Dtype = jnp.float32,
+) -> jax.Array:
     """Root (conv 7x7/2, GN, ReLU, max-pool 3x3/2) and bottleneck stages.
 
     Called inside the ViT's compact method, so its modules sit at the top level of

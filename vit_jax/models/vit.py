@@ -117,11 +117,18 @@ class VisionTransformer(nn.Module):
     @property
     def block_options(self) -> BlockOptions:
         """The fields every encoder block computes with, handed down whole."""
-        return BlockOptions(mlp_dim=self.mlp_dim, num_heads=self.num_heads, dropout=self.dropout,
-                            attention_dropout=self.attention_dropout, gelu=self.gelu,
-                            layer_norm_eps=float(self.layer_norm_eps), dtype=self.dtype,
-                            param_dtype=self.param_dtype, lora=self.lora,
-                            attention=self.attention)  # fmt: skip
+        return BlockOptions(
+            mlp_dim=self.mlp_dim,
+            num_heads=self.num_heads,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            gelu=self.gelu,
+            layer_norm_eps=float(self.layer_norm_eps),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            lora=self.lora,
+            attention=self.attention,
+        )
 
     @property
     def has_class_token(self) -> bool:
@@ -149,22 +156,41 @@ class VisionTransformer(nn.Module):
             x = jnp.concatenate(
                 [jnp.tile(cls.astype(x.dtype), (b, 1, 1)), x], axis=1
             )  # [B, 1+N, D]
-        x = Encoder(self.block_options, self.depth, (gh, gw), num_prefix=int(self.has_class_token),
-                    posemb=self.posemb, stochastic_depth=self.stochastic_depth, remat=self.remat,
-                    scan=self.scan, train=train, name="Transformer")(x)  # fmt: skip
+        x = Encoder(
+            self.block_options,
+            self.depth,
+            (gh, gw),
+            num_prefix=int(self.has_class_token),
+            posemb=self.posemb,
+            stochastic_depth=self.stochastic_depth,
+            remat=self.remat,
+            scan=self.scan,
+            train=train,
+            name="Transformer",
+        )(x)
         if self.classifier == "token":
             x = x[:, 0]  # [B, D]
         elif self.classifier == "gap":
             x = jnp.mean(x, axis=1)  # [B, D]
         if self.representation_size:
-            x = nn.tanh(nn.Dense(self.representation_size, dtype=self.dtype,
-                                 param_dtype=self.param_dtype, name="pre_logits")(x))  # fmt: skip
+            x = nn.tanh(
+                nn.Dense(
+                    self.representation_size,
+                    dtype=self.dtype,
+                    param_dtype=self.param_dtype,
+                    name="pre_logits",
+                )(x)
+            )
         self.sow("intermediates", "representation", x)  # the "pre_logits" features
         if self.num_classes:
-            x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
-                         kernel_init=nn.initializers.zeros,
-                         bias_init=nn.initializers.constant(self.head_bias_init),
-                         name="head")(x)  # fmt: skip
+            x = nn.Dense(
+                self.num_classes,
+                dtype=self.dtype,
+                param_dtype=self.param_dtype,
+                kernel_init=nn.initializers.zeros,
+                bias_init=nn.initializers.constant(self.head_bias_init),
+                name="head",
+            )(x)
         return x.astype(jnp.float32)
 
     def _check(self, images: jax.Array) -> None:

@@ -57,10 +57,12 @@ def initialize(cfg: Any) -> None:
             f"[0, num_processes={cfg.num_processes}): number the processes 0, 1, ..."
         )
     try:
-        jax.distributed.initialize(coordinator_address=cfg.coordinator_address or None,
-                                   num_processes=cfg.num_processes or None,
-                                   process_id=cfg.process_id if cfg.process_id >= 0 else None,
-                                   initialization_timeout=cfg.timeout_seconds)  # fmt: skip
+        jax.distributed.initialize(
+            coordinator_address=cfg.coordinator_address or None,
+            num_processes=cfg.num_processes or None,
+            process_id=cfg.process_id if cfg.process_id >= 0 else None,
+            initialization_timeout=cfg.timeout_seconds,
+        )
     except (ValueError, RuntimeError) as e:
         raise RuntimeError(
             f"joining the run failed with config.distributed={dict(cfg)}: {e}. Start every "

@@ -72,21 +72,34 @@ OPTIMIZER = {
 }  # fmt: skip
 FEWSHOT = {
     "source": lambda v: None if not v else one_of(data_config.SOURCES)(v),
-    "train_split": splits.spec_rule, "test_split": splits.spec_rule,
-    "shots": lambda v: None if isinstance(v, (tuple, list)) and v and all(
-        is_int(k) and k >= 1 for k in v) else "expected examples per class >= 1, e.g. (1, 5)",
-    "l2": number(0), "seed": integer(0), "batch_size": integer(1),
+    "train_split": splits.spec_rule,
+    "test_split": splits.spec_rule,
+    "shots": lambda v: (
+        None
+        if isinstance(v, (tuple, list)) and v and all(is_int(k) and k >= 1 for k in v)
+        else "expected examples per class >= 1, e.g. (1, 5)"
+    ),
+    "l2": number(0),
+    "seed": integer(0),
+    "batch_size": integer(1),
     "every": integer(0, " (0: with each evaluation)"),
-}  # fmt: skip
-MESH = {"data": lambda v: None if v == -1 or (is_int(v) and v >= 1)
-        else "expected -1 (every device left) or >= 1", "fsdp": integer(1)}  # fmt: skip
+}
+MESH = {
+    "data": lambda v: (
+        None if v == -1 or (is_int(v) and v >= 1) else "expected -1 (every device left) or >= 1"
+    ),
+    "fsdp": integer(1),
+}
 STORE = {"retry_seconds": number(0, low_open=True)}
 LORA = {
-    "rank": integer(0, " (0: off)"), "alpha": number(0, note=" (0: the rank)"),
-    "targets": lambda v: None if isinstance(v, str) and v.strip() and all(
-        t.strip() in TARGETS for t in v.split(",")) else f"expected some of {', '.join(TARGETS)}, "
-        "comma-separated",
-}  # fmt: skip
+    "rank": integer(0, " (0: off)"),
+    "alpha": number(0, note=" (0: the rank)"),
+    "targets": lambda v: (
+        None
+        if isinstance(v, str) and v.strip() and all(t.strip() in TARGETS for t in v.split(","))
+        else f"expected some of {', '.join(TARGETS)}, comma-separated"
+    ),
+}
 DISTRIBUTED = {
     "num_processes": integer(0, " (0: not set)"), "process_id": integer(-1, " (-1: not set)"),
     "timeout_seconds": number(0, low_open=True),
@@ -98,8 +111,10 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
     c = config
     out = table_problems(c, RUN)
     if not out and c.batch_size % c.accum_steps:
-        why = (f"expected a divisor of batch_size ({c.batch_size}): it splits each batch into "
-               "that many micro-batches")  # fmt: skip
+        why = (
+            f"expected a divisor of batch_size ({c.batch_size}): it splits each batch into "
+            "that many micro-batches"
+        )
         out.append(Problem("accum_steps", c.accum_steps, why))
     out += _model_problems(c.model, c.image_size)
     out += _optimizer_problems(c.optimizer, c.total_steps)
@@ -149,8 +164,12 @@ def _optimizer_problems(o: Any, total_steps: Any) -> list[Problem]:
         out.append(Problem("optimizer.end_lr", o.end_lr, why))
     rule = integer(0)
     if is_int(total_steps) and total_steps >= 1:
-        rule = lambda v: None if is_int(v) and 0 <= v <= total_steps else (  # noqa: E731
-            f"expected an integer from 0 to total_steps ({total_steps})")  # fmt: skip
+        rule = lambda v: (
+            None
+            if is_int(v) and 0 <= v <= total_steps
+            # noqa: E731
+            else (f"expected an integer from 0 to total_steps ({total_steps})")
+        )
     if why := rule(o.warmup_steps):
         out.append(Problem("optimizer.warmup_steps", o.warmup_steps, why))
     return out
@@ -178,8 +197,10 @@ def device_problems(config: ml_collections.ConfigDict, devices: int, processes: 
         out.append(Problem("mesh.data", data, why))
     per_step = devices * c.accum_steps
     if c.batch_size % per_step or c.batch_size % processes:
-        why = (f"expected a multiple of {per_step} ({devices} devices x accum_steps "
-               f"{c.accum_steps}) and of the {processes} processes")  # fmt: skip
+        why = (
+            f"expected a multiple of {per_step} ({devices} devices x accum_steps "
+            f"{c.accum_steps}) and of the {processes} processes"
+        )
         out.append(Problem("batch_size", c.batch_size, why))
     batches = [("eval_batch_size", c.eval_batch_size)]
     if c.fewshot.datasets:
@@ -266,8 +287,9 @@ def _fewshot_data_problems(c: ml_collections.ConfigDict) -> list[Problem]:
     f, out = c.fewshot, []
     names = [n.strip() for n in f.datasets.split(",") if n.strip()]
     most = max(f.shots)
-    for fields in dataset_configs(names, f.source or None, f.data_dir or None, f.train_split,
-                                  f.test_split):  # fmt: skip
+    for fields in dataset_configs(
+        names, f.source or None, f.data_dir or None, f.train_split, f.test_split
+    ):
         cfg = default_config()
         cfg.update(fields)
         cfg.examples_per_class, cfg.subset_seed = most, f.seed  # as FewShotEvaluator reads
@@ -289,9 +311,14 @@ def _fewshot_data_problems(c: ml_collections.ConfigDict) -> list[Problem]:
     return out
 
 
-def check(config: ml_collections.ConfigDict, *, devices: int | None = None,
-          processes: int | None = None, init_from_later: bool = False,
-          read_data: bool = True) -> None:  # fmt: skip
+def check(
+    config: ml_collections.ConfigDict,
+    *,
+    devices: int | None = None,
+    processes: int | None = None,
+    init_from_later: bool = False,
+    read_data: bool = True,
+) -> None:
     """Raises a ConfigError naming every field of `config` that cannot make sense: from
     the config alone, then against the devices and processes (this run's, unless given),
     then against the data (unless `read_data` is False). Nothing is written.

@@ -104,8 +104,12 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out.update(fits=self.fits, images_per_second=self.images_per_second,
-                   utilisation=self.utilisation, core_days=self.core_days)  # fmt: skip
+        out.update(
+            fits=self.fits,
+            images_per_second=self.images_per_second,
+            utilisation=self.utilisation,
+            core_days=self.core_days,
+        )
         return out
 
 
@@ -195,11 +199,19 @@ def plan_on(
     kind = devices[0].device_kind
     chip = CHIPS.get(kind, Chip(0, 0.0, getattr(devices[0], "num_cores", 1) or 1))
     known = dict(
-        topology=name, device_kind=kind, devices=len(devices), batch_size=config.batch_size,
-        mesh=dict(mesh.shape), remat=bool(config.model.remat), param_bytes=param_bytes,
-        optimizer_bytes=opt_bytes, batch_bytes=batch_bytes, total_steps=config.total_steps,
-        cores_per_device=chip.cores, loop=loop_of(config) or "",
-    )  # fmt: skip
+        topology=name,
+        device_kind=kind,
+        devices=len(devices),
+        batch_size=config.batch_size,
+        mesh=dict(mesh.shape),
+        remat=bool(config.model.remat),
+        param_bytes=param_bytes,
+        optimizer_bytes=opt_bytes,
+        batch_bytes=batch_bytes,
+        total_steps=config.total_steps,
+        cores_per_device=chip.cores,
+        loop=loop_of(config) or "",
+    )
     began = time.perf_counter()
     try:
         with console.silenced_stderr():
@@ -210,10 +222,15 @@ def plan_on(
             raise
         temp, hbm = out
         return Plan(
-            **known, temp_bytes=temp, total_bytes=param_bytes + opt_bytes + batch_bytes + temp,
-            hbm_bytes=hbm, flops=0.0, step_seconds=0.0, compiled=False,
+            **known,
+            temp_bytes=temp,
+            total_bytes=param_bytes + opt_bytes + batch_bytes + temp,
+            hbm_bytes=hbm,
+            flops=0.0,
+            step_seconds=0.0,
+            compiled=False,
             compile_seconds=time.perf_counter() - began,
-        )  # fmt: skip
+        )
     temp, total, flops, seconds = compiled_figures(compiled)
     model = state_lib.build_model(config.model, classes, adapters=config.get("lora"))
     per_device = config.batch_size / len(devices)
@@ -221,9 +238,16 @@ def plan_on(
     if known["loop"]:
         flops, seconds, kernel = 0.0, 0.0, 0.0
     seconds += kernel / chip.peak_flops if seconds and chip.peak_flops else 0.0
-    return Plan(**known, temp_bytes=temp, total_bytes=total, hbm_bytes=chip.hbm_bytes,
-                flops=flops + kernel, step_seconds=seconds, kernel_flops=kernel,
-                compile_seconds=time.perf_counter() - began)  # fmt: skip
+    return Plan(
+        **known,
+        temp_bytes=temp,
+        total_bytes=total,
+        hbm_bytes=chip.hbm_bytes,
+        flops=flops + kernel,
+        step_seconds=seconds,
+        kernel_flops=kernel,
+        compile_seconds=time.perf_counter() - began,
+    )
 
 
 _OOM = re.compile(
@@ -242,9 +266,13 @@ def out_of_memory(message: str) -> tuple[int, int] | None:
     return int(float(m[1]) * unit[m[2]]), int(float(m[3]) * unit[m[4]])
 
 
-def fit(config: ml_collections.ConfigDict, devices: list[Any], name: str,
-        num_classes: int | None = None, max_compiles: int = 8) -> tuple[Plan | None, Plan | None,
-        int]:  # fmt: skip
+def fit(
+    config: ml_collections.ConfigDict,
+    devices: list[Any],
+    name: str,
+    num_classes: int | None = None,
+    max_compiles: int = 8,
+) -> tuple[Plan | None, Plan | None, int]:
     """The largest global batch (a multiple of the devices x accum_steps) whose step fits:
     doubling from config.batch_size until one does not fit (or halving until one does),
     then bisecting. Returns (largest that fits, smallest seen that does not, compiles)."""

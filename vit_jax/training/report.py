@@ -42,8 +42,14 @@ class Throughput:
     `update` gives none until a later step is timed. `clock` (seconds) is for tests.
     """
 
-    def __init__(self, total_steps: int, batch: int, devices: int, start_step: int = 0,
-                 clock: Callable[[], float] = time.perf_counter):  # fmt: skip
+    def __init__(
+        self,
+        total_steps: int,
+        batch: int,
+        devices: int,
+        start_step: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.total, self.batch, self.devices, self.clock = total_steps, batch, devices, clock
         self.last_step, self.last_time = start_step, clock()
 
@@ -77,9 +83,12 @@ class Throughput:
 def console_line(step: int, total: int, metrics: dict[str, float]) -> str:
     """'step 100/1000 | loss 1.234 | lr 1.0e-03 | grad_norm 0.52 | 812 img/s/device | ETA 3m20s'."""
     parts = [f"step {step}/{total}"]
-    for key, fmt in (("loss", "loss {:.4f}"), ("lr", "lr {:.2e}"),
-                     ("grad_norm", "grad_norm {:.3f}"),
-                     ("img_per_sec_per_device", "{:.0f} img/s/device")):  # fmt: skip
+    for key, fmt in (
+        ("loss", "loss {:.4f}"),
+        ("lr", "lr {:.2e}"),
+        ("grad_norm", "grad_norm {:.3f}"),
+        ("img_per_sec_per_device", "{:.0f} img/s/device"),
+    ):
         if key in metrics:
             parts.append(fmt.format(metrics[key]))
     if metrics.get("skipped"):
@@ -144,8 +153,10 @@ def write_fewshot(writer: Any, step: int, evals: dict) -> None:
 
 def write_summary(path: Any, summary: dict[str, Any]) -> None:
     """Writes a run's summary.json at `path`, whole or not at all (non-finite: null)."""
-    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-             for k, v in summary.items()}  # fmt: skip
+    clean = {
+        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+        for k, v in summary.items()
+    }
     with files.atomic_write(path, "w") as f:
         json.dump(clean, f, indent=2, sort_keys=True)
 
@@ -275,9 +286,13 @@ def compiled_figures(compiled: Any) -> tuple[int, int, float, float]:
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
-    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
-             - memory.alias_size_in_bytes + memory.temp_size_in_bytes
-             + memory.generated_code_size_in_bytes)  # fmt: skip
+    total = (
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        - memory.alias_size_in_bytes
+        + memory.temp_size_in_bytes
+        + memory.generated_code_size_in_bytes
+    )
     seconds = float(cost.get("optimal_seconds") or 0.0)
     # Measured: libtpu 0.0.42.1's cost model gives ViT-B/16 at 384 px on v4-8 a negative
     # time (-90 s); an estimate that is not a positive number is no estimate.
@@ -300,8 +315,10 @@ def starting(name: str, params: Any, frozen: Any, steps: int) -> str:
     frozen base) and the steps ahead."""
     total = count_params(params) + (count_params(frozen) if frozen else 0)
     trained = f", {count_params(params):,} trained" if frozen else ""
-    return (f"training {name} ({total:,} parameters{trained}) for {steps} steps; compiling "
-            "the first step...")  # fmt: skip
+    return (
+        f"training {name} ({total:,} parameters{trained}) for {steps} steps; compiling "
+        "the first step..."
+    )
 
 
 def kernel_flops(model: Any, image_size: int, per_device: float) -> float:
@@ -314,16 +331,18 @@ def kernel_flops(model: Any, image_size: int, per_device: float) -> float:
     return 0.0 if how == "xla" else 12.0 * per_device * n * n * model.width * model.depth
 
 
-def compiled_line(step: Any, state: Any, batch: Any, loop: str | None = None,
-                  model: Any = None) -> str | None:  # fmt: skip
+def compiled_line(
+    step: Any, state: Any, batch: Any, loop: str | None = None, model: Any = None
+) -> str | None:
     """One line of what the compiler says of the loop's own step on this host's devices,
     after its first call (whose executable the lowering finds again: no second compile):
     bytes per device, FLOPs per step (with a fused kernel's: `kernel_flops` of `model`),
     and its step-time estimate where the backend gives one (TPU); `loop` (`loop_of`) or a
     GPU: no FLOPs or time, which the compiler counts a part of. None where the backend reports no
     memory analysis."""
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                            (state, batch))  # fmt: skip
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), (state, batch)
+    )
     try:
         temp, total, flops, seconds = compiled_figures(step.lower(*abstract).compile())
     except Exception:  # noqa: BLE001 - a backend without the analyses: say nothing

@@ -77,8 +77,13 @@ class Start:
 
     @classmethod
     def of(cls, config: Any) -> Start:
-        return cls(config.seed, config.image_size, config.init_from or None,
-                   config.reset_head, config.model.get("patch_size"))  # fmt: skip
+        return cls(
+            config.seed,
+            config.image_size,
+            config.init_from or None,
+            config.reset_head,
+            config.model.get("patch_size"),
+        )
 
 
 # ---------------------------------------------------------------------- objective, optimizer
@@ -216,14 +221,23 @@ def create_state(
 
 def init_params(start: Start, model: VisionTransformer) -> Any:
     """`start.init_from`'s parameters for `model`, without LoRA's adapters (host arrays)."""
-    return load_pretrained(start.init_from, model.clone(lora=None), start.image_size,
-                           start.reset_head, start.patch_size)  # fmt: skip
+    return load_pretrained(
+        start.init_from,
+        model.clone(lora=None),
+        start.image_size,
+        start.reset_head,
+        start.patch_size,
+    )
 
 
 def restore_or_create(
-    start: Start, model: VisionTransformer, tx: Any, mesh: Any, checkpoints: Checkpoints,
+    start: Start,
+    model: VisionTransformer,
+    tx: Any,
+    mesh: Any,
+    checkpoints: Checkpoints,
     from_scratch_if_damaged: bool = False,
-) -> tuple[TrainState, Any]:  # fmt: skip
+) -> tuple[TrainState, Any]:
     """The newest checkpoint in the workdir that verifies, laid out for `mesh` (whatever
     mesh wrote it), else a new state; damaged ones are named and set aside
     (`verify.restore_newest`).
@@ -236,8 +250,11 @@ def restore_or_create(
         return create_state(start, model, tx, mesh)
     abstract = abstract_state(start, model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract.saved(), shardings.saved())  # fmt: skip
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract.saved(),
+        shardings.saved(),
+    )
     state, _ = verify.restore_newest(checkpoints, target, from_scratch_if_damaged)
     if state is None:
         return create_state(start, model, tx, mesh)
@@ -258,8 +275,10 @@ def load_run(workdir: str, image_size: Any = None, head: bool = True, **override
     checkpoints = Checkpoints(Workdir.at(workdir).checkpoints, read_only=True)
     verdicts = (verify.check(checkpoints, s) for s in reversed(checkpoints.steps()))
     if (found := next((v for v in verdicts if not v.problems), None)) is None:
-        raise FileNotFoundError(f"{workdir}: no checkpoint there verifies (python -m "
-                                f"vit_jax.checkpoints verify {workdir} lists them)")  # fmt: skip
+        raise FileNotFoundError(
+            f"{workdir}: no checkpoint there verifies (python -m "
+            f"vit_jax.checkpoints verify {workdir} lists them)"
+        )
     about = read_record(checkpoints.directory / str(found.step))["state"]
     params, adapters = found.state["params"], about.get("lora")
     classes = params["head"]["kernel"].shape[-1] if head else None
@@ -267,8 +286,9 @@ def load_run(workdir: str, image_size: Any = None, head: bool = True, **override
     model = build_model(config, classes, adapters=ml_collections.ConfigDict(adapters or {}))
     if adapters:
         plain = model.clone(lora=None, num_classes=None)
-        base = load_pretrained(adapters["init_from"], plain, about["image_size"],
-                               patch_size=config.get("patch_size"))  # fmt: skip
+        base = load_pretrained(
+            adapters["init_from"], plain, about["image_size"], patch_size=config.get("patch_size")
+        )
         params = lora.overlay(base, params)
     model = model.clone(**overrides)
     size = image_size or about["image_size"]

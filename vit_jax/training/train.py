@@ -56,8 +56,15 @@ from vit_jax.workdir.checkpoints import Checkpoints
 from vit_jax.workdir.workdir import Plan, Workdir, tree_bytes
 
 
-def loss_and_grads(model, params, batch: dict, rng: jax.Array, accum_steps: int,
-                   loss_name: str = "softmax_xent", frozen: Any = None):  # fmt: skip
+def loss_and_grads(
+    model,
+    params,
+    batch: dict,
+    rng: jax.Array,
+    accum_steps: int,
+    loss_name: str = "softmax_xent",
+    frozen: Any = None,
+):
     """(mean loss, gradients of `params`, not of `frozen`: LoRA's base) over the batch, in
     `accum_steps` micro-batches: micro-batch i takes examples i, i + accum, ..., so each is
     spread over all devices."""
@@ -84,16 +91,24 @@ def loss_and_grads(model, params, batch: dict, rng: jax.Array, accum_steps: int,
     return jax.tree.map(lambda x: x / accum_steps, (loss, grads))
 
 
-def train_step(state: TrainState, batch: dict, *, model, tx: optax.GradientTransformation,
-               lr_fn: optax.Schedule, accum_steps: int = 1,
-               loss_name: str = "softmax_xent") -> tuple[TrainState, dict]:  # fmt: skip
+def train_step(
+    state: TrainState,
+    batch: dict,
+    *,
+    model,
+    tx: optax.GradientTransformation,
+    lr_fn: optax.Schedule,
+    accum_steps: int = 1,
+    loss_name: str = "softmax_xent",
+) -> tuple[TrainState, dict]:
     """One optimizer step on one global batch. A finite gradient norm means every
     gradient is finite, and from finite gradients SGD and Adam make finite updates short
     of overflow, so only the loss and the norm are checked here (a pass over the new
     state costs ~3% of a step); the loop checks the whole state before each save."""
     rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    loss, grads = loss_and_grads(model, state.params, batch, rng, accum_steps, loss_name,
-                                 state.frozen)  # fmt: skip
+    loss, grads = loss_and_grads(
+        model, state.params, batch, rng, accum_steps, loss_name, state.frozen
+    )
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     metrics = {
@@ -117,19 +132,32 @@ def eval_step(params: Any, batch: dict, *, model, loss_name: str = "softmax_xent
     return {"correct": correct.astype(jnp.float32), "loss": loss}
 
 
-def jit_steps(model, tx, lr_fn, mesh: jax.sharding.Mesh, state_shardings: Any,
-              accum_steps: int = 1, loss_name: str = "softmax_xent"):  # fmt: skip
+def jit_steps(
+    model,
+    tx,
+    lr_fn,
+    mesh: jax.sharding.Mesh,
+    state_shardings: Any,
+    accum_steps: int = 1,
+    loss_name: str = "softmax_xent",
+):
     """The jitted train and eval steps (the contract is above): what the loop runs and the
     planner compiles for a TPU topology (`config.accum_steps`, `config.loss`)."""
     batch, rep = sharding.batch_sharding(mesh), sharding.replicated(mesh)
-    step = functools.partial(train_step, model=model, tx=tx, lr_fn=lr_fn,
-                             accum_steps=accum_steps, loss_name=loss_name)  # fmt: skip
-    step = jax.jit(sharding.on_mesh(mesh, step), in_shardings=(state_shardings, batch),
-                   out_shardings=(state_shardings, rep), donate_argnums=0)  # fmt: skip
+    step = functools.partial(
+        train_step, model=model, tx=tx, lr_fn=lr_fn, accum_steps=accum_steps, loss_name=loss_name
+    )
+    step = jax.jit(
+        sharding.on_mesh(mesh, step),
+        in_shardings=(state_shardings, batch),
+        out_shardings=(state_shardings, rep),
+        donate_argnums=0,
+    )
     evaluate = functools.partial(eval_step, model=model, loss_name=loss_name)
     params = state_shardings.model_params
-    evaluate = jax.jit(sharding.on_mesh(mesh, evaluate), in_shardings=(params, batch),
-                       out_shardings=batch)  # fmt: skip
+    evaluate = jax.jit(
+        sharding.on_mesh(mesh, evaluate), in_shardings=(params, batch), out_shardings=batch
+    )
     return step, evaluate
 
 
@@ -182,12 +210,15 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
             raise  # another run's workdir: touch nothing
         except BaseException as e:
             if OUTAGE.since is not None and transient(e):  # mid-outage, outside OUTAGE.call
-                OUTAGE.stop(f"the store at {wd.root} did not answer: {OUTAGE.cause or e}. Once "
-                            "it answers, run the same command (exit status 75)")  # fmt: skip
+                OUTAGE.stop(
+                    f"the store at {wd.root} did not answer: {OUTAGE.cause or e}. Once "
+                    "it answers, run the same command (exit status 75)"
+                )
             wd.remove_empty(created)  # only what this run created, and only if empty
             if isinstance(e, KeyboardInterrupt) and not isinstance(e, stopping.Stopped):
-                saver = loop.saver or (Checkpoints(wd.checkpoints, read_only=True)
-                                       if wd.checkpoints.exists() else None)  # fmt: skip
+                saver = loop.saver or (
+                    Checkpoints(wd.checkpoints, read_only=True) if wd.checkpoints.exists() else None
+                )
                 raise stopping.Interrupted(stopping.where_stopped(loop.step, saver)) from e
             raise
 
@@ -195,8 +226,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
 def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
     config, began = loop.config, time.time()
     loop.mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
-    loop.model = state_lib.build_model(config.model, data.num_classes(config.dataset),
-                                       config.init_from or None, config.lora)  # fmt: skip
+    loop.model = state_lib.build_model(
+        config.model, data.num_classes(config.dataset), config.init_from or None, config.lora
+    )
     tx, lr_fn = state_lib.optimizer_of(config)
     start = state_lib.Start.of(config)
     abstract = state_lib.abstract_state(start, loop.model, tx)
@@ -204,12 +236,19 @@ def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
     # Everything that runs beside the loop (the saver's and Orbax's threads, the event
     # writer's, the input pipeline's) ends with the run, however it ends.
     with contextlib.ExitStack() as running:
-        loop.saver = running.enter_context(OUTAGE.call(
-            lambda: Checkpoints(wd.checkpoints, config.keep_checkpoints, plan.state),
-            f"opening {wd.checkpoints}"))  # fmt: skip
+        loop.saver = running.enter_context(
+            OUTAGE.call(
+                lambda: Checkpoints(wd.checkpoints, config.keep_checkpoints, plan.state),
+                f"opening {wd.checkpoints}",
+            )
+        )
         scratch = config.get("from_scratch_if_damaged", False)
-        state, shardings = OUTAGE.call(lambda: state_lib.restore_or_create(
-            start, loop.model, tx, loop.mesh, loop.saver, scratch), "restoring")  # fmt: skip
+        state, shardings = OUTAGE.call(
+            lambda: state_lib.restore_or_create(
+                start, loop.model, tx, loop.mesh, loop.saver, scratch
+            ),
+            "restoring",
+        )
         loop.step = int(jax.device_get(state.step))
         loop.train_step, loop.eval_step = jit_steps(
             loop.model, tx, lr_fn, loop.mesh, shardings, config.accum_steps, config.loss
@@ -218,28 +257,38 @@ def _run(loop: Loop, plan: Plan, wd: Workdir) -> dict[str, Any]:
             writer = report.EventWriter(wd.root, loop.saver.rerun_sentence)
             loop.writer = running.enter_context(writer)
         loop.fewshot = fewshot_lib.evaluator_of(config)
-        batches = running.enter_context(data.train_iterator(
-            config.dataset, global_batch=config.batch_size, image_size=config.image_size,
-            seed=config.seed, start_step=loop.step))  # fmt: skip
+        batches = running.enter_context(
+            data.train_iterator(
+                config.dataset,
+                global_batch=config.batch_size,
+                image_size=config.image_size,
+                seed=config.seed,
+                start_step=loop.step,
+            )
+        )
         state, metrics, evals = train_loop(loop, state, batches)
         _stop_if_asked(loop, state, stopping.Agreement(loop.mesh))  # before evaluating, export
         if "accuracy" not in evals:  # resumed after the last step: evaluate it again
             evals.update(evaluate(loop, state.model_params))
         merged = state_lib.merged_params(state, loop.model.lora)
         if config.export_npz:  # with the numerics, class names and resize it trained with
-            meta = Meta.of_model(loop.model, data.class_names(config.dataset),
-                                 config.dataset.preprocessing)  # fmt: skip
+            meta = Meta.of_model(
+                loop.model, data.class_names(config.dataset), config.dataset.preprocessing
+            )
             state_lib.export_npz(wd.final_npz, merged, meta, loop.saver)
         summary = {
-            "model": config.model.name, "steps": int(jax.device_get(state.step)),
-            "num_params": count_params(merged), "trained_parameters": count_params(state.params),
+            "model": config.model.name,
+            "steps": int(jax.device_get(state.step)),
+            "num_params": count_params(merged),
+            "trained_parameters": count_params(state.params),
             "accuracy": evals["accuracy"],
-            "eval_loss": evals["loss"], "train_loss": metrics.get("loss"),
+            "eval_loss": evals["loss"],
+            "train_loss": metrics.get("loss"),
             "skipped_steps": int(jax.device_get(state_lib.skipped_steps(state.opt_state))),
             **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
             "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
             "wall_seconds": time.time() - began,
-        }  # fmt: skip
+        }
         if loop.writer is not None:
             report.write_summary(wd.summary, summary)
     return summary
@@ -285,8 +334,11 @@ def train_loop(
         stopping_on = agree.lagged(loop.stop.requested, m)
         save = due(step, config.checkpoint_every, total) or bool(stopping_on)
         evaluating = due(step, config.eval_every, total) and not stopping_on
-        few = loop.fewshot is not None and not stopping_on and due(
-            step, config.fewshot.every or config.eval_every, total)  # fmt: skip
+        few = (
+            loop.fewshot is not None
+            and not stopping_on
+            and due(step, config.fewshot.every or config.eval_every, total)
+        )
         if log or save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items() if k != "stop"}
             if log:  # timed here: the step is done, the checks below are not training
@@ -336,8 +388,9 @@ def evaluate(loop: Loop, params: Any) -> dict[str, float]:
     config = loop.config
     split = config.dataset.test_split
     n = data.num_examples(config.dataset, split)
-    batches = data.eval_iterator(config.dataset, split, global_batch=config.eval_batch_size,
-                                 image_size=config.image_size)  # fmt: skip
+    batches = data.eval_iterator(
+        config.dataset, split, global_batch=config.eval_batch_size, image_size=config.image_size
+    )
     show = distributed.is_lead() and config.progress_bars
     correct = loss = count = 0.0
     with batches:

@@ -19,9 +19,14 @@ from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.npz import canonical, stack_blocks
 
 
-def adapt(params: dict, model: VisionTransformer, image_size: int | tuple[int, int],
-          reset_head: bool = True, source: str = "checkpoint",
-          patch_size: int | None = None) -> dict:  # fmt: skip
+def adapt(
+    params: dict,
+    model: VisionTransformer,
+    image_size: int | tuple[int, int],
+    reset_head: bool = True,
+    source: str = "checkpoint",
+    patch_size: int | None = None,
+) -> dict:
     """`load_pretrained` for a parameter tree already in memory (original layout)."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     flat = canonical(traverse_util.flatten_dict(params, sep="/"))
@@ -104,9 +109,11 @@ def _check_fits(flat: dict, want: dict, source: str, stored: dict | None = None)
     if not (missing or extra or shaped):
         return
     shape = lambda d, k: tuple(d[k].shape)
-    problems = ((shaped, lambda k: f"has shape {shape(flat, k)}, model expects {shape(want, k)}"),
-                (missing, lambda k: f"is missing (model expects {shape(want, k)})"),
-                (extra, lambda k: f"{shape(flat, k)} is not in the model"))  # fmt: skip
+    problems = (
+        (shaped, lambda k: f"has shape {shape(flat, k)}, model expects {shape(want, k)}"),
+        (missing, lambda k: f"is missing (model expects {shape(want, k)})"),
+        (extra, lambda k: f"{shape(flat, k)} is not in the model"),
+    )
     lines = [
         f"key {k} {say(k)}{note}" for keys, say in problems for k, note in _grouped(keys).items()
     ]

@@ -61,8 +61,15 @@ def sizes(flat_params: dict[str, Any]) -> dict[str, Any]:
                 units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]))
         stages = tuple(units[s] for s in sorted(units))
         channels = np.shape(f["conv_root/kernel"])[2]
-    return dict(width=int(d), depth=depth, num_heads=int(heads), mlp_dim=int(mlp),
-                patch_size=int(p), resnet_stages=stages, channels=int(channels))  # fmt: skip
+    return dict(
+        width=int(d),
+        depth=depth,
+        num_heads=int(heads),
+        mlp_dim=int(mlp),
+        patch_size=int(p),
+        resnet_stages=stages,
+        channels=int(channels),
+    )
 
 
 def architecture(params: dict) -> dict[str, Any]:

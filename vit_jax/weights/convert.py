@@ -55,9 +55,14 @@ class Converted:
     how_to_load: str
 
 
-def load(path: str | os.PathLike, model: str | None = None,
-         image_size: int | tuple[int, int] | None = None, num_classes: int | None = None,
-         patch_size: int | None = None, **overrides: Any) -> Loaded:  # fmt: skip
+def load(
+    path: str | os.PathLike,
+    model: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+    patch_size: int | None = None,
+    **overrides: Any,
+) -> Loaded:
     """The checkpoint, with a new zero head of `num_classes` classes when it differs from
     the stored one (0: no head; the stored class names no longer apply)."""
     loaded = load_checkpoint(path, model, image_size, True, patch_size=patch_size, **overrides)
@@ -69,10 +74,18 @@ def load(path: str | os.PathLike, model: str | None = None,
     return loaded
 
 
-def convert(path: str | os.PathLike, fmt: str, out: str | os.PathLike, model: str | None = None,
-            image_size: int | tuple[int, int] | None = None, num_classes: int | None = None,
-            patch_size: int | None = None, labels: Sequence[str] | str | os.PathLike | None = None,
-            preprocessing: str | None = None, **overrides: Any) -> Converted:  # fmt: skip
+def convert(
+    path: str | os.PathLike,
+    fmt: str,
+    out: str | os.PathLike,
+    model: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    num_classes: int | None = None,
+    patch_size: int | None = None,
+    labels: Sequence[str] | str | os.PathLike | None = None,
+    preprocessing: str | None = None,
+    **overrides: Any,
+) -> Converted:
     """Read `path` (any format read), write it as `fmt` at `out`.
 
     `preprocessing`: the resize the weights expect, recorded in the output (npz, timm,
@@ -102,8 +115,14 @@ def convert(path: str | os.PathLike, fmt: str, out: str | os.PathLike, model: st
     return write(loaded.params, m, loaded.image_size, fmt, out, meta)
 
 
-def write(params: dict, model: VisionTransformer, size: tuple[int, int], fmt: str,
-          out: str | os.PathLike, meta: Meta | None = None) -> Converted:  # fmt: skip
+def write(
+    params: dict,
+    model: VisionTransformer,
+    size: tuple[int, int],
+    fmt: str,
+    out: str | os.PathLike,
+    meta: Meta | None = None,
+) -> Converted:
     """Write a model's parameters (original layout) as `fmt` at `out`, with `meta`: the
     head's class names (None: none; an hf export then names a 1000-class head with
     ImageNet's, any other LABEL_i) and the preprocessing the weights expect (npz, timm

@@ -42,16 +42,27 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 PREPROCESSOR = "preprocessor_config.json"
 _ATT = "MultiHeadDotProductAttention_1"
-_TOP = {"cls": "vit.embeddings.cls_token", POSEMB: "vit.embeddings.position_embeddings",
-        **torch_names({"embedding": "vit.embeddings.patch_embeddings.projection",
-                       "Transformer/encoder_norm": "vit.layernorm", "head": "classifier"}),
-        }  # fmt: skip
-_BLOCK = torch_names({  # under encoderblock_{i}/ -> under vit.encoder.layer.{i}.
-    "LayerNorm_0": "layernorm_before", "LayerNorm_2": "layernorm_after",
-    "MlpBlock_3/Dense_0": "intermediate.dense", "MlpBlock_3/Dense_1": "output.dense",
-    f"{_ATT}/out": "attention.output.dense",
-    **{f"{_ATT}/{n}": f"attention.attention.{n}" for n in ("query", "key", "value")},
-})  # fmt: skip
+_TOP = {
+    "cls": "vit.embeddings.cls_token",
+    POSEMB: "vit.embeddings.position_embeddings",
+    **torch_names(
+        {
+            "embedding": "vit.embeddings.patch_embeddings.projection",
+            "Transformer/encoder_norm": "vit.layernorm",
+            "head": "classifier",
+        }
+    ),
+}
+_BLOCK = torch_names(
+    {  # under encoderblock_{i}/ -> under vit.encoder.layer.{i}.
+        "LayerNorm_0": "layernorm_before",
+        "LayerNorm_2": "layernorm_after",
+        "MlpBlock_3/Dense_0": "intermediate.dense",
+        "MlpBlock_3/Dense_1": "output.dense",
+        f"{_ATT}/out": "attention.output.dense",
+        **{f"{_ATT}/{n}": f"attention.attention.{n}" for n in ("query", "key", "value")},
+    }
+)
 
 
 def is_hf_dir(path: str | os.PathLike) -> bool:
@@ -121,16 +132,24 @@ def config(model: VisionTransformer, image_size: tuple[int, int], meta: Meta | N
     k = model.num_classes or 0
     names = checked(meta.labels, k, "the class names") or [f"LABEL_{i}" for i in range(k)]
     return {
-        "architectures": ["ViTForImageClassification"], "model_type": "vit",
-        "hidden_size": model.width, "num_hidden_layers": model.depth,
-        "num_attention_heads": model.num_heads, "intermediate_size": model.mlp_dim,
+        "architectures": ["ViTForImageClassification"],
+        "model_type": "vit",
+        "hidden_size": model.width,
+        "num_hidden_layers": model.depth,
+        "num_attention_heads": model.num_heads,
+        "intermediate_size": model.mlp_dim,
         **meta.to_hf(),  # hidden_act, layer_norm_eps, vit_jax_preprocessing
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-        "image_size": image_size[0], "patch_size": model.patch_size,
-        "num_channels": model.channels, "qkv_bias": True, "encoder_stride": model.patch_size,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "image_size": image_size[0],
+        "patch_size": model.patch_size,
+        "num_channels": model.channels,
+        "qkv_bias": True,
+        "encoder_stride": model.patch_size,
         "id2label": {str(i): n for i, n in enumerate(names)},
-        "label2id": {n: i for i, n in enumerate(names)}, "torch_dtype": "float32",
-    }  # fmt: skip
+        "label2id": {n: i for i, n in enumerate(names)},
+        "torch_dtype": "float32",
+    }
 
 
 def preprocessor_config(image_size: tuple[int, int]) -> dict:
@@ -141,12 +160,17 @@ def preprocessor_config(image_size: tuple[int, int]) -> dict:
     --preprocessing=pil_antialias` does. transformers has no resize without antialiasing,
     so a tf_bilinear model (config.json's vit_jax_preprocessing) gets PIL's pixels there."""
     return {
-        "image_processor_type": "ViTImageProcessor", "do_convert_rgb": True, "do_resize": True,
+        "image_processor_type": "ViTImageProcessor",
+        "do_convert_rgb": True,
+        "do_resize": True,
         "size": {"height": image_size[0], "width": image_size[1]},
         "resample": 2,  # PIL.Image.Resampling.BILINEAR, as pixels' pil_antialias
-        "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-    }  # fmt: skip
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
 
 
 def hf_shapes(model: VisionTransformer, image_size: tuple[int, int]) -> dict[str, Shape]:
@@ -197,13 +221,16 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
     tensors.pop("vit.embeddings.mask_token", None)  # masked image modelling only
     tensors = {k: v for k, v in tensors.items() if not k.startswith(("pooler.", "vit.pooler."))}
     h = int(cfg.get("num_attention_heads", 12))
-    model = get_model(None,
-                      tensors["classifier.bias"].shape[0] if "classifier.bias" in tensors else None,
-                      width=int(cfg.get("hidden_size", 768)),
-                      depth=int(cfg.get("num_hidden_layers", 12)), num_heads=h,
-                      mlp_dim=int(cfg.get("intermediate_size", 3072)),
-                      patch_size=int(cfg.get("patch_size", 16)),
-                      channels=int(cfg.get("num_channels", 3)))  # fmt: skip
+    model = get_model(
+        None,
+        tensors["classifier.bias"].shape[0] if "classifier.bias" in tensors else None,
+        width=int(cfg.get("hidden_size", 768)),
+        depth=int(cfg.get("num_hidden_layers", 12)),
+        num_heads=h,
+        mlp_dim=int(cfg.get("intermediate_size", 3072)),
+        patch_size=int(cfg.get("patch_size", 16)),
+        channels=int(cfg.get("num_channels", 3)),
+    )
     size = cfg.get("image_size", 224)
     size = (int(size), int(size)) if isinstance(size, (int, float)) else tuple(map(int, size))
     fix = "Is config.json the one saved with these weights?"
@@ -237,8 +264,12 @@ def from_hf(tensors: dict[str, np.ndarray], num_heads: int) -> dict:
     return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def write_dir(path: str | os.PathLike, tensors: dict[str, np.ndarray], cfg: dict,
-              preprocessor: dict | None = None) -> None:  # fmt: skip
+def write_dir(
+    path: str | os.PathLike,
+    tensors: dict[str, np.ndarray],
+    cfg: dict,
+    preprocessor: dict | None = None,
+) -> None:
     """Write config.json, model.safetensors and (given) preprocessor_config.json into a
     new directory `path`, built under a temporary name and renamed, so nothing
     half-written is left at `path` (`files.atomic_dir`).

@@ -17,9 +17,13 @@ from vit_jax.weights.meta import checked
 from vit_jax.weights.read import read_checkpoint, read_source
 
 
-def load_pretrained(path: str | os.PathLike, model: VisionTransformer,
-                    image_size: int | tuple[int, int], reset_head: bool = True,
-                    patch_size: int | None = None) -> dict:  # fmt: skip
+def load_pretrained(
+    path: str | os.PathLike,
+    model: VisionTransformer,
+    image_size: int | tuple[int, int],
+    reset_head: bool = True,
+    patch_size: int | None = None,
+) -> dict:
     """Parameters of the checkpoint at `path` for `model` at `image_size`.
 
     `path` is any format `read.read_checkpoint` reads: a published .npz, a timm
@@ -58,19 +62,28 @@ class Loaded:
     preprocessing: str = "tf_bilinear"
 
 
-def load_model(path: str | os.PathLike, name: str | None = None,
-               image_size: int | tuple[int, int] | None = None, head: bool = True,
-               patch_size: int | None = None, **overrides: Any) -> tuple[VisionTransformer, dict,
-               tuple[int, int]]:  # fmt: skip
+def load_model(
+    path: str | os.PathLike,
+    name: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    head: bool = True,
+    patch_size: int | None = None,
+    **overrides: Any,
+) -> tuple[VisionTransformer, dict, tuple[int, int]]:
     """A checkpoint ready for inference or features: (model, params, (H, W)); `load`
     with the same arguments also gives the class names."""
     loaded = load(path, name, image_size, head, patch_size, **overrides)
     return loaded.model, loaded.params, loaded.image_size
 
 
-def load(path: str | os.PathLike, name: str | None = None,
-         image_size: int | tuple[int, int] | None = None, head: bool = True,
-         patch_size: int | None = None, **overrides: Any) -> Loaded:  # fmt: skip
+def load(
+    path: str | os.PathLike,
+    name: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    head: bool = True,
+    patch_size: int | None = None,
+    **overrides: Any,
+) -> Loaded:
     """A checkpoint ready for inference or features, read once.
 
     Args:
@@ -112,8 +125,10 @@ def load(path: str | os.PathLike, name: str | None = None,
     model = stored if patch_size is None else stored.clone(patch_size=patch_size)
     if image_size is None:
         grid = architecture.native_image_size(params, stored.token_stride)
-        size = (grid[0] // stored.token_stride * model.token_stride,
-                grid[1] // stored.token_stride * model.token_stride)  # fmt: skip
+        size = (
+            grid[0] // stored.token_stride * model.token_stride,
+            grid[1] // stored.token_stride * model.token_stride,
+        )
     else:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     params = adapt(params, model, size, False, str(path), patch_size)

@@ -47,8 +47,11 @@ from vit_jax.data.pixels import METHODS, PUBLISHED
 from vit_jax.models import GELUS, ORIGINAL_NUMERICS
 from vit_jax.weights.errors import CheckpointError
 
-NPZ_KEYS = {"numerics": "vit_jax_numerics", "labels": "vit_jax_labels",
-            "preprocessing": "vit_jax_preprocessing"}  # fmt: skip
+NPZ_KEYS = {
+    "numerics": "vit_jax_numerics",
+    "labels": "vit_jax_labels",
+    "preprocessing": "vit_jax_preprocessing",
+}
 TIMM_DEFAULT = {"gelu": "exact", "layer_norm_eps": 1e-6}  # timm's VisionTransformer defaults
 HF_TANH = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 OTHER_TOOLS = "pil_antialias"  # what timm's and transformers' processors compute
@@ -111,8 +114,12 @@ class Meta:
         numerics = _json(found, "numerics", dict, f"{source} ({NPZ_KEYS['numerics']})")
         labels = _json(found, "labels", list, f"{source} ({NPZ_KEYS['labels']})")
         method = found.get("preprocessing", PUBLISHED)
-        return _made(f"{source} (vit_jax_*)", **(numerics or ORIGINAL_NUMERICS),
-                     labels=labels, preprocessing=method)  # fmt: skip
+        return _made(
+            f"{source} (vit_jax_*)",
+            **(numerics or ORIGINAL_NUMERICS),
+            labels=labels,
+            preprocessing=method,
+        )
 
     # ------------------------------------------------------------------ timm safetensors
 
@@ -157,9 +164,13 @@ class Meta:
             labels = [str(id2label.get(str(i), id2label.get(i, ""))) for i in range(len(id2label))]
             if all(_HF_DEFAULT_NAME.fullmatch(n) and int(n[6:]) == i for i, n in enumerate(labels)):
                 labels = None
-        return _made(source, "exact" if act == "gelu" else "tanh",
-                     cfg.get("layer_norm_eps", 1e-12), labels,
-                     cfg.get("vit_jax_preprocessing", OTHER_TOOLS))  # fmt: skip
+        return _made(
+            source,
+            "exact" if act == "gelu" else "tanh",
+            cfg.get("layer_norm_eps", 1e-12),
+            labels,
+            cfg.get("vit_jax_preprocessing", OTHER_TOOLS),
+        )
 
 
 def checked(labels: Sequence[str] | None, num_classes: int, source: str) -> list[str] | None:
@@ -201,7 +212,6 @@ def _json(found: dict[str, str], key: str, kind: type, source: str) -> Any:
 def _made(source: str, gelu=None, layer_norm_eps=None, labels=None, preprocessing=None) -> Meta:
     """A Meta from a file's entries; what does not fit is named with the file."""
     try:
-        return Meta(gelu, 1e-6 if layer_norm_eps is None else layer_norm_eps, labels,
-                    preprocessing)  # fmt: skip
+        return Meta(gelu, 1e-6 if layer_norm_eps is None else layer_norm_eps, labels, preprocessing)
     except CheckpointError as e:
         raise CheckpointError(f"{source} names {e}") from None

@@ -273,8 +273,13 @@ def export_onnx(
     with files.scratch_dir(path) as tmp:  # the graph and its data file, renamed when whole
         if weight_bytes(proto) > limit:
             data = path.name + ".data"  # the graph names it: written under its final name
-            onnx.save_model(proto, str(tmp / path.name), save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=data)  # fmt: skip
+            onnx.save_model(
+                proto,
+                str(tmp / path.name),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=data,
+            )
             onnx.checker.check_model(str(tmp / path.name))  # by path: with its data
             files.publish(tmp / data, path.with_name(data))
         else:

@@ -264,12 +264,18 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
     h, w = image_size
     pool = {"token": "'token'", "gap": "'avg'", "unpooled": "''"}[model.classifier]
     args = [
-        f"img_size={(h, w)!r}", f"patch_size={model.patch_size}", f"in_chans={model.channels}",
-        f"embed_dim={model.width}", f"depth={model.depth}", f"num_heads={model.num_heads}",
+        f"img_size={(h, w)!r}",
+        f"patch_size={model.patch_size}",
+        f"in_chans={model.channels}",
+        f"embed_dim={model.width}",
+        f"depth={model.depth}",
+        f"num_heads={model.num_heads}",
         f"mlp_ratio={_mlp_ratio(model.width, model.mlp_dim)!r}",
-        f"num_classes={model.num_classes or 0}", f"class_token={model.has_class_token}",
-        f"global_pool={pool}", "fc_norm=False",
-    ]  # fmt: skip
+        f"num_classes={model.num_classes or 0}",
+        f"class_token={model.has_class_token}",
+        f"global_pool={pool}",
+        "fc_norm=False",
+    ]
     if model.posemb == "none":
         args.append("pos_embed='none'")
     act = "'gelu_tanh'" if model.gelu == "tanh" else "'gelu'"

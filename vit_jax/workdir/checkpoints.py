@@ -55,8 +55,13 @@ class Checkpoints:
     or deleting anything (`python -m vit_jax.checkpoints verify`).
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 0,
-                 description: dict[str, Any] | None = None, read_only: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        keep: int = 0,
+        description: dict[str, Any] | None = None,
+        read_only: bool = False,
+    ):
         self.directory = store.absolute(directory)
         self.damaged = self.directory.parent / "damaged"
         self.description = description or {}
@@ -67,10 +72,12 @@ class Checkpoints:
             options = ocp.CheckpointManagerOptions(create=False, atomicity_options=COMMIT)
         else:
             options = ocp.CheckpointManagerOptions(
-                max_to_keep=keep or None, create=True, atomicity_options=COMMIT,
+                max_to_keep=keep or None,
+                create=True,
+                atomicity_options=COMMIT,
                 cleanup_tmp_directories=False,  # _drop_incomplete does it, naming them
                 async_options=ocp.AsyncOptions(post_finalization_callback=self._write_record),
-            )  # fmt: skip
+            )
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
         )
@@ -131,8 +138,11 @@ class Checkpoints:
             self.save(step, state)
             self.wait()
         elif jax.process_index() == 0:
-            print(f"checkpoint {step} was not saved while the store did not answer; the next "
-                  "save stands in for it", flush=True)  # fmt: skip
+            print(
+                f"checkpoint {step} was not saved while the store did not answer; the next "
+                "save stands in for it",
+                flush=True,
+            )
         return True
 
     def _drop_failed(self, step: int) -> None:
@@ -150,8 +160,12 @@ class Checkpoints:
         written, not yet marked complete."""
         if jax.process_index() == 0 and self._recording is not None:
             (step, arrays), self._recording = self._recording, None
-            record = {"step": step, "state": self.description, "arrays": arrays,
-                      "process_count": jax.process_count()}  # fmt: skip
+            record = {
+                "step": step,
+                "state": self.description,
+                "arrays": arrays,
+                "process_count": jax.process_count(),
+            }
             write_record(self.directory / str(step), record)
 
     def failed(self, step: int, error: BaseException) -> None:
@@ -218,8 +232,10 @@ class Checkpoints:
     def _drop_incomplete(self) -> None:
         left = self.incomplete()
         if left and jax.process_index() == 0:
-            print(f"ignoring incomplete checkpoint(s) {', '.join(left)} (a save was "
-                  "interrupted)", flush=True)  # fmt: skip
+            print(
+                f"ignoring incomplete checkpoint(s) {', '.join(left)} (a save was interrupted)",
+                flush=True,
+            )
             for name in left:
                 store.remove_tree(self.directory / name)
         if jax.process_count() > 1:

@@ -155,8 +155,11 @@ def _wait_if_silent(path: store.Path, holder: dict[str, Any], stale_after: float
     if not 2 * HEARTBEAT_SECONDS < age < stale_after or stale_reason(holder, stale_after):
         return holder
     wait = duration(stale_after - age)
-    print(f"the lock {path} ({describe(holder)}) missed its heartbeats for {duration(age)}: "
-          f"waiting up to {wait} for it to beat again", flush=True)  # fmt: skip
+    print(
+        f"the lock {path} ({describe(holder)}) missed its heartbeats for {duration(age)}: "
+        f"waiting up to {wait} for it to beat again",
+        flush=True,
+    )
     while (now := _read(path)) == holder and stale_reason(holder, stale_after) is None:
         time.sleep(min(5.0, HEARTBEAT_SECONDS / 3))
     return now

@@ -103,18 +103,25 @@ def restore_newest(
         if _everywhere(not verdict.problems):
             if lead:
                 if not verdict.recorded:
-                    print(f"checkpoint {checkpoints.directory}/{step} has no integrity record "
-                          "(an older vit_jax, or Orbax directly, wrote it): it restores "
-                          "whole and finite; its checksums cannot be checked",
-                          flush=True)  # fmt: skip
-                print(f"resuming from step {step} (checkpoint {checkpoints.directory}/{step})",
-                      flush=True)  # fmt: skip
+                    print(
+                        f"checkpoint {checkpoints.directory}/{step} has no integrity record "
+                        "(an older vit_jax, or Orbax directly, wrote it): it restores "
+                        "whole and finite; its checksums cannot be checked",
+                        flush=True,
+                    )
+                print(
+                    f"resuming from step {step} (checkpoint {checkpoints.directory}/{step})",
+                    flush=True,
+                )
             return verdict.state, step
         why = "; ".join(verdict.problems) or "it fails on another process"
         aside = checkpoints.set_aside(step)
         if lead:
-            print(f"checkpoint {checkpoints.directory}/{step} is damaged: {why}. Set aside as "
-                  f"{aside} (nothing deleted); trying the one before", flush=True)  # fmt: skip
+            print(
+                f"checkpoint {checkpoints.directory}/{step} is damaged: {why}. Set aside as "
+                f"{aside} (nothing deleted); trying the one before",
+                flush=True,
+            )
         damaged.append(f"step {step} ({why}; now {aside})")
     if damaged and not from_scratch:
         raise OSError(
@@ -130,12 +137,16 @@ def restore_newest(
 def verify(checkpoints: Checkpoints) -> list[tuple[str, str]]:
     """[(name, what it is)] of every checkpoint, incomplete save and set-aside one,
     each checkpoint restored on one device and checked; nothing is changed."""
-    rows = [(name, "incomplete (an interrupted save; the next run deletes it)")
-            for name in checkpoints.incomplete()]  # fmt: skip
+    rows = [
+        (name, "incomplete (an interrupted save; the next run deletes it)")
+        for name in checkpoints.incomplete()
+    ]
     rows += [(str(step), check(checkpoints, step).line()) for step in checkpoints.steps()]
     if checkpoints.damaged.exists():
-        rows += [(f"damaged/{p.name}", "set aside (found damaged by an earlier run)")
-                 for p in checkpoints.damaged.iterdir()]  # fmt: skip
+        rows += [
+            (f"damaged/{p.name}", "set aside (found damaged by an earlier run)")
+            for p in checkpoints.damaged.iterdir()
+        ]
     return sorted(rows, key=lambda row: _order(row[0]))
 
 
@@ -222,8 +233,11 @@ def misfits(record: dict[str, Any], target: Any) -> list[str]:
     """How the arrays of `record` differ from `target`'s (names, shapes, dtypes)."""
     want = {n: (list(x.shape), str(x.dtype)) for n, x in named_leaves(target)}
     have = {n: (a["shape"], a["dtype"]) for n, a in record["arrays"].items()}
-    out = [f"{n}: {tuple(have[n][0])} {have[n][1]} saved, {tuple(w[0])} {w[1]} here"
-           for n, w in want.items() if n in have and have[n] != w]  # fmt: skip
+    out = [
+        f"{n}: {tuple(have[n][0])} {have[n][1]} saved, {tuple(w[0])} {w[1]} here"
+        for n, w in want.items()
+        if n in have and have[n] != w
+    ]
     out += [f"{n} is not in the checkpoint" for n in want if n not in have]
     out += [f"{n} is not in this run's state" for n in have if n not in want]
     return out

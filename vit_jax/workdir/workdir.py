@@ -49,22 +49,33 @@ class Plan:
         are not the original's, the resize where it is not the default, LoRA's base. What
         is unset or the default is left out, so that a workdir finished before those
         fields existed still matches."""
-        model = {k: v for k, v in config.model.to_dict().items()
-                 if not (k in ("gelu", "layer_norm_eps") and v is None)}  # fmt: skip
+        model = {
+            k: v
+            for k, v in config.model.to_dict().items()
+            if not (k in ("gelu", "layer_norm_eps") and v is None)
+        }
         if config.init_from:  # numerics that the file's source gives, as the run computes
             found = read_meta(config.init_from).numerics
             if found != ORIGINAL_NUMERICS:
                 model = {**found, **model}
-        state = {"model": model, "optimizer": config.optimizer.to_dict(),
-                 "image_size": config.image_size}  # fmt: skip
+        state = {
+            "model": model,
+            "optimizer": config.optimizer.to_dict(),
+            "image_size": config.image_size,
+        }
         if config.dataset.preprocessing != "tf_bilinear":
             state["preprocessing"] = config.dataset.preprocessing
         if config.lora.rank:  # the checkpoints hold the adapters; the base is init_from
             digest = content_hash(resolve(config.init_from))  # a published file: its copy
             base = {"init_from": config.init_from, "sha256": digest}
             state["lora"] = {**config.lora.to_dict(), **base}
-        return cls(config.total_steps, config.checkpoint_every, config.keep_checkpoints,
-                   bool(config.export_npz), state)  # fmt: skip
+        return cls(
+            config.total_steps,
+            config.checkpoint_every,
+            config.keep_checkpoints,
+            bool(config.export_npz),
+            state,
+        )
 
 
 def content_hash(path: str | os.PathLike) -> str:
