@@ -64,7 +64,7 @@ CUTOUT_CONST = 40  # half side at M = 10
 _F32 = np.float32
 
 
-def _check(image: np.ndarray) -> np.ndarray:
+def _check(image: np.ndarray) -> None:
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3:
         raise ValueError(
             f"randaugment: expected a uint8 numpy array [h, w, 3], got "
@@ -75,7 +75,6 @@ def _check(image: np.ndarray) -> np.ndarray:
             f"randaugment: image has {image.shape[2]} channels {image.shape}; tile grayscale "
             "to RGB first (np.repeat(image, 3, axis=-1)): the ops assume RGB"
         )
-    return image
 
 
 # --- Pixel ops ---------------------------------------------------------------------------
@@ -265,8 +264,9 @@ def shear_y(image: np.ndarray, level: float) -> np.ndarray:
     return affine(image, (1.0, 0.0, 0.0, level, 1.0, 0.0))
 
 
-def _shift(image: np.ndarray, pixels: float, axis: int) -> np.ndarray:
-    """Output i reads input i + pixels along axis (1: x, 0: y)."""
+def translate(image: np.ndarray, pixels: float, axis: int) -> np.ndarray:
+    """Content moves left (axis 1) or up (axis 0) by `pixels`: output i reads input
+    i + pixels along the axis (big_vision: translate by [-pixels, 0] or [0, -pixels])."""
     p = float(_F32(pixels))
     if p != int(p):
         a = (1.0, 0.0, p, 0.0, 1.0, 0.0) if axis == 1 else (1.0, 0.0, 0.0, 0.0, 1.0, p)
@@ -279,15 +279,6 @@ def _shift(image: np.ndarray, pixels: float, axis: int) -> np.ndarray:
         dst[axis] = slice(max(-p, 0), n - max(p, 0))
         out[tuple(dst)] = image[tuple(src)]
     return out
-
-
-def translate_x(image: np.ndarray, pixels: float) -> np.ndarray:
-    """Content moves left by `pixels` (big_vision: translate by [-pixels, 0])."""
-    return _shift(image, pixels, axis=1)
-
-
-def translate_y(image: np.ndarray, pixels: float) -> np.ndarray:
-    return _shift(image, pixels, axis=0)
 
 
 def apply_op(
@@ -311,8 +302,8 @@ def apply_op(
         "Sharpness": lambda: sharpness(image, factor),
         "ShearX": lambda: shear_x(image, signed * 0.3),
         "ShearY": lambda: shear_y(image, signed * 0.3),
-        "TranslateX": lambda: translate_x(image, signed * TRANSLATE_CONST),
-        "TranslateY": lambda: translate_y(image, signed * TRANSLATE_CONST),
+        "TranslateX": lambda: translate(image, signed * TRANSLATE_CONST, axis=1),
+        "TranslateY": lambda: translate(image, signed * TRANSLATE_CONST, axis=0),
         "Cutout": lambda: cutout(image, int(level * CUTOUT_CONST), row, col),
     }
     if name not in ops:
