@@ -18,7 +18,7 @@ image a device does not, or --max-compiles (a floor then; the planner's bisectin
 takes ~6 compiles of ~3 minutes each here). The step time at 8 images a device is the
 compiler's estimate where libtpu's cost model gives one (a positive number: not for v4 or
 v5e), and the FLOPs at the chip's peak bf16 rate, a lower bound (the kernel's analytic FLOPs
-included: report.kernel_flops). Prints a Markdown row per cell.
+included: compiled.kernel_flops). Prints a Markdown row per cell.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main() -> None:
     args = p.parse_args()
     from vit_jax.configs import finetune
     from vit_jax.training import planner
-    from vit_jax.training.report import CHIPS
+    from vit_jax.training.compiled import CHIPS
 
     print("| model, pixels | topology | attention | a device holds | each image a device "
           "adds | largest batch (a device) | TFLOPs a step a device (the second batch) | "

@@ -24,7 +24,7 @@ from helpers import MISSING, python_m, tiny_config
 
 from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
-from vit_jax.training import planner, report, train
+from vit_jax.training import compiled, planner, train
 from vit_jax.training import state as state_lib
 from vit_jax.training.state import Start, abstract_state, build_model
 
@@ -79,7 +79,7 @@ def test_a_plan_counts_what_an_independent_count_gives(topology, devices, kind, 
     forward = 2 * matmul * tokens + 2 * 2 * tokens * tokens * d * depth
     expected = 3 * forward * 64 / devices
     assert 0.8 * expected < p["flops"] < 1.5 * expected, (p["flops"], expected)
-    assert p["step_seconds"] > 0 and p["fits"] and p["hbm_bytes"] == report.CHIPS[kind].hbm_bytes
+    assert p["step_seconds"] > 0 and p["fits"] and p["hbm_bytes"] == compiled.CHIPS[kind].hbm_bytes
     assert p["images_per_second"] == pytest.approx(64 / p["step_seconds"])
     assert 0 < p["compile_seconds"] < 600 and p["compiled"]
     steps_total = c.total_steps
@@ -215,10 +215,10 @@ def test_an_estimate_that_is_not_a_positive_time_is_none(estimate):
         temp_size_in_bytes=5, generated_code_size_in_bytes=1,
     )  # fmt: skip
     cost = {"flops": 2e12} if estimate is None else {"flops": 2e12, "optimal_seconds": estimate}
-    compiled = SimpleNamespace(memory_analysis=lambda: memory, cost_analysis=lambda: [cost])
-    assert report.compiled_figures(compiled) == (5, 16, 2e12, 0.0)
+    executable = SimpleNamespace(memory_analysis=lambda: memory, cost_analysis=lambda: [cost])
+    assert compiled.compiled_figures(executable) == (5, 16, 2e12, 0.0)
     cost["optimal_seconds"] = 0.25
-    assert report.compiled_figures(compiled)[3] == 0.25
+    assert compiled.compiled_figures(executable)[3] == 0.25
 
 
 def test_a_plan_without_an_estimate_says_so():
@@ -272,14 +272,14 @@ def test_a_step_with_a_loop_gives_memory_but_no_flops_or_time(override, loop, pl
 def test_the_loops_own_line_gives_no_flops_for_a_step_with_a_loop():
     """The training loop's start-up line (own_plan_line) follows the same rule as a plan."""
     c, _ = small_model()
-    assert report.loop_of(c) is None
+    assert compiled.loop_of(c) is None
     c.accum_steps = 2
-    assert report.loop_of(c) == "accum_steps"
+    assert compiled.loop_of(c) == "accum_steps"
     c.model.scan = True
-    assert report.loop_of(c) == "model.scan"
+    assert compiled.loop_of(c) == "model.scan"
     mesh = sharding.make_mesh(-1, 1)
     step, state, batch = planner.loop_step(c, mesh, 10)  # abstract, with their shardings
-    line = report.compiled_line(step, state, batch, "model.scan")
+    line = compiled.compiled_line(step, state, batch, "model.scan")
     assert line.endswith("temporaries); no FLOPs or step time: XLA counts the model.scan "
                          "loop's body once"), line  # fmt: skip
     assert "FLOP per device" not in line
@@ -297,16 +297,16 @@ def test_the_loops_own_line_adds_a_fused_kernels_flops(monkeypatch):
         model = build_model(c.model, 10)
         step, state, batch = planner.loop_step(c, mesh, 10)
         per_device = c.batch_size / jax.device_count()
-        kernel = report.kernel_flops(model, c.image_size, per_device)
+        kernel = compiled.kernel_flops(model, c.image_size, per_device)
         assert kernel == (0 if how == "xla" else 12 * per_device * 65**2 * 64 * 2), how
-        lines[how] = report.compiled_line(step, state, batch, None, model)
+        lines[how] = compiled.compiled_line(step, state, batch, None, model)
     share = re.search(r"GFLOP per device per step, (\d+)% of them the attention kernel's "
                       r"\(analytic\)", lines["splash"])  # fmt: skip
     assert share and 0 < int(share[1]) < 100, lines["splash"]
     assert "kernel" not in lines["xla"] and "GFLOP per device per step" in lines["xla"]
     # XLA:GPU counts 4.7 of B/16's 105.5 GFLOP an image (an H200): on a GPU, no FLOPs
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    gpu = report.compiled_line(step, state, batch, None, model)
+    gpu = compiled.compiled_line(step, state, batch, None, model)
     assert gpu.endswith("; no FLOPs: XLA:GPU's count leaves out the cuBLAS and cuDNN calls"), gpu
     assert "FLOP per" not in gpu
 

@@ -29,7 +29,7 @@ import ml_collections
 from vit_jax.base import console
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
-from vit_jax.training.report import CHIPS, Chip, compiled_figures, kernel_flops, loop_of
+from vit_jax.training.compiled import CHIPS, Chip, compiled_figures, kernel_flops, loop_of
 from vit_jax.training.train import jit_steps
 
 # Cloud accelerator names (vN-COUNT: TensorCores for v3/v4/v5p, chips for v5e/v6e) -> the
