@@ -45,41 +45,6 @@ def define_flags() -> None:
 
 def table(p) -> str:
     """The plan as aligned lines: bytes per device by kind, then speed and cost."""
-    fused = f", {p.kernel_flops:.3g} of them the attention kernel's" if p.kernel_flops else ""
-    if not p.compiled:
-        speed = [("step time", "not compiled: XLA refused the step, out of memory")]
-    elif p.loop:  # planner.loop_of
-        speed = [
-            (
-                "FLOPs, step time",
-                f"no estimate: XLA counts the {p.loop} loop's body "
-                f"once; plan with --config.{p.loop}={LOOPLESS[p.loop]} for them",
-            )
-        ]
-    elif p.step_seconds <= 0:  # the cost model gave no usable time (planner.compiled_figures)
-        speed = [
-            ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
-            ("step time", "no estimate: the compiler's cost model gave none for this step"),
-        ]
-    else:
-        speed = [
-            ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
-            (
-                "step time",
-                f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound"
-                f"{'; the kernel at peak FLOP/s' if p.kernel_flops else ''})",
-            ),
-            (
-                "images/s",
-                f"{p.images_per_second:,.0f} ({p.images_per_second / p.devices:,.0f} per device)",
-            ),
-            ("utilisation", f"{100 * p.utilisation:.0f}% of peak bf16 FLOP/s at that time"),
-            (
-                "total",
-                f"{p.total_steps:,} steps: {p.total_steps * p.step_seconds / 3600:,.1f} h, "
-                f"{p.core_days:,.2f} TPU-core-days",
-            ),
-        ]
     rows = [
         (
             "topology",
@@ -100,10 +65,49 @@ def table(p) -> str:
             f"{console.size(p.total_bytes)} of {console.size(p.hbm_bytes)} HBM: "
             f"{'fits' if p.fits else 'does NOT fit'}",
         ),
-        *speed,
+        *speed_rows(p),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def speed_rows(p) -> list[tuple[str, str]]:
+    """The table's rows of FLOPs, step time, images/s and cost, or why the compiler gave
+    none: the step did not compile, its loop hides them, or its cost model said nothing."""
+    fused = f", {p.kernel_flops:.3g} of them the attention kernel's" if p.kernel_flops else ""
+    if not p.compiled:
+        return [("step time", "not compiled: XLA refused the step, out of memory")]
+    if p.loop:  # planner.loop_of
+        return [
+            (
+                "FLOPs, step time",
+                f"no estimate: XLA counts the {p.loop} loop's body "
+                f"once; plan with --config.{p.loop}={LOOPLESS[p.loop]} for them",
+            )
+        ]
+    if p.step_seconds <= 0:  # the cost model gave no usable time (planner.compiled_figures)
+        return [
+            ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
+            ("step time", "no estimate: the compiler's cost model gave none for this step"),
+        ]
+    return [
+        ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
+        (
+            "step time",
+            f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound"
+            f"{'; the kernel at peak FLOP/s' if p.kernel_flops else ''})",
+        ),
+        (
+            "images/s",
+            f"{p.images_per_second:,.0f} ({p.images_per_second / p.devices:,.0f} per device)",
+        ),
+        ("utilisation", f"{100 * p.utilisation:.0f}% of peak bf16 FLOP/s at that time"),
+        (
+            "total",
+            f"{p.total_steps:,} steps: {p.total_steps * p.step_seconds / 3600:,.1f} h, "
+            f"{p.core_days:,.2f} TPU-core-days",
+        ),
+    ]
 
 
 LOOPLESS = {"model.scan": "False", "accum_steps": "1"}  # the settings without the loop
@@ -161,24 +165,11 @@ def compare(devices: list, topology: str) -> None:
         c.model.dtype, c.model.remat = "bfloat16", True
         c.mesh.data, c.mesh.fsdp, c.batch_size = -1, len(devices), 8 * len(devices)
         p = planner.plan_on(c, devices, topology, k)
-        seen = epochs * images
-        days = (
-            seen / p.images_per_second * p.devices * p.cores_per_device / 86400
-            if (p.images_per_second)
-            else float("nan")
-        )
+        seen, rate = epochs * images, p.images_per_second
+        days = seen / rate * p.devices * p.cores_per_device / 86400 if rate else float("nan")
         if flags.FLAGS.json:
-            print(
-                json.dumps(
-                    {
-                        "run": what,
-                        "paper_core_days": paper,
-                        "images_seen": seen,
-                        "estimated_core_days": days,
-                        **p.to_json(),
-                    }
-                )
-            )
+            row = dict(run=what, paper_core_days=paper, images_seen=seen, estimated_core_days=days)
+            print(json.dumps({**row, **p.to_json()}))
         else:
             print(
                 f"{what}: paper {paper:,} TPUv3-core-days; estimated {days:,.0f} on "
@@ -199,16 +190,8 @@ def fit(config, devices: list, topology: str, classes: int | None) -> None:
             good, bad, n = planner.fit(c, devices, topology, classes)
             how = f"{'fsdp' if fsdp > 1 else 'data'}{' + remat' if remat else ''}"
             if flags.FLAGS.json:
-                print(
-                    json.dumps(
-                        {
-                            "sharding": how,
-                            "compiles": n,
-                            "fits": good.to_json() if good else None,
-                            "does_not_fit": bad.to_json() if bad else None,
-                        }
-                    )
-                )
+                fits, over = (plan.to_json() if plan else None for plan in (good, bad))
+                print(json.dumps(dict(sharding=how, compiles=n, fits=fits, does_not_fit=over)))
             elif good is None:
                 print(
                     f"{how}: no batch fits ({bad.batch_size}: {console.size(bad.total_bytes)}), "
