@@ -179,6 +179,20 @@ def loop_step(config: ml_collections.ConfigDict, mesh: Any, num_classes: int):
     return step, state, batch
 
 
+def argument_bytes(state: Any, batch: Any) -> dict[str, int]:
+    """Bytes per device of the step's arguments (abstract, with their shardings): the
+    parameters, the optimizer state and the batch, under Plan's names for them."""
+
+    def held(tree: Any) -> int:
+        return sharding.bytes_per_device(tree, jax.tree.map(lambda x: x.sharding, tree))
+
+    return dict(
+        param_bytes=held(state.model_params),
+        optimizer_bytes=held(state.opt_state),
+        batch_bytes=held(batch),
+    )
+
+
 def plan(config: ml_collections.ConfigDict, topology: str, num_classes: int | None = None) -> Plan:
     """Compiles `config`'s train step for `topology` and reads the compiler's figures."""
     devices = topology_devices(topology)
@@ -192,10 +206,7 @@ def plan_on(
     classes = num_classes or num_classes_of(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
     step, state, batch = loop_step(config, mesh, classes)
-    shards = jax.tree.map(lambda s: s.sharding, state)
-    param_bytes = sharding.bytes_per_device(state.model_params, shards.model_params)
-    opt_bytes = sharding.bytes_per_device(state.opt_state, shards.opt_state)
-    batch_bytes = sharding.bytes_per_device(batch, jax.tree.map(lambda x: x.sharding, batch))
+    held = argument_bytes(state, batch)
     kind = devices[0].device_kind
     chip = CHIPS.get(kind, Chip(0, 0.0, getattr(devices[0], "num_cores", 1) or 1))
     known = dict(
@@ -205,9 +216,7 @@ def plan_on(
         batch_size=config.batch_size,
         mesh=dict(mesh.shape),
         remat=bool(config.model.remat),
-        param_bytes=param_bytes,
-        optimizer_bytes=opt_bytes,
-        batch_bytes=batch_bytes,
+        **held,
         total_steps=config.total_steps,
         cores_per_device=chip.cores,
         loop=loop_of(config) or "",
@@ -224,7 +233,7 @@ def plan_on(
         return Plan(
             **known,
             temp_bytes=temp,
-            total_bytes=param_bytes + opt_bytes + batch_bytes + temp,
+            total_bytes=sum(held.values()) + temp,
             hbm_bytes=hbm,
             flops=0.0,
             step_seconds=0.0,
