@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from vit_jax import data
 from vit_jax.base import console
 from vit_jax.data import config as data_config
 from vit_jax.evaluation.batched import over_batches
@@ -84,23 +85,11 @@ def evaluate(
         message names the flag to pass), or a label map that names classes the head
         lacks.
     """
-    from vit_jax import data  # the input pipeline: only needed here
-
     cfg = data.default_config()
     cfg.update(dict(dataset))
     cfg.train_split = split  # nothing else is read: an image folder needs only this split
     k_head = model.num_classes or 0
-    matched = False
-    if label_map is None and head_labels is not None:
-        found = match_by_name(data.class_names(cfg), cfg.classes, list(head_labels))
-        if found is not None:
-            matched = found != (cfg.classes, None)  # not the dataset as it is
-            cfg.classes, label_map = found
-    k_data = data.num_classes(cfg)
-    if label_map is not None and (min(label_map) < 0 or max(label_map) >= k_head):
-        raise ValueError(f"the label map names head classes outside 0..{k_head - 1}")
-    if label_map is None and k_data > k_head:
-        raise NarrowHead(cfg, k_data, k_head)
+    label_map, matched = head_classes(cfg, k_head, label_map, head_labels)
     n = data.num_examples(cfg, split)
     batches = data.eval_iterator(
         cfg, split, global_batch=batch_size, image_size=image_size, process_index=0, process_count=1
@@ -118,6 +107,31 @@ def evaluate(
         "examples": got["examples"],
         **{f"top{k}": got[f"top{k}"] / m for k in ks},
     }
+
+
+def head_classes(
+    cfg: Any, k_head: int, label_map: Sequence[int] | None, head_labels: Sequence[str] | None
+) -> tuple[Sequence[int] | None, bool]:
+    """(label map, matched by name): which head class scores each class of the dataset
+    config `cfg`. Without a label map, `head_labels` match the classes by name
+    (`match_by_name`), which sets `cfg.classes` to the dataset classes the head knows.
+
+    Raises:
+      ValueError: a label map outside the head's `k_head` classes, or a head narrower than
+        the dataset and no label map (`NarrowHead`).
+    """
+    matched = False
+    if label_map is None and head_labels is not None:
+        found = match_by_name(data.class_names(cfg), cfg.classes, list(head_labels))
+        if found is not None:
+            matched = found != (cfg.classes, None)  # not the dataset as it is
+            cfg.classes, label_map = found
+    k_data = data.num_classes(cfg)
+    if label_map is not None and (min(label_map) < 0 or max(label_map) >= k_head):
+        raise ValueError(f"the label map names head classes outside 0..{k_head - 1}")
+    if label_map is None and k_data > k_head:
+        raise NarrowHead(cfg, k_data, k_head)
+    return label_map, matched
 
 
 def match_by_name(
