@@ -1,4 +1,44 @@
-"""The dataset section of a run config: fields, defaults, and their validation."""
+"""The dataset section of a run config: fields, defaults, and their validation.
+
+The fields (`default_config` sets their defaults: Fashion-MNIST from idx files):
+
+    source: Where examples come from: 'idx' (MNIST-format idx files, read into
+        memory), 'folder' (DIR/<split>/<class>/*.jpg|jpeg|png) or 'tfds' (a
+        TFDS builder prepared in the ArrayRecord format).
+    name: TFDS builder name ('cifar10', 'imagenet2012', 'oxford_iiit_pet', ...), any
+        image-classification builder with 'image' and 'label' features. Only for 'tfds'.
+    data_dir: The idx directory, the image-folder root, or the TFDS data_dir. None
+        means the source's default: DEFAULT_IDX_DIR for 'idx' (Debian package
+        dataset-fashion-mnist), TFDS's own default for 'tfds'; 'folder' requires it.
+    train_split: Split used by train_iterator, with TFDS slicing syntax for every
+        source: 'train', 'train[:10%]', 'train[90%:]', 'train[100:-100]'.
+    test_split: Split used for evaluation, same syntax.
+    classes: None (all classes) or class ids to keep, relabelled 0..k-1 in the
+        listed order: (5, 6, 7, 8, 9) -> 0..4.
+    examples_per_class: None, or keep only the first n examples of each class of
+        the train split after a shuffle seeded with subset_seed.
+    subset_seed: Seed of that shuffle (fixed, so the subset does not change with the
+        training seed).
+    preprocessing: How a crop is resized to the model's resolution:
+        'tf_bilinear' (tf.image.resize: bilinear, no antialiasing, float; how the
+        published checkpoints were trained and evaluated) or 'pil_antialias' (PIL's
+        antialiased bilinear rounded to uint8; what HF's and timm's processors
+        compute). Checkpoints the run writes record it (vit_jax/data/pixels.py).
+    crop_min_area: Smallest crop area (fraction of the image) of the Inception crop.
+    flip: Random horizontal flips in training.
+    mixup: Beta(alpha, alpha) mixup within the local batch; 0 turns it off.
+    randaugment: None, or (num_layers, magnitude) of big_vision's RandAugment on
+        each training image after crop and flip (vit_jax/data/randaugment.py); the
+        AugReg settings use (2, 0), (2, 10), (2, 15) and (2, 20).
+    label_smoothing: One-hot targets become (1 - s) * onehot + s / num_classes.
+    skip_corrupt: Skip images that do not decode (folder source; counted and
+        logged) instead of raising an error that names the file.
+    cache: Keep decoded images in memory (folder and tfds sources; idx always is).
+    threads: Threads that prepare batches ahead of the loop in this process; 0 means
+        one per CPU core.
+    workers: Grain worker processes that prepare batches (each with one thread);
+        0 prepares them in this process, on `threads` threads.
+"""
 
 from __future__ import annotations
 
@@ -26,46 +66,8 @@ FASHION_MNIST_HALVES = ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
 
 
 def default_config() -> ml_collections.ConfigDict:
-    """Returns the dataset config with its defaults (Fashion-MNIST from idx files).
-
-    Fields:
-        source: Where examples come from: 'idx' (MNIST-format idx files, read into
-            memory), 'folder' (DIR/<split>/<class>/*.jpg|jpeg|png) or 'tfds' (a prepared
-            TFDS builder prepared in the ArrayRecord format).
-        name: TFDS builder name ('cifar10', 'imagenet2012', 'oxford_iiit_pet', ...), any
-            image-classification builder with 'image' and 'label' features. Only for 'tfds'.
-        data_dir: The idx directory, the image-folder root, or the TFDS data_dir. None
-            means the source's default: DEFAULT_IDX_DIR for 'idx' (Debian package
-            dataset-fashion-mnist), TFDS's own default for 'tfds'; 'folder' requires it.
-        train_split: Split used by train_iterator, with TFDS slicing syntax for every
-            source: 'train', 'train[:10%]', 'train[90%:]', 'train[100:-100]'.
-        test_split: Split used for evaluation, same syntax.
-        classes: None (all classes) or class ids to keep, relabelled 0..k-1 in the
-            listed order: (5, 6, 7, 8, 9) -> 0..4.
-        examples_per_class: None, or keep only the first n examples of each class of
-            the train split after a shuffle seeded with subset_seed.
-        subset_seed: Seed of that shuffle (fixed, so the subset does not change with the
-            training seed).
-        preprocessing: How a crop is resized to the model's resolution:
-            'tf_bilinear' (tf.image.resize: bilinear, no antialiasing, float; how the
-            published checkpoints were trained and evaluated) or 'pil_antialias' (PIL's
-            antialiased bilinear rounded to uint8; what HF's and timm's processors
-            compute). Checkpoints the run writes record it (vit_jax/data/pixels.py).
-        crop_min_area: Smallest crop area (fraction of the image) of the Inception crop.
-        flip: Random horizontal flips in training.
-        mixup: Beta(alpha, alpha) mixup within the local batch; 0 turns it off.
-        randaugment: None, or (num_layers, magnitude) of big_vision's RandAugment on
-            each training image after crop and flip (vit_jax/data/randaugment.py); the
-            AugReg settings use (2, 0), (2, 10), (2, 15) and (2, 20).
-        label_smoothing: One-hot targets become (1 - s) * onehot + s / num_classes.
-        skip_corrupt: Skip images that do not decode (folder source; counted and
-            logged) instead of raising an error that names the file.
-        cache: Keep decoded images in memory (folder and tfds sources; idx always is).
-        threads: Threads that prepare batches ahead of the loop in this process; 0 means
-            one per CPU core.
-        workers: Grain worker processes that prepare batches (each with one thread);
-            0 prepares them in this process, on `threads` threads.
-    """
+    """Returns the dataset config with its defaults (Fashion-MNIST from idx files); the
+    module's docstring says what each field means."""
     return ml_collections.ConfigDict(
         dict(
             source="idx",
