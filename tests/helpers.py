@@ -186,7 +186,7 @@ def run_command(module, *args: str) -> int:
     app.define_help_flags()  # absl's own flags stay defined between commands
     before = set(flags.FLAGS)
     # A failing command silences logging and unraisable reports for the rest of its
-    # process (cli._last_word); here the process goes on, so they come back after it.
+    # process (base/exits.py's _last_word); here the process goes on, so they come back.
     disabled, unraisable = logging.root.manager.disable, sys.unraisablehook
     try:
         prepare = getattr(module, "preset_argv", None)

@@ -5,7 +5,8 @@ with `cli.run(main, define_flags)`. User errors (a missing file, a bad value or 
 config that does not fit, a non-finite run, a missing optional package) print `error: ...`
 with the way out and exit 1, without a traceback (VIT_JAX_DEBUG=1 shows it); other
 exceptions are bugs and keep theirs. Ctrl-C prints one line and exits 130; a training run
-stopped by SIGTERM exits 143 (`vit_jax.training.stopping`).
+stopped by SIGTERM exits 143 (`vit_jax.training.stopping`). The last word of a command and
+the libraries' reports held back until then are vit_jax/base/exits.py's.
 """
 
 from __future__ import annotations
@@ -14,16 +15,11 @@ import dataclasses
 import os
 import re
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 
-DEBUG_ENV = "VIT_JAX_DEBUG"
+from vit_jax.base.exits import HeldErrors, debug, fail, interrupted
+
 USER_ERRORS = (OSError, ValueError, FloatingPointError, ImportError)
-
-
-def debug() -> bool:
-    """Whether VIT_JAX_DEBUG asks for tracebacks of user errors."""
-    return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
 
 
 def run(
@@ -68,14 +64,12 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
         with held:
             try:
                 main()
-            except USER_ERRORS as e:
+            except (*USER_ERRORS, KeyboardInterrupt) as e:
                 if debug():
                     raise
+                if isinstance(e, KeyboardInterrupt):
+                    interrupted(str(e), getattr(e, "exit_status", 130))
                 fail(in_flags(str(e)))
-            except KeyboardInterrupt as e:
-                if debug():
-                    raise
-                interrupted(str(e), getattr(e, "exit_status", 130))
         held.release()  # the command succeeded: what libraries reported is shown after all
 
     try:
@@ -88,65 +82,6 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
         what = " ".join(str(e).replace("\\n", " ").replace("\\", "").replace("'", "").split())
         where = "every config field is in vit_jax/configs/common.py"
         fail(f"in the flags: no such config field, or a bad value: {what} ({where})")
-
-
-class HeldErrors:
-    """Libraries' error reports (other loggers' errors, unraisable exceptions), held back
-    while a command runs: a failing background write (Orbax's thread, TensorStore's
-    callbacks, asyncio) reports itself before the command's own `error:` line. Shown if
-    the command succeeds (`release`), dropped when it fails with its one line."""
-
-    def __init__(self) -> None:
-        self.records: list = []
-        self.unraisable: list = []
-        self._handlers, self._hook = [], None
-
-    def filter(self, record) -> bool:  # a logging filter on the root logger's handlers
-        if record.levelno >= 40 and not record.name.startswith("vit_jax") and not debug():
-            self.records.append(record)
-            return False
-        return True
-
-    def _hold(self, unraisable) -> None:
-        if debug():
-            self._hook(unraisable)
-        else:
-            self.unraisable.append((unraisable.exc_type, unraisable.exc_value, unraisable.err_msg))
-
-    def __enter__(self) -> HeldErrors:
-        import logging
-
-        self._handlers = list(logging.getLogger().handlers)
-        for handler in self._handlers:
-            handler.addFilter(self)
-        self._hook, sys.unraisablehook = sys.unraisablehook, self._hold
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handler in self._handlers:
-            handler.removeFilter(self)
-        if sys.unraisablehook == self._hold:
-            sys.unraisablehook = self._hook
-
-    def release(self) -> None:
-        """Shows what was held, as it would have been shown."""
-        import logging
-        import traceback
-
-        for record in self.records:
-            logging.getLogger(record.name).handle(record)
-        for kind, value, message in self.unraisable:
-            sys.stderr.write(f"{message or 'Exception ignored'}:\n")
-            traceback.print_exception(kind, value, value.__traceback__ if value else None)
-        self.records, self.unraisable = [], []
-
-
-def interrupted(message: str, status: int = 130) -> None:
-    """Ctrl-C: exit 130 (SIGINT's; a run stopped by SIGTERM: 143) with one line on stderr,
-    the command's own (a run says where it stopped and how to resume) or 'interrupted'."""
-    after_echo = "\n" if sys.stderr.isatty() else ""  # the terminal's ^C ends no line
-    _last_word(f"{after_echo}{message or 'interrupted'}\n")
-    sys.exit(status)
 
 
 def _define_command_flags(define_flags: Callable[[], None], program: str) -> None:
@@ -207,7 +142,6 @@ def parse_flags(argv: list[str]) -> list[str]:
         if debug():
             raise
         fail(flag_error_message(e, argv[0]))
-        raise  # not reached: fail exits
 
 
 # The library's messages name its arguments; a command's user sets them with flags. One
@@ -226,29 +160,6 @@ def in_flags(message: str) -> str:
     for argument, flag in FLAGS_OF_ARGUMENTS.items():
         message = message.replace(argument, flag)
     return message
-
-
-def fail(message: str) -> None:
-    """Exit 1 with `error: message` on stderr, naming how to get the traceback; nothing
-    is printed after it (`_last_word`)."""
-    _last_word(f"error: {message}\n(for the Python traceback, set {DEBUG_ENV}=1)\n")
-    sys.exit(1)
-
-
-def _last_word(text: str) -> None:
-    """Writes `text` to stderr as the command's last output. What libraries would report
-    afterwards about the failure just named (Orbax's and asyncio's logs of a failed
-    background write, 'Future exception was never retrieved' at exit, errors in
-    finalizers, unawaited coroutines) says nothing the line does not, so logging, warnings
-    and unraisable reports are silenced first; VIT_JAX_DEBUG=1 keeps them (and the traceback)."""
-    import logging
-
-    sys.stdout.flush()
-    logging.disable(logging.CRITICAL)  # absl's logs go through the standard logging
-    warnings.simplefilter("ignore")  # at exit: 'coroutine ... was never awaited' (Orbax's)
-    sys.unraisablehook = lambda unraisable: None
-    sys.stderr.write(text)
-    sys.stderr.flush()
 
 
 # ---------------------------------------------------------------- commands that load a checkpoint

@@ -5,5 +5,6 @@
   outage.py    a store that stops answering: one retry window for the run, exit 75
   problems.py  config rules, and config values that cannot make sense, all named at once
   console.py   durations, sizes and short lists in messages; progress bars; silenced stderr
+  exits.py     how a command ends: one `error:` line and exit 1, Ctrl-C's line and 130
 Everything above them imports these; they import nothing of the package.
 """

@@ -1,0 +1,104 @@
+"""How a command ends on the terminal: a user error as one `error: ...` line and exit 1,
+Ctrl-C as one line and exit 130 (a run stopped by SIGTERM: 143), and nothing after that
+last word. While the command runs, libraries' error reports are held back (`HeldErrors`),
+so a failing background write does not speak before the command's own line.
+VIT_JAX_DEBUG=1 (`debug`) shows everything: tracebacks, and what libraries say afterwards.
+
+vit_jax/cli.py's `run` ends every command through these.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import NoReturn
+
+DEBUG_ENV = "VIT_JAX_DEBUG"
+
+
+def debug() -> bool:
+    """Whether VIT_JAX_DEBUG asks for tracebacks of user errors."""
+    return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")
+
+
+class HeldErrors:
+    """Libraries' error reports (other loggers' errors, unraisable exceptions), held back
+    while a command runs: a failing background write (Orbax's thread, TensorStore's
+    callbacks, asyncio) reports itself before the command's own `error:` line. Shown if
+    the command succeeds (`release`), dropped when it fails with its one line."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+        self.unraisable: list = []
+        self._handlers, self._hook = [], None
+
+    def filter(self, record) -> bool:  # a logging filter on the root logger's handlers
+        if record.levelno >= 40 and not record.name.startswith("vit_jax") and not debug():
+            self.records.append(record)
+            return False
+        return True
+
+    def _hold(self, unraisable) -> None:
+        if debug():
+            self._hook(unraisable)
+        else:
+            self.unraisable.append((unraisable.exc_type, unraisable.exc_value, unraisable.err_msg))
+
+    def __enter__(self) -> HeldErrors:
+        import logging
+
+        self._handlers = list(logging.getLogger().handlers)
+        for handler in self._handlers:
+            handler.addFilter(self)
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._hold
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handler in self._handlers:
+            handler.removeFilter(self)
+        if sys.unraisablehook == self._hold:
+            sys.unraisablehook = self._hook
+
+    def release(self) -> None:
+        """Shows what was held, as it would have been shown."""
+        import logging
+        import traceback
+
+        for record in self.records:
+            logging.getLogger(record.name).handle(record)
+        for kind, value, message in self.unraisable:
+            sys.stderr.write(f"{message or 'Exception ignored'}:\n")
+            traceback.print_exception(kind, value, value.__traceback__ if value else None)
+        self.records, self.unraisable = [], []
+
+
+def interrupted(message: str, status: int = 130) -> NoReturn:
+    """Ctrl-C: exit 130 (SIGINT's; a run stopped by SIGTERM: 143) with one line on stderr,
+    the command's own (a run says where it stopped and how to resume) or 'interrupted'."""
+    after_echo = "\n" if sys.stderr.isatty() else ""  # the terminal's ^C ends no line
+    _last_word(f"{after_echo}{message or 'interrupted'}\n")
+    sys.exit(status)
+
+
+def fail(message: str) -> NoReturn:
+    """Exit 1 with `error: message` on stderr, naming how to get the traceback; nothing
+    is printed after it (`_last_word`)."""
+    _last_word(f"error: {message}\n(for the Python traceback, set {DEBUG_ENV}=1)\n")
+    sys.exit(1)
+
+
+def _last_word(text: str) -> None:
+    """Writes `text` to stderr as the command's last output. What libraries would report
+    afterwards about the failure just named (Orbax's and asyncio's logs of a failed
+    background write, 'Future exception was never retrieved' at exit, errors in
+    finalizers, unawaited coroutines) says nothing the line does not, so logging, warnings
+    and unraisable reports are silenced first; VIT_JAX_DEBUG=1 keeps them (and the traceback)."""
+    import logging
+
+    sys.stdout.flush()
+    logging.disable(logging.CRITICAL)  # absl's logs go through the standard logging
+    warnings.simplefilter("ignore")  # at exit: 'coroutine ... was never awaited' (Orbax's)
+    sys.unraisablehook = lambda unraisable: None
+    sys.stderr.write(text)
+    sys.stderr.flush()
