@@ -225,10 +225,22 @@ def test_code_lines_counts_code_only():
         "    return (1 +\n            2)\n"
     )
     assert code_lines.code_lines(source) == 6  # import, def, x = (2 lines), return (2 lines)
+    # Counted as ruff formats it, the overrides taken out: a packed line counts as laid out.
+    packed = "x = {'a': 1,\n     'b': 2}  # fmt: skip\n" + "y = [\n" + "    1,\n" * 3 + "]\n"
+    assert code_lines.formatted({"m.py": packed}) == {
+        "m.py": 'x = {"a": 1, "b": 2}\ny = [1, 1, 1]\n'
+    }
+    assert code_lines.overrides({"m.py": packed + "# fmt: off\nz = 1\n# fmt: on\n"}) == 3
     out = run("code_lines.py", "--by-file")
     total = int(out.splitlines()[-1].split()[0])
-    assert total == sum(int(line.split()[0]) for line in out.splitlines()[:-2]) > 5000
-    assert out.splitlines()[-2].endswith(": none")  # no file over 350 lines, no function over 60
+    assert total == sum(int(line.split()[0]) for line in out.splitlines()[:-3]) > 5000
+    assert out.splitlines()[-1].endswith(
+        f"as ruff {code_lines.pinned_ruff()} formats them without overrides"
+    )
+    assert out.splitlines()[-3].endswith(": none")  # no file over 350 lines, no function over 60
+    assert int(out.splitlines()[-2].split()[-1]) == code_lines.overrides(
+        code_lines.library_files(None)
+    )
     long_file = "x = 1\n" * 351 + "def f():\n" + "    y = 1\n" * 60
     assert code_lines.over_limits({"m.py": long_file}) == ["m.py: 412 lines", "m.py:f: 61 lines"]
 

@@ -202,3 +202,26 @@ def test_no_file_over_350_lines_and_no_function_over_60():
     from benchmarks.code_lines import library_files, over_limits
 
     assert over_limits(library_files(None)) == []
+
+
+def test_the_package_is_formatted_plainly_overrides_only_on_literal_tables():
+    """ruff's layout is the house's (STYLE.md): `ruff format --check` passes, and a
+    `# fmt: skip` marks only a module-level table written as a literal (no `# fmt: off`)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", str(PACKAGE)], capture_output=True
+    )
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    tables = (ast.Dict, ast.List, ast.Tuple, ast.Set)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        assert not any(line.strip() in ("# fmt: off", "# fmt: on") for line in lines), path
+        ends = {
+            node.end_lineno
+            for node in ast.parse("\n".join(lines)).body
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, tables)
+        }
+        skips = {i for i, line in enumerate(lines, 1) if line.rstrip().endswith("# fmt: skip")}
+        assert skips <= ends, f"{path}: lines {sorted(skips - ends)} are not literal tables"

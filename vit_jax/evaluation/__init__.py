@@ -27,9 +27,3 @@ from vit_jax.evaluation.linear import (
     fit_predict,
     targets,
 )
-
-__all__ = [
-    "DEFAULT_L2", "DEFAULT_SHOTS", "FewShotEvaluator", "LinearFit", "by_dataset",
-    "dataset_configs", "choose_shots", "extract_features", "fewshot_accuracy", "fit",
-    "fit_predict", "metric_name", "targets"
-]  # fmt: skip

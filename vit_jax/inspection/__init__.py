@@ -29,10 +29,3 @@ from vit_jax.inspection.report import (
     sample_images,
     write,
 )
-
-__all__ = [
-    "FilterPCA", "Inspection", "NoPositionEmbeddings", "NotPixelFilters", "analyse_images",
-    "attention_rollout", "compute", "cosine_similarity_maps", "embedding_kernel", "explain",
-    "filter_pca", "mean_attention_distance", "pairwise_distances", "patch_centres",
-    "patch_embeddings", "relevance", "rollout_maps", "sample_images", "upsample", "write"
-]  # fmt: skip

@@ -27,12 +27,6 @@ from vit_jax.models.layers import GELUS
 from vit_jax.models.variants import RESNETS, SIZES, VARIANTS, variant_config
 from vit_jax.models.vit import ORIGINAL_NUMERICS, VisionTransformer
 
-__all__ = [
-    "GELUS", "ORIGINAL_NUMERICS", "RESNETS", "SIZES", "VARIANTS", "VisionTransformer",
-    "apply_with_intermediates", "count_params", "get_model", "param_shapes", "per_block",
-    "variant_config"
-]  # fmt: skip
-
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 

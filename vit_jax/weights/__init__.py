@@ -25,9 +25,3 @@ from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.load import Loaded, load, load_model, load_pretrained
 from vit_jax.weights.npz import canonical, load_npz, save_npz, stack_blocks, unstack_blocks
 from vit_jax.weights.read import FORMATS_READ, detect_format, read_checkpoint
-
-__all__ = [
-    "FORMATS_READ", "CheckpointError", "Loaded", "adapt", "canonical", "detect_format", "load",
-    "load_model", "load_npz", "load_pretrained", "read_checkpoint", "save_npz", "stack_blocks",
-    "unstack_blocks"
-]  # fmt: skip
