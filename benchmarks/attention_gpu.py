@@ -7,7 +7,7 @@ step (SGD, bfloat16 compute) of ViT-B/16 and L/16 at 224 and 384 px, issue 42's 
         --cells=ViT-L_16:224:128 --fit=ViT-L_16:384    # JAX takes 75% of the GPU unless told
 
 For each cell (model, resolution, batch) and choice (`xla`, `cudnn`): img/s of
-`train.train_step` jitted with its state donated (benchmarks/train_step.py's `measure`), and
+`step.train_step` jitted with its state donated (benchmarks/train_step.py's `measure`), and
 the compiler's bytes on the device, its temporaries (the activations kept for the backward
 pass, the attention probabilities among them under `xla`) and in all. A choice the platform
 refuses prints the refusal. First, how far cuDNN's results are from XLA's (`agreement`; in

@@ -48,7 +48,7 @@ from vit_jax.base import store  # noqa: E402
 from vit_jax.configs.common import base  # noqa: E402
 from vit_jax.parallel import sharding  # noqa: E402
 from vit_jax.training import state as state_lib  # noqa: E402
-from vit_jax.training import train  # noqa: E402
+from vit_jax.training import step as step_lib  # noqa: E402
 from vit_jax.training.state import build_model, create_state  # noqa: E402
 from vit_jax.workdir import (
     shards,  # noqa: E402
@@ -66,7 +66,7 @@ def make_state(model_name: str, image_size: int):
     tx, lr = state_lib.make_optimizer(c.optimizer, c.total_steps)
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     state, shardings = create_state(state_lib.Start.of(c), model, tx, mesh)
-    step, _ = train.jit_steps(model, tx, lr, mesh, shardings, 1)
+    step, _ = step_lib.jit_steps(model, tx, lr, mesh, shardings, 1)
     return c, jax.block_until_ready(state), step, mesh
 
 
@@ -146,7 +146,7 @@ def main() -> None:
         plain.close()
         saver.close()
     finally:
-        store.remove_tree(root)
+        store.PLAIN.remove_tree(root)
     med = statistics.median
     where = "a gs:// bucket" if store.is_remote(root) else "local disk"
     print(f"# {machine()}, {datetime.date.today()}; checkpoints on {where}")

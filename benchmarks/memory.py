@@ -41,7 +41,7 @@ from vit_jax.configs import common  # noqa: E402
 from vit_jax.models import count_params  # noqa: E402
 from vit_jax.parallel import sharding  # noqa: E402
 from vit_jax.training import state as state_lib  # noqa: E402
-from vit_jax.training import train  # noqa: E402
+from vit_jax.training import step as step_lib  # noqa: E402
 from vit_jax.workdir.workdir import tree_bytes  # noqa: E402
 
 GIB = 2**30
@@ -88,7 +88,7 @@ def peak_bytes(setup_out: tuple, layout: str, per_device: int) -> int:
     state = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
-    step, _ = train.jit_steps(model, tx, lr_fn, mesh, shardings, 1)  # as the loop jits it
+    step, _ = step_lib.jit_steps(model, tx, lr_fn, mesh, shardings, 1)  # as the loop jits it
     m = step.lower(state, batch).compile().memory_analysis()
     return (
         m.argument_size_in_bytes

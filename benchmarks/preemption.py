@@ -85,7 +85,8 @@ def agreement(steps: int) -> tuple[float, float]:
     from vit_jax.configs import fashion_mnist
     from vit_jax.parallel import sharding
     from vit_jax.training import state as state_lib
-    from vit_jax.training import stopping, train
+    from vit_jax.training import step as step_lib
+    from vit_jax.training import stopping
     from vit_jax.training.state import build_model, create_state
 
     c = fashion_mnist.get_config("tiny")
@@ -93,7 +94,7 @@ def agreement(steps: int) -> tuple[float, float]:
     model = build_model(c.model, 10)
     tx, lr = state_lib.make_optimizer(c.optimizer, c.total_steps)
     state, shardings = create_state(state_lib.Start.of(c), model, tx, mesh)
-    step_fn, _ = train.jit_steps(model, tx, lr, mesh, shardings)
+    step_fn, _ = step_lib.jit_steps(model, tx, lr, mesh, shardings)
     import numpy as np
 
     rng = np.random.default_rng(0)

@@ -2,7 +2,7 @@
 
     python benchmarks/train_step.py --model=ViT-B_16 --batch=8 --optimizer=sgd --dtype=float32
 
-Prints images/s of `vit_jax.training.train.train_step` (jitted, state donated, as the loop runs
+Prints images/s of `vit_jax.training.step.train_step` (jitted, state donated, as the loop runs
 it) and the bound: the summed time of every matrix product in the step's jaxpr (the
 forward products and their transposes in the backward pass), each timed alone.
 `bound/step` near 1 means the step runs as fast as its matrix products allow.
@@ -27,7 +27,7 @@ from vit_jax.configs import common  # noqa: E402
 from vit_jax.models import get_model  # noqa: E402
 from vit_jax.parallel import sharding  # noqa: E402
 from vit_jax.training import state as state_lib  # noqa: E402
-from vit_jax.training import train  # noqa: E402
+from vit_jax.training import step as step_lib  # noqa: E402
 
 
 def optimizer_config(name: str) -> ml_collections.ConfigDict:
@@ -60,7 +60,7 @@ def measure(
         "image": jnp.asarray(rng.uniform(-1, 1, (batch, size, size, 3)), jnp.float32),
         "label": jax.nn.one_hot(rng.integers(0, 1000, batch), 1000),
     }
-    step_fn = functools.partial(train.train_step, model=model, tx=tx, lr_fn=lr)
+    step_fn = functools.partial(step_lib.train_step, model=model, tx=tx, lr_fn=lr)
     step = jax.jit(step_fn, donate_argnums=0)
     compiled = step.lower(state, data).compile()
     cost = compiled.cost_analysis()

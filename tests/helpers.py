@@ -299,11 +299,11 @@ def training(config, mesh, accum_steps: int = 1, skip_nonfinite: bool = False):
     """A new TrainState of `config` sharded over `mesh`, and its compiled train step:
     (state, step, shardings)."""
     from vit_jax.training import state as state_lib
-    from vit_jax.training import train
+    from vit_jax.training import step as step_lib
 
     model, tx, lr = model_and_optimizer(config, skip_nonfinite)
     state, shardings = state_lib.create_state(state_lib.Start.of(config), model, tx, mesh)
-    step, _ = train.jit_steps(model, tx, lr, mesh, shardings, accum_steps)
+    step, _ = step_lib.jit_steps(model, tx, lr, mesh, shardings, accum_steps)
     return state, step, shardings
 
 

@@ -4,6 +4,8 @@
     relay.down()                   # refuses new connections and resets open ones
     relay.down("reset")            # accepts, then resets at once (a front end going away)
     relay.up()                     # forwards again
+    relay.drop_reply(b"DELETE ")   # the next request holding these bytes reaches the server,
+                                   # its answer does not reach the client (a lost reply)
     relay.close()
 
 Refusing is the kernel's own: the listening socket is closed, so a client's connect
@@ -30,6 +32,9 @@ class Relay:
     def __init__(self, target_port: int, port: int = 0):
         self.target = ("127.0.0.1", target_port)
         self.mode = "up"  # or "refuse", "reset"
+        self.dropped = 0  # answers dropped (drop_reply)
+        self._marker: bytes | None = None
+        self._doomed: set[socket.socket] = set()  # servers whose next answer is dropped
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -61,11 +66,21 @@ class Relay:
             with self._lock:
                 self._open.update((client, server))
             for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(a, b, a is client), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, dest: socket.socket) -> None:
+    def _pipe(self, source: socket.socket, dest: socket.socket, upstream: bool) -> None:
         try:
             while data := source.recv(65536):
+                with self._lock:
+                    if upstream and self._marker is not None and self._marker in data:
+                        self._marker = None
+                        self._doomed.add(dest)
+                    if not upstream and source in self._doomed:
+                        self._doomed.discard(source)
+                        self.dropped += 1
+                        for sock in (dest, source):  # at once: the other pipe's recv returns
+                            sock.shutdown(socket.SHUT_RDWR)
+                        raise OSError("the answer is dropped")
                 dest.sendall(data)
             dest.shutdown(socket.SHUT_WR)
         except OSError:  # one end reset: the other is reset too, as a real peer's would be
@@ -93,6 +108,12 @@ class Relay:
             self.mode = "up"
             if self._listener is None:
                 self._listen()
+
+    def drop_reply(self, marker: bytes) -> None:
+        """The next request whose bytes hold `marker` reaches the server, which acts on
+        it; as its answer comes, both connections are reset (a timeout's effect)."""
+        with self._lock:
+            self._marker = marker
 
     def close(self) -> None:
         self.down()

@@ -23,8 +23,9 @@ from PIL import Image
 
 from vit_jax import convert, infer, weights
 from vit_jax.models import count_params, get_model, lora, param_shapes
-from vit_jax.training import check, train
+from vit_jax.training import check, outputs, train
 from vit_jax.training import state as state_lib
+from vit_jax.training import step as step_lib
 from vit_jax.workdir.checkpoints import Checkpoints
 
 QV = lora.Lora(8, 8.0, ("query", "value"))
@@ -117,7 +118,7 @@ def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(
     parameters; checkpoints hold adapters, head and optimizer state, not the base; the
     base is untouched (every untargeted array of final.npz is init_from's bit for bit);
     a run stopped by Ctrl-C after its step-5 save and run again ends bit-identical; and
-    its workdir, as a checkpoint (`state.load_run`, `infer --checkpoint=WORKDIR`), gives
+    its workdir, as a checkpoint (`outputs.load_run`, `infer --checkpoint=WORKDIR`), gives
     final.npz's probabilities within 1e-5 with the adapters unmerged; and a rerun whose
     init_from changed is refused naming the file."""
     c = tiny_config()
@@ -145,7 +146,7 @@ def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(
     # The workdir as a checkpoint: the adapters unmerged over init_from, as final.npz.
 
     run, merged = (
-        state_lib.load_run(str(tmp_path / "whole")),
+        outputs.load_run(str(tmp_path / "whole")),
         weights.load(tmp_path / "whole/final.npz"),
     )
     assert run.model.lora == lora.Lora(4, 4.0, ("query", "value", "Dense_0", "Dense_1"))
@@ -270,7 +271,7 @@ def test_lora_trains_alike_on_one_device_and_on_fsdp_with_accumulation(tmp_path)
     for mesh, accum in ((sharding.make_mesh(devices=jax.devices()[:1]), 1),
                         (sharding.make_mesh(data=4, fsdp=2), 2)):  # fmt: skip
         state, shardings = state_lib.create_state(state_lib.Start.of(c), model, tx, mesh)
-        step, _ = train.jit_steps(model, tx, lr, mesh, shardings, accum)
+        step, _ = step_lib.jit_steps(model, tx, lr, mesh, shardings, accum)
         losses = []
         for b in batches:
             state, m = step(state, sharding.global_batch(b, mesh))

@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers import MISSING, assert_npz_equal, needs_embedded_data
 
-from vit_jax.base import outage
+from vit_jax.base import outage, store
 
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # before gcsfs is imported
 gcsfs = pytest.importorskip("gcsfs", reason=f"{MISSING} gcsfs (pip install -e '.[gcs]')")
@@ -124,8 +124,8 @@ def stop(message: str) -> None:
 
 
 def test_transient_failures_are_retried_within_one_window_and_permanent_ones_raised(capsys):
-    window = outage.Outage(seconds=3.0, stop=stop)
-    window.url = "gs://b/run"
+    window = outage.Window("gs://b/run", 3.0, stop=stop)
+    via = store.Store(window)
     calls = []
 
     def flaky():
@@ -134,17 +134,19 @@ def test_transient_failures_are_retried_within_one_window_and_permanent_ones_rai
             raise ConnectionResetError("Connection reset by peer")
         return "done"
 
-    assert window.call(flaky, "writing x") == "done" and len(calls) == 3
+    assert via.retried(flaky, "writing x") == "done" and len(calls) == 3
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("the store at gs://b/run did not answer (writing x: Connection reset")
     assert out[1].startswith("the store answers again, after") and len(out) == 2
     with pytest.raises(FileNotFoundError):  # a permanent failure: at once, not retried
-        window.call(lambda: (_ for _ in ()).throw(FileNotFoundError("no such bucket")))
+        via.retried(lambda: (_ for _ in ()).throw(FileNotFoundError("no such bucket")), "x")
     assert window.since is None
     began = time.monotonic()
     with pytest.raises(Stopped, match=r"did not answer for \d+ s \(store.retry_seconds=3\)"):
-        window.call(lambda: (_ for _ in ()).throw(TimeoutError("timed out")))
+        via.retried(lambda: (_ for _ in ()).throw(TimeoutError("timed out")), "x")
     assert 3.0 <= time.monotonic() - began < 3.0 + 10.0 * 1.5 + 1  # one backoff past it
+    with pytest.raises(TimeoutError):  # no window (PLAIN): tried once
+        store.PLAIN.retried(lambda: (_ for _ in ()).throw(TimeoutError("timed out")), "x")
 
 
 @pytest.mark.parametrize(
@@ -162,7 +164,7 @@ def test_transient_failures_are_retried_within_one_window_and_permanent_ones_rai
     ],
 )
 def test_which_failures_are_transient(error, retried):
-    assert outage.transient(error) is retried
+    assert store.transient(error) is retried
 
 
 @pytest.mark.slow

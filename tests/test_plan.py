@@ -24,8 +24,9 @@ from helpers import MISSING, python_m, tiny_config
 
 from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
-from vit_jax.training import compiled, planner, train
+from vit_jax.training import compiled, planner
 from vit_jax.training import state as state_lib
+from vit_jax.training import step as step_lib
 from vit_jax.training.state import Start, abstract_state, build_model
 
 LIBTPU_DIR = os.environ.get(
@@ -171,7 +172,7 @@ def test_the_planners_step_is_the_loops_step():
     tx, lr_fn = state_lib.optimizer_of(c)
     abstract = abstract_state(Start(seed=c.seed, image_size=c.image_size), model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
-    loop, _ = train.jit_steps(model, tx, lr_fn, mesh, shardings, c.accum_steps, c.loss)
+    loop, _ = step_lib.jit_steps(model, tx, lr_fn, mesh, shardings, c.accum_steps, c.loss)
     assert loop.lower(state, batch).as_text() == mine
     c.loss = "softmax_xent"  # and a change the loop would see, the planner sees
     other, state2, batch2 = planner.loop_step(c, mesh, 10)

@@ -49,17 +49,30 @@ def test_every_checkpoint_is_committed_with_its_record_and_retention_keeps_two(t
 def test_a_second_run_is_refused_a_stale_lock_taken_over(tmp_path, capsys):
     workdir = str(tmp_path / "run")
     with lock.held(workdir):
-        before = snapshot(workdir)
         holder = json.load(open(f"{workdir}/{lock.NAME}"))
         assert holder["host"] == socket.gethostname() and holder["pid"] == os.getpid()
-        with pytest.raises(lock.WorkdirLocked) as refused:
-            train.run(tiny_config(**RUN), workdir)
-        assert str(refused.value).startswith(
-            f"workdir {workdir} is in use by another run (host {holder['host']} pid "
-            f"{os.getpid()}, started {holder['started']}; lock {workdir}/{lock.NAME}, "
-        ), refused.value
-        assert snapshot(workdir) == before  # touched nothing
     assert os.listdir(workdir) == []  # released
+    # Another live run on this host: a process of its own, its lock beating now.
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) as other:
+        try:
+            start = lock._process_start(other.pid)
+            live = dict(holder, pid=other.pid, process_start=start, beat_at=time.time())
+            with open(f"{workdir}/{lock.NAME}", "w") as f:
+                json.dump(live, f)
+            before = snapshot(workdir)
+            with pytest.raises(lock.WorkdirLocked) as refused:
+                train.run(tiny_config(**RUN), workdir)
+            assert str(refused.value).startswith(
+                f"workdir {workdir} is in use by another run (host {holder['host']} pid "
+                f"{other.pid}, started {holder['started']}; lock {workdir}/{lock.NAME}, "
+            ), refused.value
+            assert str(refused.value).endswith(
+                "(a lock whose heartbeat has been silent for 3m30s is taken over)"
+            ), refused.value
+            assert snapshot(workdir) == before  # touched nothing
+        finally:
+            other.kill()
+    os.remove(f"{workdir}/{lock.NAME}")
     # A lock of a process that is gone (this host), and one whose heartbeat stopped.
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip

@@ -11,6 +11,7 @@ from helpers import assert_trained_alike, assert_trees_equal, batch, model_and_o
 from vit_jax import weights
 from vit_jax.configs import fashion_mnist
 from vit_jax.parallel import sharding
+from vit_jax.training import outputs
 from vit_jax.training import state as state_lib
 from vit_jax.weights.meta import Meta
 from vit_jax.workdir.checkpoints import Checkpoints
@@ -116,5 +117,5 @@ def test_checkpoint_moves_between_meshes(runs, tmp_path):
     # The published-layout export gathers the sharded parameters.
     path = tmp_path / "final.npz"
     with Checkpoints(tmp_path / "checkpoints") as kept:
-        state_lib.export_npz(str(path), back.params, Meta(), kept)
+        outputs.export_npz(str(path), back.params, Meta(), kept)
     assert_trees_equal(weights.load_npz(path), expected.params)

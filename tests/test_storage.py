@@ -21,8 +21,7 @@ from helpers import ROOT, assert_npz_equal, needs_embedded_data, python_m, tiny_
 from subprocesses import Run, tiny_flags
 
 from vit_jax.base.console import first_few
-from vit_jax.training import report, stopping, train
-from vit_jax.training import state as state_lib
+from vit_jax.training import outputs, report, stopping, train
 from vit_jax.weights.meta import Meta
 from vit_jax.workdir import shards, verify
 from vit_jax.workdir.checkpoints import COMMIT, WAY_OUT, Checkpoints
@@ -468,7 +467,7 @@ def test_export_to_a_full_disk_leaves_nothing_half_written(small_disk, tmp_path)
         params = {"w": jax.device_put(np.zeros((1024, 1024), np.float32))}  # 4 MB: no room
         path = f"{small_disk}/final.npz"
         with pytest.raises(OSError) as error:
-            state_lib.export_npz(path, params, Meta(), kept)
+            outputs.export_npz(path, params, Meta(), kept)
     assert str(error.value) == (
         f"could not write {path}: No space left on device. Nothing half-written was left. "
         f"The newest intact checkpoint is step 7 ({kept.directory}/7); a rerun resumes there: "

@@ -35,6 +35,7 @@ from vit_jax.models import param_shapes
 from vit_jax.parallel import sharding
 from vit_jax.training import report, stopping, train
 from vit_jax.training import state as state_lib
+from vit_jax.training import step as step_lib
 from vit_jax.training.report import console_line
 from vit_jax.workdir.checkpoints import Checkpoints
 
@@ -343,7 +344,7 @@ def test_the_losses_against_numpy():
     from vit_jax.training import check
 
     # the config check takes the losses the step computes, and no other
-    assert [check.RUN["loss"](name) for name in state_lib.LOSSES] == [None, None]
+    assert [check.RUN["loss"](name) for name in step_lib.LOSSES] == [None, None]
     assert check.RUN["loss"]("hinge") == "expected one of 'softmax_xent', 'sigmoid_xent'"
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 8, (5, 7)).astype(np.float32)
@@ -352,8 +353,8 @@ def test_the_losses_against_numpy():
     log_sig = lambda v: -np.logaddexp(0, -v)  # noqa: E731
     sigmoid = -np.sum(y * log_sig(z) + (1 - y) * log_sig(-z), -1)
     softmax = -np.sum(y * (z - np.log(np.sum(np.exp(z), -1, keepdims=True))), -1)
-    np.testing.assert_allclose(state_lib.sigmoid_xent(logits, labels), sigmoid, rtol=1e-5)
-    np.testing.assert_allclose(state_lib.softmax_xent(logits, labels), softmax, rtol=1e-5)
+    np.testing.assert_allclose(step_lib.sigmoid_xent(logits, labels), sigmoid, rtol=1e-5)
+    np.testing.assert_allclose(step_lib.softmax_xent(logits, labels), softmax, rtol=1e-5)
     # The bias big_vision starts a 1000-class head at gives each class about 1/1000.
     assert 1 / (1 + np.exp(6.9)) == pytest.approx(1e-3, rel=0.01)
 

@@ -74,7 +74,7 @@ def test_library_and_train_step_without_tensorflow():
     out = run_without_tf("""
 import jax, numpy as np
 from vit_jax import weights
-from vit_jax.training import state, train
+from vit_jax.training import state, step
 from vit_jax.parallel import sharding
 from vit_jax.configs import fashion_mnist
 from vit_jax.models import get_model
@@ -83,7 +83,7 @@ model = state.build_model(c.model, 10)
 tx, lr = state.make_optimizer(c.optimizer, c.total_steps)
 mesh = sharding.make_mesh(devices=jax.devices()[:1])
 s, shardings = state.create_state(state.Start(c.seed, c.image_size), model, tx, mesh)
-step, _ = train.jit_steps(model, tx, lr, mesh, shardings, 1)
+step, _ = step.jit_steps(model, tx, lr, mesh, shardings, 1)
 batch = {"image": np.zeros((8, 28, 28, 3), np.float32), "label": np.eye(10, dtype=np.float32)[:8]}
 s, m = step(s, batch)
 print("loss", float(m["loss"]), "step", int(s.step))

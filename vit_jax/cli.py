@@ -244,7 +244,7 @@ def model_overrides() -> dict[str, object]:
 
 
 def load_model(head: bool = True):
-    """The flags' checkpoint (a file, or a run's workdir: `state.load_run`), read once:
+    """The flags' checkpoint (a file, or a run's workdir: `outputs.load_run`), read once:
     `weights.Loaded`, its preprocessing --preprocessing's, else the checkpoint's."""
     from absl import flags
 
@@ -255,9 +255,9 @@ def load_model(head: bool = True):
     size = images.parse_image_size(f.image_size)
     try:
         if is_run(f.checkpoint):
-            from vit_jax.training import state
+            from vit_jax.training import outputs
 
-            loaded = state.load_run(f.checkpoint, size, head, **overrides)
+            loaded = outputs.load_run(f.checkpoint, size, head, **overrides)
         else:
             loaded = weights.load(f.checkpoint, f.model, size, head, f.patch_size, **overrides)
     except TypeError as e:  # an override that is no model option

@@ -54,10 +54,10 @@ def main() -> None:
     try:
         if cli.is_run(f.checkpoint):  # its newest checkpoint; LoRA's adapters merged
             from vit_jax.models import lora
-            from vit_jax.training import state
+            from vit_jax.training import outputs
             from vit_jax.weights.meta import Meta
 
-            run = state.load_run(f.checkpoint, size, **overrides)
+            run = outputs.load_run(f.checkpoint, size, **overrides)
             meta = Meta(preprocessing=f.preprocessing or run.preprocessing)
             done = convert.write(
                 lora.merge(run.params, run.model.lora),

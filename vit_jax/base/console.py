@@ -1,5 +1,6 @@
 """What the package prints: durations, sizes and short lists in messages, progress bars
-that read well in a terminal and in a log file alike, and native libraries silenced."""
+that read well in a terminal and in a log file alike, and native libraries silenced; and
+`every`, the thread behind the periodic lines of a run's life (heartbeats, probes)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import contextlib
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TextIO, TypeVar
+from typing import Any, TextIO, TypeVar
 
 T = TypeVar("T")
 
@@ -107,3 +109,21 @@ def silenced_stderr() -> Iterator[None]:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+
+
+@contextlib.contextmanager
+def every(seconds: float, fn: Callable[[], Any], name: str) -> Iterator[None]:
+    """Calls fn() every `seconds` on a thread of its own while the block runs."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(seconds):
+            fn()
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import IO
 
 from vit_jax.base import store
-from vit_jax.base.outage import OUTAGE
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb", sync: bool = False) -> Iterator[IO]:
+def atomic_write(
+    path: str | os.PathLike, mode: str = "wb", sync: bool = False, via: store.Store = store.PLAIN
+) -> Iterator[IO]:
     """Opens a temporary file for the block, then puts it at `path`: a crash never leaves
     a half-written `path`, and a block that raises (a full disk) leaves nothing. `sync`
-    flushes it to the disk before the rename.
+    flushes it to the disk before the rename; `via` uploads it to a store (a run's
+    retries through its outages).
 
     Raises:
         FileNotFoundError: `path`'s directory does not exist (named, not the temporary).
@@ -35,8 +37,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", sync: bool = False) 
             local = os.path.join(tmp, path.name)
             with open(local, mode) as f:
                 yield f
-            fs = store.filesystem(path)
-            OUTAGE.call(lambda: fs.put_file(local, os.fspath(path)), f"writing {path}")
+            via.upload(local, path)
         return
     _check_parent(path)
     tmp = path.with_name(path.name + ".tmp")
@@ -109,7 +110,6 @@ def publish(local: str | os.PathLike, path: str | os.PathLike) -> None:
             path.rmdir()  # empty (check_new)
         os.replace(local, path)
         return
-    fs = store.filesystem(path)
     files = {os.fspath(local): os.fspath(path)}
     if os.path.isdir(local):
         files = {
@@ -119,10 +119,10 @@ def publish(local: str | os.PathLike, path: str | os.PathLike) -> None:
         }
     try:
         for source, dest in files.items():
-            OUTAGE.call(lambda s=source, d=dest: fs.put_file(s, d), f"writing {dest}")
+            store.PLAIN.upload(source, dest)
     except BaseException:
         with contextlib.suppress(Exception):
-            store.remove_tree(path)
+            store.PLAIN.remove_tree(path)
         raise
 
 

@@ -2,17 +2,13 @@
 
 Buckets have bad minutes: refused or reset connections, timeouts, 408, 429, 5xx. A run
 on gs:// or s3:// rides them out for `store.retry_seconds` (default 120) counted from
-the first failure, one window for the run rather than one per call:
-
-  OUTAGE.call(fn, what)   the run's own calls (the lock, the integrity record, events,
-                          summary.json, final.npz): a transient failure is retried with
-                          backoff and jitter while the window lasts; a permanent one
-                          (403, 404, credentials) is raised at once
-  OUTAGE.watching(url)    while the run holds a workdir on a store, a thread probes it
-                          every PROBE_SECONDS (one small read by TensorStore, Orbax's
-                          own client, allowed one retry), so that the waits the run
-                          cannot retry itself (Orbax's saves, TensorStore's reads, which
-                          retry by count for ~15 minutes) are bounded by the window too
+the first failure, one window for the run rather than one per call. The run's workdir
+(`Workdir.open`) creates its Window and hands it to its store (`store.Store`), whose
+every operation retries through it and says what success on a retry means; while the
+run holds the workdir, `watching` probes the store every PROBE_SECONDS (one small read
+by TensorStore, Orbax's own client, allowed one retry), so that the waits the run cannot
+retry itself (Orbax's saves, TensorStore's reads, which retry by count for ~15 minutes)
+are bounded by the window too.
 
 The first failure prints one notice, the store's return another. When the window has
 passed the run stops at once, from whichever thread saw it (`give_up`): one `error:`
@@ -25,31 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 from vit_jax.base import store
+from vit_jax.base.console import every
 
 EX_TEMPFAIL = 75
 PROBE_SECONDS = 5.0
-T = TypeVar("T")
-
-
-def transient(error: BaseException) -> bool:
-    """Whether a store's failure may pass: a refused or reset connection, a timeout, HTTP
-    408, 429 or 5xx. No such object, no permission, no credentials: not."""
-    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
-        return False
-    text = f"{type(error).__name__}: {error}".lower()
-    words = ("connect", "reset", "timed out", "timeout", "unavailable", "broken pipe", "curl")
-    if isinstance(error, (ConnectionError, TimeoutError)) or any(w in text for w in words):
-        return True  # before a status: 'Recv failure: Unknown error 104' is ECONNRESET
-    status = store.status_of(error, text)
-    return status is not None and (status in (408, 429) or status >= 500)
 
 
 def give_up(message: str) -> None:
@@ -83,13 +65,15 @@ def _with_the_others(seconds: float = 60.0) -> None:
         return
 
 
-class Outage:
-    """The run's retry window (see the module's docstring); `stop` is called with the
-    error line when it has passed (`give_up`, or a test's)."""
+class Window:
+    """The retry window of a run's store at `url`: `seconds` from the first failure of an
+    outage; `stop` is called with the error line once it has passed (`give_up`, or a
+    test's)."""
 
-    def __init__(self, seconds: float = 120.0, stop: Callable[[str], Any] = give_up):
-        self.seconds, self.stop = seconds, stop
-        self.url = ""
+    def __init__(
+        self, url: str | os.PathLike, seconds: float, stop: Callable[[str], Any] = give_up
+    ):
+        self.url, self.seconds, self.stop = os.fspath(url), float(seconds), stop
         self.since: float | None = None  # the first failure of the outage under way
         self.cause = ""
         self._lock = threading.Lock()
@@ -102,10 +86,9 @@ class Outage:
             self.cause = " ".join(str(error).split())[:200] or type(error).__name__
             if self.since is None:
                 self.since = now
+                retrying = f"retrying for up to {self.seconds:g} s"
                 print(
-                    f"the store at {self.url} did not answer ({self.cause}); retrying for up "
-                    f"to {self.seconds:g} s",
-                    flush=True,
+                    f"the store at {self.url} did not answer ({self.cause}); {retrying}", flush=True
                 )
             lasted = now - self.since
         if lasted >= self.seconds:
@@ -118,27 +101,9 @@ class Outage:
     def answered(self) -> None:
         with self._lock:
             if self.since is not None:
-                print(
-                    f"the store answers again, after {time.monotonic() - self.since:.0f} s",
-                    flush=True,
-                )
+                lasted = time.monotonic() - self.since
+                print(f"the store answers again, after {lasted:.0f} s", flush=True)
             self.since = None
-
-    def call(self, fn: Callable[[], T], what: str = "") -> T:
-        """fn(), retried through transient failures while the window lasts."""
-        tries = 0
-        while True:
-            try:
-                out = fn()
-            except Exception as e:  # noqa: BLE001 (transient ones only; the rest raised)
-                if not self.url or not transient(e):
-                    raise
-                self.failed(f"{what}: {e}" if what else e)
-                tries += 1
-                time.sleep(min(2.0 ** min(tries, 4), 10.0) * (0.5 + random.random()))
-                continue
-            self.answered()
-            return out
 
     def probe(self) -> None:
         """One small read of the store; a transient failure counts towards the window."""
@@ -146,42 +111,27 @@ class Outage:
             self._kv = self._kv or _kvstore(self.url)
             self._kv.read(".vit_jax_probe").result()  # a key that is not there
         except Exception as e:  # noqa: BLE001 (permanent ones are the operations' to name)
-            if transient(e):
+            if store.transient(e):
                 self.failed(e)
             return
         self.answered()
 
-    @contextlib.contextmanager
-    def watching(self, url: str | os.PathLike, seconds: float) -> Iterator[None]:
-        """Holds the window open for the workdir `url` while the block runs (nothing
-        for a local one)."""
-        if not store.is_remote(url):
-            yield
-            return
-        self.url, self.seconds, self.since, self._kv = os.fspath(url), float(seconds), None, None
-        try:
-            with every(PROBE_SECONDS, self.probe, "vit_jax-store-probe"):
-                yield
-        finally:
-            self.url = ""
-
 
 @contextlib.contextmanager
-def every(seconds: float, fn: Callable[[], Any], name: str) -> Iterator[None]:
-    """Calls fn() every `seconds` on a thread of its own while the block runs."""
-    done = threading.Event()
-
-    def loop() -> None:
-        while not done.wait(seconds):
-            fn()
-
-    thread = threading.Thread(target=loop, name=name, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+def watching(window: Window) -> Iterator[None]:
+    """Probes the store of `window` every PROBE_SECONDS while the block runs. An error out
+    of the block while an outage is under way (one that escaped the retries: Orbax's,
+    TensorStore's) stops the run as the window's end does."""
+    with every(PROBE_SECONDS, window.probe, "vit_jax-store-probe"):
+        try:
+            yield
+        except BaseException as e:
+            if window.since is not None and store.transient(e):
+                window.stop(
+                    f"the store at {window.url} did not answer: {window.cause or e}. Once it "
+                    "answers, run the same command (exit status 75)"
+                )
+            raise
 
 
 def _kvstore(url: str) -> Any:
@@ -192,6 +142,3 @@ def _kvstore(url: str) -> Any:
     retries = {"max_retries": 1, "initial_delay": "0.5s", "max_delay": "1s"}
     context = ts.Context({f"{'gcs' if scheme == 'gs' else scheme}_request_retries": retries})
     return ts.KvStore.open(url.rstrip("/") + "/", context=context).result()
-
-
-OUTAGE = Outage()

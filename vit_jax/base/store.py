@@ -4,9 +4,11 @@ URLs (gs://, s3://) alike, as `etils.epath.Path` (the type Orbax uses).
   path(p)            a str or path -> epath.Path: a URL stays a URL, '~' is expanded
   absolute(p)        the same, a local path made absolute (a workdir, checkpoints)
   is_remote(p)       whether it names an object in a store
-  create_new(p, b)   write `b` only if nothing is there, atomically (O_EXCL on a disk;
-                     the store's own precondition: GCS ifGenerationMatch=0, S3
-                     If-None-Match), for locks
+  Store(window)      the operations (create_new for locks, read_text, write_text,
+                     remove, upload, size, walk_files, remove_tree, move, and `retried`
+                     for Orbax's own), each deciding what success on a retry means; a
+                     run's on a store retry through its outage.Window, PLAIN tries each once
+  transient(error)   whether a store's failure may pass
   explain(error, p)  what a store's failure means, in a line with the way out
 
 Object stores reach the package through fsspec (gcsfs, s3fs), with or without
@@ -20,10 +22,14 @@ never renamed into place.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import random
 import re
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from etils import epath
 
@@ -47,6 +53,7 @@ os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
 os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", "60")
 
 Path = epath.Path
+T = TypeVar("T")
 SCHEMES = ("gs://", "s3://")
 _PACKAGES = {"gs": "gcsfs", "s3": "s3fs"}
 REASONS = (
@@ -94,67 +101,175 @@ def filesystem(p: str | os.PathLike) -> Any:
         ) from None
 
 
-def create_new(p: str | os.PathLike, data: bytes) -> bool:
-    """Writes `data` to `p` if nothing is there, in one atomic step; False if something
-    is (another writer won)."""
-    p = path(p)
-    if not is_remote(p):
-        try:
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
+def transient(error: BaseException) -> bool:
+    """Whether a store's failure may pass: a refused or reset connection, a timeout, HTTP
+    408, 429 or 5xx. No such object, no permission, no credentials: not."""
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    text = f"{type(error).__name__}: {error}".lower()
+    words = ("connect", "reset", "timed out", "timeout", "unavailable", "broken pipe", "curl")
+    if isinstance(error, (ConnectionError, TimeoutError)) or any(w in text for w in words):
+        return True  # before a status: 'Recv failure: Unknown error 104' is ECONNRESET
+    status = status_of(error, text)
+    return status is not None and (status in (408, 429) or status >= 500)
+
+
+class Store:
+    """The operations on files and objects. Those of a run on gs:// or s3:// go through its
+    `window`: a transient failure is retried with backoff while the window lasts, a
+    permanent one (403, 404, credentials) raised at once, and each operation says what
+    success means when an earlier try reached the store but its answer was lost. Without
+    a window (`PLAIN`) each operation is tried once (the clients retry within it)."""
+
+    def __init__(self, window: Any = None):
+        self.window = window  # an outage.Window (outage.py imports this module)
+
+    def retried(self, fn: Callable[[], T], what: str) -> T:
+        """fn(), an operation that a retry repeats safely (a read, a whole overwrite, an
+        Orbax restore or listing), retried through the window."""
+        tries = 0
+        while True:
+            try:
+                out = fn()
+            except Exception as e:  # noqa: BLE001 (transient ones only; the rest raised)
+                if not self.passing(e, what):
+                    raise
+                tries += 1
+                time.sleep(min(2.0 ** min(tries, 4), 10.0) * (0.5 + random.random()))
+                continue
+            if self.window is not None:
+                self.window.answered()
+            return out
+
+    def passing(self, error: BaseException, what: str = "") -> bool:
+        """Whether `error` is the store not answering inside a window (then counted
+        towards it: the run stops once the window has passed)."""
+        if self.window is None or not transient(error):
             return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        self.window.failed(f"{what}: {error}" if what else error)
         return True
+
+    def create_new(self, p: str | os.PathLike, data: bytes) -> bool:
+        """Writes `data` to `p` if nothing is there, in one atomic step (O_EXCL on a disk;
+        the store's precondition: GCS ifGenerationMatch=0, S3 If-None-Match); False if
+        something is (another writer won). `data` must be the writer's own (a lock names
+        its process): a create whose answer was lost, retried by the client or here, finds
+        the object holding these bytes, and that is success."""
+        p = path(p)
+        if not is_remote(p):
+            return _create_local(p, data)
+
+        def create() -> bool:
+            try:
+                filesystem(p).pipe_file(os.fspath(p), data, mode="create")
+            except FileExistsError:
+                try:
+                    return p.read_bytes() == data
+                except FileNotFoundError:
+                    return False  # removed since: the caller looks again
+            return True
+
+        return self.retried(create, f"creating {p}")
+
+    def read_text(self, p: str | os.PathLike) -> str:
+        """The text of the small file at `p`."""
+        return self.retried(path(p).read_text, f"reading {p}")
+
+    def write_text(self, p: str | os.PathLike, text: str) -> None:
+        """Writes the small file at `p` whole (a retry writes the same again)."""
+        self.retried(lambda: path(p).write_text(text), f"writing {p}")
+
+    def remove(self, p: str | os.PathLike) -> None:
+        """Removes the file at `p`; one already gone (by an earlier try) is success."""
+        p = path(p)
+        self.retried(lambda: p.unlink(missing_ok=True), f"removing {p}")
+
+    def upload(self, local: str | os.PathLike, p: str | os.PathLike) -> None:
+        """Puts the local file `local` at the remote `p`, whole (a retry uploads again)."""
+        fs = filesystem(p)
+        self.retried(lambda: fs.put_file(os.fspath(local), os.fspath(p)), f"writing {p}")
+
+    def size(self, p: str | os.PathLike) -> int:
+        """Bytes of the file at `p`."""
+        p = path(p)
+        if not is_remote(p):
+            return os.path.getsize(p)
+        return self.retried(lambda: filesystem(p).size(os.fspath(p)), f"reading {p}")
+
+    def walk_files(self, root: str | os.PathLike) -> dict[str, int]:
+        """{path relative to `root`: bytes} of every file below `root` (one listing on a
+        store); {} when there is none."""
+        root = path(root)
+        if not is_remote(root):
+            return _walk_local(root)
+        prefix = os.fspath(root).split("://", 1)[1].rstrip("/") + "/"
+
+        def find() -> dict[str, int]:
+            found = filesystem(root).find(os.fspath(root), detail=True)
+            return {
+                k[len(prefix) :]: int(v["size"]) for k, v in found.items() if k.startswith(prefix)
+            }
+
+        return self.retried(find, f"listing {root}")
+
+    def remove_tree(self, p: str | os.PathLike) -> None:
+        """Removes `p` and everything below it; nothing if it is not there (already gone,
+        by an earlier try, is success)."""
+        p = path(p)
+        if not is_remote(p):
+            if p.exists():
+                p.rmtree()
+            return
+
+        def remove() -> None:
+            fs = filesystem(p)
+            if fs.exists(os.fspath(p)):
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(os.fspath(p), recursive=True)
+
+        self.retried(remove, f"removing {p}")
+
+    def move(self, source: str | os.PathLike, dest: str | os.PathLike) -> None:
+        """Moves a file or directory (a rename on a disk; copies then deletes on a store:
+        a retry that finds the source gone and `dest` there found an earlier try done)."""
+        source, dest = path(source), path(dest)
+        if not is_remote(source):
+            os.replace(source, dest)
+            return
+
+        def move() -> None:
+            fs = filesystem(source)
+            try:
+                fs.mv(os.fspath(source), os.fspath(dest), recursive=True)
+            except FileNotFoundError:
+                if fs.exists(os.fspath(source)) or not fs.exists(os.fspath(dest)):
+                    raise
+
+        self.retried(move, f"moving {source}")
+
+
+PLAIN = Store()
+
+
+def _create_local(p: epath.Path, data: bytes) -> bool:
     try:
-        filesystem(p).pipe_file(os.fspath(p), data, mode="create")
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return False
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     return True
 
 
-def size(p: str | os.PathLike) -> int:
-    """Bytes of the file at `p`."""
-    p = path(p)
-    return filesystem(p).size(os.fspath(p)) if is_remote(p) else os.path.getsize(p)
-
-
-def walk_files(root: str | os.PathLike) -> dict[str, int]:
-    """{path relative to `root`: bytes} of every file below `root` (one listing on a
-    store); {} when there is none."""
-    root = path(root)
-    if is_remote(root):
-        found = filesystem(root).find(os.fspath(root), detail=True)
-        prefix = os.fspath(root).split("://", 1)[1].rstrip("/") + "/"
-        return {k[len(prefix) :]: int(v["size"]) for k, v in found.items() if k.startswith(prefix)}
+def _walk_local(root: epath.Path) -> dict[str, int]:
     out = {}
     for here, _, names in os.walk(root):
         for name in names:
             full = os.path.join(here, name)
             out[os.path.relpath(full, root)] = os.path.getsize(full)
     return out
-
-
-def remove_tree(p: str | os.PathLike) -> None:
-    """Removes `p` and everything below it; nothing if it is not there."""
-    p = path(p)
-    if is_remote(p):
-        fs = filesystem(p)
-        if fs.exists(os.fspath(p)):
-            fs.rm(os.fspath(p), recursive=True)
-    elif p.exists():
-        p.rmtree()
-
-
-def move(source: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Moves a file or directory (a rename on a disk; copies then deletes on a store)."""
-    source, dest = path(source), path(dest)
-    if is_remote(source):
-        filesystem(source).mv(os.fspath(source), os.fspath(dest), recursive=True)
-    else:
-        os.replace(source, dest)
 
 
 # An HTTP status in an error's text: after a word that announces one ("HTTP 404", "code

@@ -48,7 +48,7 @@ def _listing(split_dir: str) -> dict[str, list[str]]:
         )
     out: dict[str, list[str]] = {}
     if store.is_remote(root):
-        for rel in store.walk_files(root):
+        for rel in store.PLAIN.walk_files(root):
             parts = rel.split("/")
             if len(parts) == 2:
                 out.setdefault(parts[0], []).append(parts[1])

@@ -1,8 +1,10 @@
 """Training: one loop for pretraining and fine-tuning. Follow one step: train.py (run ->
-train_loop -> train_step), with state.py for the state it steps.
+train_loop) -> step.py (train_step), with state.py for the state it steps.
 
-  train.py      the loop and the jitted step, with their jit contract
-  state.py      the TrainState and its optimizer: from scratch or a checkpoint, restored, exported
+  train.py      the loop: the workdir, its lock, the parts, the steps and what is due after each
+  step.py       the jitted train and eval steps and their contract; the losses
+  state.py      the TrainState and its optimizer: from scratch or a checkpoint, or restored
+  outputs.py    what a run leaves: its checkpoint loaded for inference, final.npz
   check.py      one check of a whole run config, a table per section, before anything runs
   stopping.py   why a run stops early: signals all processes agree on, non-finite values
   report.py     console lines, TensorBoard scalars, summary.json, throughput

@@ -37,7 +37,8 @@ from vit_jax.data import splits
 from vit_jax.models import DTYPES, GELUS, attention, get_model, variant_config
 from vit_jax.models.lora import TARGETS
 from vit_jax.models.posemb import KINDS
-from vit_jax.training.state import DECAYS, LOSSES, MU_DTYPES, OPTIMIZERS
+from vit_jax.training.state import DECAYS, MU_DTYPES, OPTIMIZERS
+from vit_jax.training.step import LOSSES
 
 __all__ = ["ConfigError", "Problem", "check", "data_problems", "device_problems", "problems"]
 

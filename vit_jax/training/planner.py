@@ -4,7 +4,7 @@ compiler reports of it: bytes per device, FLOPs, its own step-time estimate.
 
     p = plan(config, "v3-8")   # -> Plan; p.fits, p.step_seconds, p.core_days, ...
 
-The step is the training loop's (`train.jit_steps` with the config's model, optimizer,
+The step is the training loop's (`step.jit_steps` with the config's model, optimizer,
 loss, mesh and remat: `loop_step`), lowered with abstract arrays (nothing allocated). The
 estimate is XLA's `optimal_seconds`: a lower bound from its cost model, not a promise.
 Compiling for TPUs needs the `libtpu` package (`pip install "jax[tpu]"`, or the
@@ -30,7 +30,7 @@ from vit_jax.base import console
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
 from vit_jax.training.compiled import CHIPS, Chip, compiled_figures, kernel_flops, loop_of
-from vit_jax.training.train import jit_steps
+from vit_jax.training.step import jit_steps
 
 # Cloud accelerator names (vN-COUNT: TensorCores for v3/v4/v5p, chips for v5e/v6e) -> the
 # chip grid libtpu takes; 'v5e:4x4'-style names pass through.

@@ -152,13 +152,13 @@ def write_fewshot(writer: Any, step: int, evals: dict) -> None:
     writer.write_scalars(step, {k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)})
 
 
-def write_summary(path: Any, summary: dict[str, Any]) -> None:
+def write_summary(path: Any, summary: dict[str, Any], via: store.Store = store.PLAIN) -> None:
     """Writes a run's summary.json at `path`, whole or not at all (non-finite: null)."""
     clean = {
         k: (None if isinstance(v, float) and not math.isfinite(v) else v)
         for k, v in summary.items()
     }
-    with files.atomic_write(path, "w") as f:
+    with files.atomic_write(path, "w", via=via) as f:
         json.dump(clean, f, indent=2, sort_keys=True)
 
 
@@ -170,12 +170,18 @@ class EventWriter:
     killed tensorboardX's writer thread: a traceback, then a hung loop). A failed write raises,
     naming the directory and `resume()`'s words. Flushed at once, each UPLOAD_SECONDS, at end."""
 
-    def __init__(self, logdir: str | os.PathLike, resume: Callable[[], str] | None = None):
+    def __init__(
+        self,
+        logdir: str | os.PathLike,
+        resume: Callable[[], str] | None = None,
+        via: store.Store = store.PLAIN,  # a run's store: its uploads retry through outages
+    ):
         from tensorboardX.record_writer import RecordWriter  # noqa: PLC0415 -- TFRecord framing
 
         self._remote = store.path(logdir) if store.is_remote(logdir) else None
         local = tempfile.mkdtemp(prefix="vit_jax_events_") if self._remote else os.fspath(logdir)
         self._local, self._where, self._resume = local, self._remote or local, resume
+        self._via = via
         name = f"{local}/events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
         os.makedirs(local, exist_ok=True)
         self._file = self._guarded(lambda: RecordWriter(name))
@@ -224,7 +230,7 @@ class EventWriter:
             return
         for name in os.listdir(self._local):
             with open(os.path.join(self._local, name), "rb") as source:
-                with files.atomic_write(self._remote / name) as f:
+                with files.atomic_write(self._remote / name, via=self._via) as f:
                     shutil.copyfileobj(source, f)
 
     def __enter__(self) -> EventWriter:

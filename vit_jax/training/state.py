@@ -1,6 +1,6 @@
-"""The training state, its objective and its optimizer: built from scratch or from a
-checkpoint, created in its sharded layout, restored from the workdir's newest checkpoint
-that verifies, exported as .npz. No TensorFlow.
+"""The training state and its optimizer: built from scratch or from a checkpoint, created
+in its sharded layout, restored from the workdir's newest checkpoint that verifies. No
+TensorFlow.
 
 Optimizers: pretraining is Adam (b1 0.9, b2 0.999) with decoupled weight decay, scaled
 by the learning rate and applied to kernels only; fine-tuning is SGD with momentum 0.9,
@@ -18,21 +18,15 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
-from vit_jax.base import store
 from vit_jax.models import get_model, lora
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.parallel import distributed, sharding
-from vit_jax.weights.adapt import adapt
-from vit_jax.weights.load import Loaded, load_pretrained
-from vit_jax.weights.meta import Meta
-from vit_jax.weights.npz import save_npz
+from vit_jax.parallel import sharding
+from vit_jax.weights.load import load_pretrained
 from vit_jax.weights.read import read_meta
 from vit_jax.workdir import verify
-from vit_jax.workdir.checkpoints import WAY_OUT, Checkpoints, read_record
-from vit_jax.workdir.workdir import Workdir
+from vit_jax.workdir.checkpoints import Checkpoints
 
 OPTIMIZERS = ("adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
@@ -87,20 +81,6 @@ class Start:
 
 
 # ---------------------------------------------------------------------- objective, optimizer
-
-
-def softmax_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Per-example softmax cross-entropy with (soft) one-hot labels, in float32: [B, K] -> [B]."""
-    return optax.softmax_cross_entropy(logits.astype(jnp.float32), labels)
-
-
-def sigmoid_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Per-example sum over classes of K independent binary cross-entropies (big_vision's
-    'sigmoid_xent'; set model.head_bias_init to about -log(K) with it), in float32."""
-    return optax.sigmoid_binary_cross_entropy(logits.astype(jnp.float32), labels).sum(-1)
-
-
-LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}  # config.loss: [B, K] -> [B]
 
 
 def schedule(cfg: Any, total_steps: int) -> optax.Schedule:
@@ -262,64 +242,3 @@ def restore_or_create(
         frozen = lora.split(init_params(start, model))[1]
         state = state.replace(frozen=sharding.put(frozen, shardings.frozen))
     return state, shardings
-
-
-def load_run(workdir: str, image_size: Any = None, head: bool = True, **overrides: Any) -> Loaded:
-    """A run's newest checkpoint that verifies, as a model ready for inference: the model
-    and resolution its record describes (any `overrides` and `image_size` on top), a LoRA
-    run's adapters unmerged over its base (init_from, read again). Nothing is changed.
-
-    Raises:
-        FileNotFoundError: no checkpoint there verifies.
-    """
-    checkpoints = Checkpoints(Workdir.at(workdir).checkpoints, read_only=True)
-    verdicts = (verify.check(checkpoints, s) for s in reversed(checkpoints.steps()))
-    if (found := next((v for v in verdicts if not v.problems), None)) is None:
-        raise FileNotFoundError(
-            f"{workdir}: no checkpoint there verifies (python -m "
-            f"vit_jax.checkpoints verify {workdir} lists them)"
-        )
-    about = read_record(checkpoints.directory / str(found.step))["state"]
-    params, adapters = found.state["params"], about.get("lora")
-    classes = params["head"]["kernel"].shape[-1] if head else None
-    config = ml_collections.ConfigDict(about["model"])
-    model = build_model(config, classes, adapters=ml_collections.ConfigDict(adapters or {}))
-    if adapters:
-        plain = model.clone(lora=None, num_classes=None)
-        base = load_pretrained(
-            adapters["init_from"], plain, about["image_size"], patch_size=config.get("patch_size")
-        )
-        params = lora.overlay(base, params)
-    model = model.clone(**overrides)
-    size = image_size or about["image_size"]
-    size = (size, size) if isinstance(size, int) else tuple(size)
-    params = adapt(params if head else {**params, "head": {}}, model, size, False, workdir)
-    return Loaded(model, params, size, None, about.get("preprocessing", "tf_bilinear"))
-
-
-def merged_params(state: TrainState, adapters: lora.Lora | None) -> Any:
-    """The model's parameters in the published layout: LoRA's adapters merged."""
-    if adapters is None:
-        return state.model_params
-    return jax.jit(functools.partial(lora.merge, lora=adapters))(state.model_params)
-
-
-def export_npz(path: Any, params: Any, meta: Meta, checkpoints: Checkpoints) -> None:
-    """`params` (sharded, possibly over several processes) -> a published-layout .npz with
-    `meta`, written by process 0; every process must call it (the arrays are gathered).
-
-    Raises:
-        OSError: the file could not be written, with the newest intact checkpoint and the
-            way out (nothing half-written is left).
-    """
-    host = distributed.to_host(params)
-    if not distributed.is_lead():
-        return
-    try:
-        save_npz(path, host, meta)
-    except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
-        raise OSError(
-            f"could not write {path}: {store.explain(e, path)}. Nothing half-written was "
-            f"left. {checkpoints.newest_intact_sentence()}: {WAY_OUT}, which writes it "
-            "without training again"
-        ) from e

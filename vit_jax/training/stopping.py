@@ -89,6 +89,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested: str | None = None
+        self.step: int | None = None  # the last step done: where a run stopped at once was
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:

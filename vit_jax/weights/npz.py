@@ -161,7 +161,9 @@ def read_meta(path: str | os.PathLike) -> Meta:
     return Meta.from_npz(entries, str(path))
 
 
-def save_npz(path: str | os.PathLike, params: dict, meta: Meta | None = None) -> None:
+def save_npz(
+    path: str | os.PathLike, params: dict, meta: Meta | None = None, via: store.Store = store.PLAIN
+) -> None:
     """Write `params` in the original published layout (per-block names, float32), with
     `meta` (numerics, class names, preprocessing) in entries of its own (meta.py): a
     model of the original's numerics and preprocessing without names is written as the
@@ -179,5 +181,5 @@ def save_npz(path: str | os.PathLike, params: dict, meta: Meta | None = None) ->
         a = np.asarray(v)
         arrays[k] = a.astype(np.float32) if a.dtype.kind == "V" or a.dtype.itemsize < 4 else a
     arrays.update((meta or Meta()).to_npz())
-    with files.atomic_write(path) as f:
+    with files.atomic_write(path, via=via) as f:
         np.savez(f, **arrays)

@@ -27,6 +27,7 @@ save, each writing the slices its devices hold.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import os
 import threading
@@ -37,7 +38,6 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from vit_jax.base import files, store
-from vit_jax.base.outage import OUTAGE, transient
 from vit_jax.workdir.shards import checksums, merge_gathered
 
 COMMIT = ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
@@ -52,7 +52,9 @@ class Checkpoints:
 
     `directory` is `workdir/checkpoints` (local or gs://...); `keep` the number kept (0:
     all); `description` the state's, for the record. `read_only` opens without creating
-    or deleting anything (`python -m vit_jax.checkpoints verify`).
+    or deleting anything (`python -m vit_jax.checkpoints verify`). `via` is the workdir's
+    store: what this class reads, lists and removes, and Orbax's listings and restores,
+    go through its retries (a failed save: `_outlive`).
     """
 
     def __init__(
@@ -61,16 +63,16 @@ class Checkpoints:
         keep: int = 0,
         description: dict[str, Any] | None = None,
         read_only: bool = False,
+        via: store.Store = store.PLAIN,
     ):
-        self.directory = store.absolute(directory)
+        self.directory, self.store = store.absolute(directory), via
         self.damaged = self.directory.parent / "damaged"
         self.description = description or {}
-        if not read_only:
-            self.directory.mkdir(parents=True, exist_ok=True)
+        options = ocp.CheckpointManagerOptions(create=False, atomicity_options=COMMIT)
+        if not read_only:  # read-only: lists and restores; creates and deletes nothing
+            mkdir = lambda: self.directory.mkdir(parents=True, exist_ok=True)
+            via.retried(mkdir, f"creating {self.directory}")
             self._drop_incomplete()
-        if read_only:  # lists and restores; creates and deletes nothing
-            options = ocp.CheckpointManagerOptions(create=False, atomicity_options=COMMIT)
-        else:
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=keep or None,
                 create=True,
@@ -78,9 +80,9 @@ class Checkpoints:
                 cleanup_tmp_directories=False,  # _drop_incomplete does it, naming them
                 async_options=ocp.AsyncOptions(post_finalization_callback=self._write_record),
             )
-        self.manager = ocp.CheckpointManager(
-            self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
-        )
+        handler = ocp.StandardCheckpointHandler()
+        make = functools.partial(ocp.CheckpointManager, options=options, item_handlers=handler)
+        self.manager = via.retried(lambda: make(self.directory), f"opening {self.directory}")
         self._pool: Any = concurrent.futures.ThreadPoolExecutor(os.cpu_count(), "vit_jax-checksums")
         self._step: int | None = None  # the save in flight, until `wait`
         self._state: Any = None  # its state (saved again if it failed and is still live)
@@ -126,14 +128,13 @@ class Checkpoints:
         once it answers, what the save left is removed and, if its state is still in
         memory (the final save), it is saved again; otherwise the next save stands in
         for it. False: not such a failure (the caller raises)."""
-        if not (OUTAGE.url and transient(error)):
+        if not self.store.passing(error, f"saving {self.directory}/{step}"):
             return False
-        OUTAGE.failed(error)
         state, self._state = self._state, None
         leaves = jax.tree.leaves(state)
-        if OUTAGE.call(lambda: step in self.steps(), f"listing {self.directory}"):
+        if step in self.steps():
             return True  # it completed after all
-        OUTAGE.call(lambda: self._drop_failed(step), f"removing {self.directory / str(step)}")
+        self._drop_failed(step)
         if state is not None and not any(getattr(x, "is_deleted", bool)() for x in leaves):
             self.save(step, state)
             self.wait()
@@ -153,7 +154,7 @@ class Checkpoints:
         for thread in [t for t in threading.enumerate() if type(t).__name__ == "_SignalingThread"]:
             threading.Thread.join(thread, 60)  # Orbax's commit threads (their own join raises)
         if jax.process_index() == 0:
-            store.remove_tree(self.directory / str(step))
+            self.store.remove_tree(self.directory / str(step))
 
     def _write_record(self) -> None:
         """Orbax's post-finalization callback: the arrays of the save in flight are all
@@ -166,7 +167,7 @@ class Checkpoints:
                 "arrays": arrays,
                 "process_count": jax.process_count(),
             }
-            write_record(self.directory / str(step), record)
+            write_record(self.directory / str(step), record, self.store)
 
     def failed(self, step: int, error: BaseException) -> None:
         """Removes what the failed save of `step` left, then raises the run's one message.
@@ -214,8 +215,8 @@ class Checkpoints:
 
     def steps(self) -> list[int]:
         """The steps of the complete checkpoints, ascending."""
-        self.manager.reload()
-        return sorted(self.manager.all_steps())
+        listed = lambda: (self.manager.reload(), self.manager.all_steps())[1]
+        return sorted(self.store.retried(listed, f"listing {self.directory}"))
 
     def incomplete(self) -> list[str]:
         """The names in the directory that interrupted (or running) saves left."""
@@ -230,14 +231,14 @@ class Checkpoints:
         )
 
     def _drop_incomplete(self) -> None:
-        left = self.incomplete()
+        left = self.store.retried(self.incomplete, f"listing {self.directory}")
         if left and jax.process_index() == 0:
             print(
                 f"ignoring incomplete checkpoint(s) {', '.join(left)} (a save was interrupted)",
                 flush=True,
             )
             for name in left:
-                store.remove_tree(self.directory / name)
+                self.store.remove_tree(self.directory / name)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("vit_jax: incomplete checkpoints removed")
 
@@ -266,12 +267,12 @@ class Checkpoints:
 
     def _quick_problems(self, step: int) -> list[str]:
         try:
-            found = read_record(self.directory / str(step))
+            found = read_record(self.directory / str(step), self.store)
         except ValueError as e:
             return [str(e)]
         if found is None:
             return [f"it has no integrity record {NAME}"]
-        return file_problems(self.directory / str(step), found)
+        return file_problems(self.directory / str(step), found, self.store)
 
     def set_aside(self, step: int) -> store.Path:
         """Moves checkpoint `step` to workdir/damaged/<step> (or <step>.2, ...); its path.
@@ -282,29 +283,29 @@ class Checkpoints:
             aside = self.damaged / f"{step}.{n}"
         if jax.process_index() == 0:
             self.damaged.mkdir(parents=True, exist_ok=True)
-            store.move(self.directory / str(step), aside)
+            self.store.move(self.directory / str(step), aside)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"vit_jax: set aside {step}")
         self.manager.reload()  # Orbax's list of steps forgets it
         return aside
 
 
-def write_record(step_dir: store.Path, record: dict[str, Any]) -> None:
+def write_record(step_dir: store.Path, record: dict[str, Any], via: store.Store) -> None:
     """Writes the record of `step_dir`, with the sizes of every file Orbax wrote there."""
-    found = OUTAGE.call(lambda: store.walk_files(step_dir), f"listing {step_dir}")
+    found = via.walk_files(step_dir)
     record = {**record, "format": FORMAT, "files": {k: n for k, n in found.items() if "/" in k}}
-    with files.atomic_write(step_dir / NAME, "w", sync=True) as f:
+    with files.atomic_write(step_dir / NAME, "w", sync=True, via=via) as f:
         json.dump(record, f)
 
 
-def read_record(step_dir: store.Path) -> dict[str, Any] | None:
+def read_record(step_dir: store.Path, via: store.Store = store.PLAIN) -> dict[str, Any] | None:
     """The record of `step_dir`, or None when it has none.
 
     Raises:
         ValueError: the record is there but unreadable (damaged).
     """
     try:
-        text = (step_dir / NAME).read_text()
+        text = via.read_text(step_dir / NAME)
     except FileNotFoundError:
         return None
     try:
@@ -316,9 +317,11 @@ def read_record(step_dir: store.Path) -> dict[str, Any] | None:
         raise ValueError(f"its integrity record {NAME} is unreadable ({e})") from None
 
 
-def file_problems(step_dir: store.Path, record: dict[str, Any]) -> list[str]:
+def file_problems(
+    step_dir: store.Path, record: dict[str, Any], via: store.Store = store.PLAIN
+) -> list[str]:
     """What is wrong with the files of `step_dir`: missing, or of another size."""
-    found = OUTAGE.call(lambda: store.walk_files(step_dir), f"listing {step_dir}")
+    found = via.walk_files(step_dir)
     problems = []
     for rel, size in sorted(record["files"].items()):
         size = size[0] if isinstance(size, list) else size  # format 1: [bytes, crc]

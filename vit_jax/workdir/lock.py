@@ -29,10 +29,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from vit_jax.base import store
-from vit_jax.base.console import duration
-from vit_jax.base.outage import OUTAGE, every
+from vit_jax.base.console import duration, every
 
 NAME = "run.lock"
+IDENTITY = ("host", "pid", "process_start")  # the same in a lock: this very process
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 300.0  # ten missed heartbeats
 
@@ -99,11 +99,16 @@ def _exists(pid: int) -> bool:
     return True
 
 
-def _read(path: store.Path) -> dict[str, Any] | None:
+def ours(holder: dict[str, Any], mine: dict[str, Any]) -> bool:
+    """Whether the lock of `holder` is this very process's (`IDENTITY`)."""
+    return all(holder.get(k) == mine[k] for k in IDENTITY)
+
+
+def _read(path: store.Path, via: store.Store) -> dict[str, Any] | None:
     """The holder, or None when there is no lock (one half-written reads as a holder of
     unknown name, just now)."""
     try:
-        text = OUTAGE.call(path.read_text, f"reading {path}")
+        text = via.read_text(path)
     except FileNotFoundError:
         return None
     try:
@@ -113,9 +118,12 @@ def _read(path: store.Path) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) else {"beat_at": time.time()}
 
 
-def acquire(workdir: str | os.PathLike, stale_after: float = STALE_SECONDS) -> dict[str, Any]:
+def acquire(
+    workdir: str | os.PathLike, stale_after: float = STALE_SECONDS, via: store.Store = store.PLAIN
+) -> dict[str, Any]:
     """Takes the lock of `workdir` for this process; returns what it wrote. A stale lock
-    is taken over, with a note on stdout.
+    is taken over, with a note on stdout; one of this very process (a create whose
+    answer came late) is its own.
 
     Raises:
         WorkdirLocked: a live run holds it (nothing was written).
@@ -123,12 +131,14 @@ def acquire(workdir: str | os.PathLike, stale_after: float = STALE_SECONDS) -> d
     path = store.path(workdir) / NAME
     mine = holder_now()
     for _ in range(3):  # lost a race for a stale lock: look again
-        if OUTAGE.call(lambda: store.create_new(path, json.dumps(mine).encode()), f"{path}"):
+        if via.create_new(path, json.dumps(mine).encode()):
             return mine
-        holder = _read(path)
-        if holder is None:
-            continue  # released meanwhile
-        holder = _wait_if_silent(path, holder, stale_after)
+        holder = _read(path, via)
+        if holder is not None and ours(holder, mine):
+            via.write_text(path, json.dumps(mine))
+            return mine
+        if holder is not None:
+            holder = _wait_if_silent(path, holder, stale_after, via)
         if holder is None:
             continue  # released meanwhile
         why = stale_reason(holder, stale_after)
@@ -138,16 +148,17 @@ def acquire(workdir: str | os.PathLike, stale_after: float = STALE_SECONDS) -> d
                 f"workdir {workdir} is in use by another run ({describe(holder)}; "
                 f"lock {path}, heartbeat {age} ago). Wait for it to end, stop it, or "
                 f"choose another workdir; if that run is gone, delete {path} (a lock "
-                f"whose heartbeat stopped {duration(stale_after)} ago is taken over)"
+                f"whose heartbeat has been silent for {duration(stale_after)} is taken over)"
             )
-        if _read(path) == holder:  # not replaced meanwhile by another run taking it over
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        if _read(path, via) == holder:  # not replaced meanwhile by another run taking it over
+            via.remove(path)
             print(f"taking over the lock of {workdir} from {describe(holder)}: {why}", flush=True)
     raise WorkdirLocked(f"workdir {workdir}: could not take its lock {path}; try again")
 
 
-def _wait_if_silent(path: store.Path, holder: dict[str, Any], stale_after: float) -> Any:
+def _wait_if_silent(
+    path: store.Path, holder: dict[str, Any], stale_after: float, via: store.Store
+) -> Any:
     """A holder whose heartbeat missed two beats (likely a run that gave up on the store)
     is watched until it beats again or goes stale; returns it as last read (None: the
     lock was removed meanwhile)."""
@@ -160,28 +171,30 @@ def _wait_if_silent(path: store.Path, holder: dict[str, Any], stale_after: float
         f"waiting up to {wait} for it to beat again",
         flush=True,
     )
-    while (now := _read(path)) == holder and stale_reason(holder, stale_after) is None:
+    while (now := _read(path, via)) == holder and stale_reason(holder, stale_after) is None:
         time.sleep(min(5.0, HEARTBEAT_SECONDS / 3))
     return now
 
 
-def release(workdir: str | os.PathLike, mine: dict[str, Any]) -> None:
+def release(
+    workdir: str | os.PathLike, mine: dict[str, Any], via: store.Store = store.PLAIN
+) -> None:
     """Removes the lock if it is still this process's (not one that took it over)."""
     path = store.path(workdir) / NAME
-    found = _read(path)
-    if found is not None and {k: found.get(k) for k in ("host", "pid", "started_at")} == {
-        k: mine[k] for k in ("host", "pid", "started_at")
-    }:
-        with contextlib.suppress(FileNotFoundError):
-            OUTAGE.call(path.unlink, f"removing {path}")
+    found = _read(path, via)
+    if found is not None and ours(found, mine):
+        via.remove(path)
 
 
 @contextlib.contextmanager
 def held(
-    workdir: str | os.PathLike, lead: bool = True, stale_after: float = STALE_SECONDS
+    workdir: str | os.PathLike,
+    lead: bool = True,
+    stale_after: float = STALE_SECONDS,
+    via: store.Store = store.PLAIN,
 ) -> Iterator[None]:
     """Holds the lock of `workdir` (on the lead process; others do nothing) and beats its
-    heart until the block ends.
+    heart until the block ends; `via`: the workdir's store (its retries).
 
     Raises:
         WorkdirLocked: a live run holds it.
@@ -191,7 +204,7 @@ def held(
     if lead:
         store.path(workdir).mkdir(parents=True, exist_ok=True)
         try:
-            mine = acquire(workdir, stale_after)
+            mine = acquire(workdir, stale_after, via)
         except WorkdirLocked as e:
             refused = e
     if jax.process_count() > 1:  # every process stops when the lead was refused
@@ -207,11 +220,10 @@ def held(
 
     def beat() -> None:
         with contextlib.suppress(OSError):  # the window stops the run if it must
-            text = json.dumps({**mine, "beat_at": time.time()})
-            OUTAGE.call(lambda: path.write_text(text), f"the heartbeat of {path}")
+            via.write_text(path, json.dumps({**mine, "beat_at": time.time()}))
 
     try:
         with every(HEARTBEAT_SECONDS, beat, "vit_jax-lock-heartbeat"):
             yield
     finally:
-        release(workdir, mine)
+        release(workdir, mine, via)

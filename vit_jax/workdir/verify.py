@@ -26,7 +26,6 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from vit_jax.base.console import first_few
-from vit_jax.base.outage import OUTAGE, transient
 from vit_jax.workdir.checkpoints import DAMAGED, Checkpoints, file_problems, read_record
 from vit_jax.workdir.shards import checksums, crc, named_leaves, slices
 
@@ -57,7 +56,7 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
     """
     step_dir = checkpoints.directory / str(step)
     try:
-        found = read_record(step_dir)
+        found = read_record(step_dir, checkpoints.store)
     except ValueError as e:
         return Verdict(step, [str(e)], True)
     if found is not None:
@@ -67,14 +66,13 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
             saved = summary(found.get("state"))
             detail = f"it holds {saved}; {first_few(misfit, '; ')}"
             raise does_not_fit(step_dir, detail, misfit)
-        if problems := file_problems(step_dir, found):
+        if problems := file_problems(step_dir, found, checkpoints.store):
             return Verdict(step, [first_few(problems, "; ", unit="files")], True)
     try:
         layout = target if target is not None else _as_saved(checkpoints, step)
-        state = checkpoints.manager.restore(step, args=ocp.args.StandardRestore(layout))
+        restore = lambda: checkpoints.manager.restore(step, args=ocp.args.StandardRestore(layout))
+        state = checkpoints.store.retried(restore, f"restoring {step_dir}")  # an outage: not damage
     except Exception as e:  # noqa: BLE001 (whatever Orbax or TensorStore raise)
-        if OUTAGE.url and transient(e):
-            raise  # the store did not answer: retried (OUTAGE.call), not damage
         misfit = _metadata_misfits(checkpoints, step, target) if found is None and target else []
         if misfit:
             raise does_not_fit(step_dir, first_few(misfit, "; "), misfit) from e

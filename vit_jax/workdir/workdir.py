@@ -11,18 +11,20 @@ and the checks before training: writable, room for the checkpoints, already fini
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 
-from vit_jax.base import store
+from vit_jax.base import outage, store
 from vit_jax.base.console import size
 from vit_jax.models import ORIGINAL_NUMERICS
 from vit_jax.weights.read import read_meta
@@ -45,7 +47,7 @@ class Plan:
     @classmethod
     def of(cls, config: Any) -> Plan:
         """A run config's plan. Its state's description also says what a checkpoint needs
-        to be loaded as a model (`state.load_run`): the numerics init_from gives where they
+        to be loaded as a model (`outputs.load_run`): the numerics init_from gives where they
         are not the original's, the resize where it is not the default, LoRA's base. What
         is unset or the default is left out, so that a workdir finished before those
         fields existed still matches."""
@@ -81,7 +83,7 @@ class Plan:
 def content_hash(path: str | os.PathLike) -> str:
     """The SHA-256 of a file's bytes (of a directory's files, in order of their names)."""
     root, digest = store.path(path), hashlib.sha256()
-    names = sorted(store.walk_files(root)) if root.is_dir() else [""]
+    names = sorted(store.PLAIN.walk_files(root)) if root.is_dir() else [""]
     for name in names:
         with (root / name if name else root).open("rb") as f:
             while chunk := f.read(1 << 22):
@@ -91,13 +93,29 @@ def content_hash(path: str | os.PathLike) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Workdir:
-    """The files of one run, under `root` (a local path or a gs:// / s3:// URL)."""
+    """The files of one run, under `root` (a local path or a gs:// / s3:// URL), and the
+    store that reads and writes them (a run's: retried through its outages)."""
 
     root: store.Path
+    store: store.Store = store.PLAIN
 
     @classmethod
     def at(cls, path: str | os.PathLike) -> Workdir:
         return cls(store.absolute(path))
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, path: str | os.PathLike, retry_seconds: float) -> Iterator[Workdir]:
+        """The workdir at `path` for the run of the block. On a store, the run's retry
+        window (base/outage.py) is its store's: every operation retries through it, and a
+        probe holds it open while the block runs."""
+        root = store.absolute(path)
+        if not store.is_remote(root):
+            yield cls(root)
+            return
+        window = outage.Window(root, retry_seconds)
+        with outage.watching(window):
+            yield cls(root, store.Store(window))
 
     @property
     def remote(self) -> bool:
@@ -124,16 +142,17 @@ class Workdir:
         exports it) and the checkpoint of that step was written for the same model,
         optimizer and image size (its integrity record). A rerun has nothing to do."""
         try:
-            summary = json.loads(self.summary.read_text())
+            summary = json.loads(self.store.read_text(self.summary))
         except (OSError, ValueError):
             return None
         step = summary.get("steps") if isinstance(summary, dict) else None
         if not isinstance(step, int) or step < plan.total_steps:
             return None
-        if plan.export_npz and not self.final_npz.exists():
+        exists = lambda p: self.store.retried(p.exists, f"reading {p}")
+        if plan.export_npz and not exists(self.final_npz):
             return None
         try:
-            found = read_record(self.checkpoints / str(step))
+            found = read_record(self.checkpoints / str(step), self.store)
         except ValueError:
             return None
         wrote = json.loads(json.dumps(plan.state))  # as the record stores it
@@ -146,8 +165,8 @@ class Workdir:
         probe = self.root / f".write_probe.{socket.gethostname()}.{os.getpid()}"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"\0" * 4096)  # one probe per process: they may share it
-            probe.unlink()
+            self.store.write_text(probe, "\0" * 4096)  # one probe per process: they may share it
+            self.store.remove(probe)
         except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
             way_out = "choose another workdir" + ("" if self.remote else " or make room there")
             raise OSError(
@@ -188,7 +207,8 @@ class Workdir:
         """
         if self.remote:
             return
-        existing = sum(sum(store.walk_files(p).values()) for p in _step_dirs(self.checkpoints))
+        sizes = [store.PLAIN.walk_files(p).values() for p in _step_dirs(self.checkpoints)]
+        existing = sum(sum(s) for s in sizes)
         need = disk_needed(plan, state_bytes, params_bytes, existing)
         free = shutil.disk_usage(self.root).free
         if free < need:
