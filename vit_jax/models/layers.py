@@ -51,6 +51,11 @@ class BlockOptions:
     lora: Lora | None = None  # low-rank adapters on some of the Dense modules (lora.py)
     attention: str = "auto"  # how softmax(q kᵀ) v is computed: one of attention.CHOICES
 
+    @property
+    def dtypes(self) -> dict[str, Dtype]:
+        """The compute and storage dtypes, as every Flax layer takes them."""
+        return dict(dtype=self.dtype, param_dtype=self.param_dtype)
+
 
 class MlpBlock(nn.Module):
     """Dense -> GELU -> Dense, with dropout after each. `opts.gelu`: 'tanh' (the original
@@ -64,12 +69,7 @@ class MlpBlock(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
         o = self.opts
         dense = lambda n, name: nn.Dense(
-            n,
-            dtype=o.dtype,
-            param_dtype=o.param_dtype,
-            kernel_init=xavier,
-            bias_init=tiny_normal,
-            name=name,
+            n, kernel_init=xavier, bias_init=tiny_normal, name=name, **o.dtypes
         )
         d = x.shape[-1]
         x = gelu(adapted(self, "Dense_0", dense(o.mlp_dim, "Dense_0"), x), o.gelu)  # [B, N, F]
@@ -99,11 +99,7 @@ class SelfAttention(nn.Module):
             raise ValueError(f"width {d} is not divisible by num_heads={o.num_heads}")
         hd = d // o.num_heads
         proj = lambda name: nn.DenseGeneral(
-            (o.num_heads, hd),
-            dtype=o.dtype,
-            param_dtype=o.param_dtype,
-            kernel_init=xavier,
-            name=name,
+            (o.num_heads, hd), kernel_init=xavier, name=name, **o.dtypes
         )
         q = adapted(self, "query", proj("query"), x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
         k = adapted(self, "key", proj("key"), x)
@@ -131,15 +127,7 @@ class SelfAttention(nn.Module):
         return self._out(y, d)
 
     def _out(self, y: jax.Array, d: int) -> jax.Array:  # [B, N, H, hd] -> [B, N, D]
-        o = self.opts
-        out = nn.DenseGeneral(
-            d,
-            axis=(-2, -1),
-            dtype=o.dtype,
-            param_dtype=o.param_dtype,
-            kernel_init=xavier,
-            name="out",
-        )
+        out = nn.DenseGeneral(d, axis=(-2, -1), kernel_init=xavier, name="out", **self.opts.dtypes)
         return adapted(self, "out", out, y, in_axes=2)
 
 
@@ -162,9 +150,7 @@ class Encoder1DBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, droppath: jax.Array | float = 0.0) -> jax.Array:  # [B, N, D]
         o = self.opts
-        ln = lambda name: nn.LayerNorm(
-            epsilon=o.layer_norm_eps, dtype=o.dtype, param_dtype=o.param_dtype, name=name
-        )
+        ln = lambda name: nn.LayerNorm(epsilon=o.layer_norm_eps, name=name, **o.dtypes)
         y = ln("LayerNorm_0")(x)
         y = SelfAttention(o, self.train, name="MultiHeadDotProductAttention_1")(y)
         y = nn.Dropout(o.dropout)(y, deterministic=not self.train)
@@ -221,6 +207,4 @@ class Encoder(nn.Module):
             block = nn.remat(Encoder1DBlock) if self.remat else Encoder1DBlock
             for i in range(self.depth):
                 x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]))
-        return nn.LayerNorm(
-            epsilon=o.layer_norm_eps, dtype=o.dtype, param_dtype=o.param_dtype, name="encoder_norm"
-        )(x)
+        return nn.LayerNorm(epsilon=o.layer_norm_eps, name="encoder_norm", **o.dtypes)(x)

@@ -141,11 +141,10 @@ class VisionTransformer(nn.Module):
     @nn.compact
     def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
         self._check(images)
+        dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         x = images.astype(self.dtype)  # [B, H, W, C]
         if self.resnet_stages is not None:
-            x = resnet.stem(
-                x, tuple(self.resnet_stages), dtype=self.dtype, param_dtype=self.param_dtype
-            )  # [B, H/4.., W/4.., C']
+            x = resnet.stem(x, tuple(self.resnet_stages), **dtypes)  # [B, H/4.., W/4.., C']
         x = PatchEmbedding(
             self.width, self.patch_size, self.dtype, self.param_dtype, name="embedding"
         )(x)  # [B, gh, gw, D]
@@ -173,23 +172,15 @@ class VisionTransformer(nn.Module):
         elif self.classifier == "gap":
             x = jnp.mean(x, axis=1)  # [B, D]
         if self.representation_size:
-            x = nn.tanh(
-                nn.Dense(
-                    self.representation_size,
-                    dtype=self.dtype,
-                    param_dtype=self.param_dtype,
-                    name="pre_logits",
-                )(x)
-            )
+            x = nn.tanh(nn.Dense(self.representation_size, name="pre_logits", **dtypes)(x))
         self.sow("intermediates", "representation", x)  # the "pre_logits" features
         if self.num_classes:
             x = nn.Dense(
                 self.num_classes,
-                dtype=self.dtype,
-                param_dtype=self.param_dtype,
                 kernel_init=nn.initializers.zeros,
                 bias_init=nn.initializers.constant(self.head_bias_init),
                 name="head",
+                **dtypes,
             )(x)
         return x.astype(jnp.float32)
 
