@@ -221,7 +221,7 @@ def plan_on(
         cores_per_device=chip.cores,
         loop=loop_of(config) or "",
     )
-    began = time.perf_counter()
+    began, hbm, kernel = time.perf_counter(), chip.hbm_bytes, 0.0
     try:
         with console.silenced_stderr():
             compiled = step.lower(state, batch).compile()
@@ -229,33 +229,27 @@ def plan_on(
         out = out_of_memory(str(e))
         if out is None:
             raise
-        temp, hbm = out
-        return Plan(
-            **known,
-            temp_bytes=temp,
-            total_bytes=sum(held.values()) + temp,
-            hbm_bytes=hbm,
-            flops=0.0,
-            step_seconds=0.0,
-            compiled=False,
-            compile_seconds=time.perf_counter() - began,
-        )
-    temp, total, flops, seconds = compiled_figures(compiled)
-    model = state_lib.build_model(config.model, classes, adapters=config.get("lora"))
-    per_device = config.batch_size / len(devices)
-    kernel = sharding.on_mesh(mesh, kernel_flops)(model, config.image_size, per_device)
-    if known["loop"]:
-        flops, seconds, kernel = 0.0, 0.0, 0.0
-    seconds += kernel / chip.peak_flops if seconds and chip.peak_flops else 0.0
+        compiled, (temp, hbm) = None, out  # no FLOPs, no time
+        total, flops, seconds = sum(held.values()) + temp, 0.0, 0.0
+    else:
+        temp, total, flops, seconds = compiled_figures(compiled)
+        if known["loop"]:
+            flops, seconds = 0.0, 0.0
+        else:
+            model = state_lib.build_model(config.model, classes, adapters=config.get("lora"))
+            per_device = config.batch_size / len(devices)
+            kernel = sharding.on_mesh(mesh, kernel_flops)(model, config.image_size, per_device)
+            seconds += kernel / chip.peak_flops if seconds and chip.peak_flops else 0.0
     return Plan(
         **known,
         temp_bytes=temp,
         total_bytes=total,
-        hbm_bytes=chip.hbm_bytes,
+        hbm_bytes=hbm,
         flops=flops + kernel,
         step_seconds=seconds,
-        kernel_flops=kernel,
+        compiled=compiled is not None,
         compile_seconds=time.perf_counter() - began,
+        kernel_flops=kernel,
     )
 
 
