@@ -163,16 +163,12 @@ def _optimizer_problems(o: Any, total_steps: Any) -> list[Problem]:
     high = o.lr if is_number(o.lr) and o.lr > 0 else None
     if why := number(0, high, note=" (the learning rate decays to it)")(o.end_lr):
         out.append(Problem("optimizer.end_lr", o.end_lr, why))
-    rule = integer(0)
-    if is_int(total_steps) and total_steps >= 1:
-        rule = lambda v: (
-            None
-            if is_int(v) and 0 <= v <= total_steps
-            # noqa: E731
-            else (f"expected an integer from 0 to total_steps ({total_steps})")
-        )
-    if why := rule(o.warmup_steps):
-        out.append(Problem("optimizer.warmup_steps", o.warmup_steps, why))
+    warmup = o.warmup_steps
+    why = integer(0)(warmup)
+    if is_int(total_steps) and total_steps >= 1 and (why or warmup > total_steps):
+        why = f"expected an integer from 0 to total_steps ({total_steps})"
+    if why:
+        out.append(Problem("optimizer.warmup_steps", warmup, why))
     return out
 
 
@@ -327,8 +323,7 @@ def check(
     Raises:
         ConfigError: a ValueError; str() has one line per bad field.
     """
-    found = problems(config)
-    raise_if_any(found)
+    raise_if_any(problems(config))
     if devices is None or processes is None:
         import jax
 

@@ -57,12 +57,7 @@ def run(
     parts = {}
     for part in PARTS:
         config = part_config(part, workdir, examples_per_class)
-        for key, value in (overrides or {}).get(part, {}).items():
-            *sections, name = key.split(".")  # 'optimizer.lr' names a nested field
-            node = config
-            for section in sections:
-                node = node[section]
-            node[name] = value
+        config.update_from_flattened_dict((overrides or {}).get(part, {}))  # 'optimizer.lr'
         parts[part] = config
     found = []  # all three checked before the first trains; the fine-tuning part
     for part, config in parts.items():  # starts from a file the pretraining part writes
