@@ -25,17 +25,15 @@ class Shape:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def transpose(self, *axes: int) -> Shape:
-        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        return Shape([self.shape[a] for a in (axes or reversed(range(len(self.shape))))])
+    def transpose(self, *axes: int) -> Shape:  # as NumPy's: no axes reverses them
+        return Shape(np.empty(self.shape, np.uint8).transpose(*axes).shape)  # no copy of data
 
     @property
     def T(self) -> Shape:  # noqa: N802 (NumPy's name)
         return self.transpose()
 
-    def reshape(self, *shape: int) -> Shape:
-        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return Shape(np.empty(self.shape, np.uint8).reshape(shape).shape)  # no copy of data
+    def reshape(self, *shape: int) -> Shape:  # as NumPy's: reshape(a, b) or reshape((a, b))
+        return Shape(np.empty(self.shape, np.uint8).reshape(*shape).shape)  # no copy of data
 
 
 def torch_names(modules: dict[str, str]) -> dict[str, str]:
@@ -55,13 +53,6 @@ def concat(parts: Sequence[Any], axis: int = 0) -> Any:
         shape[axis] = sum(p.shape[axis] for p in parts)
         return Shape(shape)
     return np.concatenate(parts, axis=axis)
-
-
-def split(a: Any, n: int, axis: int = 0) -> list[Any]:
-    """np.split into n equal parts."""
-    if a.shape[axis] % n:
-        raise CheckpointError(f"cannot split a tensor of shape {a.shape} into {n} equal parts")
-    return np.split(np.asarray(a), n, axis=axis)
 
 
 def conv_to_torch(k: Any) -> Any:
