@@ -45,14 +45,10 @@ def adapt(
 def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[int, int]) -> None:
     """Resize stored learned position embeddings to the model's grid at `size`."""
     gh, gw = model.grid(size)
-    k = POSEMB
-    if (
-        k in flat
-        and k in want
-        and flat[k].shape != want[k].shape
-        and flat[k].shape[-1] == want[k].shape[-1]
-    ):
-        flat[k] = resize_posemb(flat[k], (gh, gw), int(model.has_class_token))
+    if POSEMB in flat and POSEMB in want:
+        stored, wanted = flat[POSEMB].shape, want[POSEMB].shape
+        if stored != wanted and stored[-1] == wanted[-1]:  # another grid, the same width
+            flat[POSEMB] = resize_posemb(flat[POSEMB], (gh, gw), int(model.has_class_token))
     for k, n in ((POSEMB + "_row", gh), (POSEMB + "_col", gw)):
         if k in flat and k in want and flat[k].shape[1] != n:
             flat[k] = resize_table(flat[k], n)
@@ -98,11 +94,10 @@ def _fit_head(
         )
 
 
-def _check_fits(flat: dict, want: dict, source: str, stored: dict | None = None) -> None:
+def _check_fits(flat: dict, want: dict, source: str, stored: dict) -> None:
     """Raises CheckpointError naming every key that does not fit; `stored` is the tree
     as the file holds it (before the patch kernel was resampled), whose variant is
     guessed."""
-    stored = flat if stored is None else stored
     missing = set(want) - set(flat)
     extra = set(flat) - set(want)
     shaped = {k for k in set(want) & set(flat) if tuple(flat[k].shape) != want[k].shape}

@@ -123,12 +123,8 @@ def load(
     classes = architecture.num_classes(params) if head else None
     stored = get_model(name, classes, **{**arch, **overrides})
     model = stored if patch_size is None else stored.clone(patch_size=patch_size)
-    if image_size is None:
-        grid = architecture.native_image_size(params, stored.token_stride)
-        size = (
-            grid[0] // stored.token_stride * model.token_stride,
-            grid[1] // stored.token_stride * model.token_stride,
-        )
+    if image_size is None:  # the stored grid, in tokens per side of the model's patch
+        size = architecture.native_image_size(params, model.token_stride)
     else:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     params = adapt(params, model, size, False, str(path), patch_size)
