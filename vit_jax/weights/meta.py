@@ -113,13 +113,9 @@ class Meta:
         found = {k: str(arrays.pop(key)) for k, key in NPZ_KEYS.items() if key in arrays}
         numerics = _json(found, "numerics", dict, f"{source} ({NPZ_KEYS['numerics']})")
         labels = _json(found, "labels", list, f"{source} ({NPZ_KEYS['labels']})")
+        numerics = numerics or ORIGINAL_NUMERICS  # none recorded: the original's
         method = found.get("preprocessing", PUBLISHED)
-        return _made(
-            f"{source} (vit_jax_*)",
-            **(numerics or ORIGINAL_NUMERICS),
-            labels=labels,
-            preprocessing=method,
-        )
+        return _made(f"{source} (vit_jax_*)", **numerics, labels=labels, preprocessing=method)
 
     # ------------------------------------------------------------------ timm safetensors
 

@@ -85,15 +85,9 @@ def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     try:
         with path.open("rb") as f:  # a file object: local, or read by ranges from a store
             npz = np.load(f, allow_pickle=False)
-            if not isinstance(npz, np.lib.npyio.NpzFile):
-                raise CheckpointError(
-                    f"checkpoint {path} is a single .npy array, not an .npz archive of named "
-                    "parameters"
-                )
-            with npz:
-                return {k: npz[k] for k in npz.files}
-    except CheckpointError:
-        raise
+            if isinstance(npz, np.lib.npyio.NpzFile):
+                with npz:
+                    return {k: npz[k] for k in npz.files}
     except ValueError as e:
         if "pickle" in str(e) or "Object arrays" in str(e):
             raise CheckpointError(
@@ -106,6 +100,9 @@ def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
             f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: "
             f"{e}); download or copy it again"
         ) from e
+    raise CheckpointError(
+        f"checkpoint {path} is a single .npy array, not an .npz archive of named parameters"
+    )
 
 
 def canonical(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
