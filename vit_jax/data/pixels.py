@@ -92,12 +92,11 @@ def to_rgb(image: Image.Image) -> Image.Image:
     images are scaled to 8 bits (convert('RGB') would clip them to white)."""
     if image.mode == "RGB":
         return image
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
-        array = np.asarray(image, dtype=np.float64) / 257.0  # 0..65535 onto 0..255
-        return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8)).convert("RGB")
-    if image.mode == "F":
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
         array = np.asarray(image, dtype=np.float64)
-        if array.size and array.max() <= 1.0:
+        if image.mode != "F":
+            array = array / 257.0  # 0..65535 onto 0..255
+        elif array.size and array.max() <= 1.0:
             array = array * 255.0
         return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8)).convert("RGB")
     return image.convert("RGB")  # L, 1, P, CMYK, YCbCr, LAB, HSV
@@ -258,12 +257,8 @@ def decode_crop_resize(
 
 def mirror(image: np.ndarray) -> np.ndarray:
     """Flips [H, W, c] left to right, in place (no copy of the image)."""
-    cv = cv2()
-    return (
-        cv.flip(image, 1, image)
-        if image.shape[-1] != 1
-        else cv.flip(image[..., 0], 1, image[..., 0])
-    )
+    plane = image[..., 0] if image.shape[-1] == 1 else image  # OpenCV's [H, W] of one channel
+    return cv2().flip(plane, 1, plane)
 
 
 def to_uint8(images: np.ndarray) -> np.ndarray:

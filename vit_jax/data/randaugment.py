@@ -98,10 +98,6 @@ def _blend_lut(degenerate: np.uint8, factor: float) -> np.ndarray:
 def blend(image1: np.ndarray, image2: np.ndarray, factor: float) -> np.ndarray:
     """TF's blend: image1 + factor * (image2 - image1) in float32, truncated to uint8;
     clipped to [0, 255] when extrapolating (factor outside [0, 1])."""
-    if factor == 0.0:
-        return np.array(np.broadcast_to(image1, image2.shape), np.uint8)
-    if factor == 1.0:
-        return image2
     a = image1.astype(_F32)
     out = image2.astype(_F32)
     out -= a
@@ -196,9 +192,7 @@ def brightness(image: np.ndarray, factor: float) -> np.ndarray:
 
 def sharpness(image: np.ndarray, factor: float) -> np.ndarray:
     """Blend with the image smoothed by [1 1 1; 1 5 1; 1 1 1] / 13 (truncated; the one
-    pixel border keeps the original)."""
-    if image.shape[0] < 3 or image.shape[1] < 3:
-        return image
+    pixel border keeps the original: all of an image under 3 pixels a side)."""
     x = image.astype(np.uint16)
     total = 5 * x[1:-1, 1:-1]
     for dy, dx in ((0, 0), (0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1), (2, 2)):
@@ -209,9 +203,8 @@ def sharpness(image: np.ndarray, factor: float) -> np.ndarray:
 
 
 def cutout(image: np.ndarray, pad: int, row: int, col: int) -> np.ndarray:
-    """Rows [row - pad, row + pad) x columns [col - pad, col + pad), clipped, set to 128."""
-    if pad <= 0:
-        return image
+    """Rows [row - pad, row + pad) x columns [col - pad, col + pad), clipped, set to 128
+    (none for pad 0)."""
     out = image.copy()
     out[max(0, row - pad) : row + pad, max(0, col - pad) : col + pad] = REPLACE
     return out
