@@ -136,39 +136,27 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     )
     paths = paths[split.start + kept]
     num_classes = len(classes) if classes else len(class_names)
-    if not (cfg.skip_corrupt or cfg.cache):
-        example = lambda i: (folder_source.read(paths[i]), int(new_labels[i]))
-        corrupt = lambda i, why: folder_source.corrupt_error(paths[i], why)
-        names = _kept(class_names, classes)
-        return Table(
-            len(paths), num_classes, example, corrupt, paths, labels=new_labels, class_names=names
-        )
-
-    ok, images, failures = folder_source.decode_all(paths, cfg.cache, cfg.preprocessing)
-    if failures and not cfg.skip_corrupt:
-        raise folder_source.corrupt_error(*failures[0])
-    if failures:
-        logging.warning(
-            "image folder %s split %r: skipped %d corrupt image(s) of %d (skip_corrupt=True): %s",
-            root,
-            spec,
-            len(failures),
-            len(paths),
-            [path for path, _ in failures[:5]],
-        )
-    paths, new_labels = paths[ok], new_labels[ok]
+    failures = []
+    if cfg.skip_corrupt or cfg.cache:  # every file decoded once, up front
+        ok, images, failures = folder_source.decode_all(paths, cfg.cache, cfg.preprocessing)
+        if failures and not cfg.skip_corrupt:
+            raise folder_source.corrupt_error(*failures[0])
+        if failures:
+            logging.warning(
+                "image folder %s split %r: skipped %d corrupt image(s) of %d "
+                "(skip_corrupt=True): %s",
+                root,
+                spec,
+                len(failures),
+                len(paths),
+                [path for path, _ in failures[:5]],
+            )
+        paths, new_labels = paths[ok], new_labels[ok]
     read = images.__getitem__ if cfg.cache else (lambda i: folder_source.read(paths[i]))
     example = lambda i: (read(i), int(new_labels[i]))
-    return Table(
-        len(paths),
-        num_classes,
-        example,
-        lambda i, why: folder_source.corrupt_error(paths[i], why),
-        paths,
-        num_skipped=len(failures),
-        labels=new_labels,
-        class_names=_kept(class_names, classes),
-    )
+    corrupt = lambda i, why: folder_source.corrupt_error(paths[i], why)
+    names = _kept(class_names, classes)  # then num_skipped, labels, class_names:
+    return Table(len(paths), num_classes, example, corrupt, paths, len(failures), new_labels, names)
 
 
 def _open_tfds(cfg, spec: str, classes, epc) -> Table:
