@@ -107,6 +107,6 @@ def rollout_maps(rollout: jax.Array, grid: tuple[int, int], num_prefix: int) -> 
 
 
 def upsample(maps: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Bilinearly resize maps [B, gh, gw] to the images' [B, H, W]."""
+    """Bilinearly resize maps [..., gh, gw] to the images' [..., H, W]."""
     maps = jnp.asarray(maps, jnp.float32)
-    return np.asarray(jax.image.resize(maps, (maps.shape[0], *size), "bilinear"))
+    return np.asarray(jax.image.resize(maps, (*maps.shape[:-2], *size), "bilinear"))

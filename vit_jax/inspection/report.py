@@ -236,8 +236,7 @@ def write(
     plots.plot_rollout(images, upsampled, path(PNG["rollout"]), title, names)
     written += [path(PNG["distance"]), path(PNG["rollout"])]
     if "relevance" in a:
-        maps = a["relevance"]
-        up = attention.upsample(maps.reshape(-1, *maps.shape[2:]), tuple(images.shape[1:3]))
+        up = attention.upsample(a["relevance"], tuple(images.shape[1:3]))  # [B, K, H, W]
         labels = result.info.get("relevance_labels")
         name = lambda c: labels[c] if labels else f"class {c}"
         chosen, probs = a["relevance_classes"], a["relevance_probabilities"]
@@ -245,14 +244,7 @@ def write(
             [f"{name(c)} ({p:.0%})" for c, p in zip(cs, ps, strict=True)]
             for cs, ps in zip(chosen, probs, strict=True)
         ]
-        plots.plot_relevance(
-            images,
-            up.reshape(*maps.shape[:2], *up.shape[1:]),
-            captions,
-            path(PNG["relevance"]),
-            title,
-            names,
-        )
+        plots.plot_relevance(images, up, captions, path(PNG["relevance"]), title, names)
         written.append(path(PNG["relevance"]))
     with files.atomic_write(path(NUMBERS)) as f:
         np.savez(f, **a)
