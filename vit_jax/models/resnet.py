@@ -45,16 +45,10 @@ class StdConv(nn.Module):
         )
 
 
-def group_norm(name: str, dtype: Dtype, param_dtype: Dtype, zero: bool = False) -> nn.GroupNorm:
+def group_norm(name: str, zero: bool = False, **dtypes: Dtype) -> nn.GroupNorm:
+    """GroupNorm of 32 groups; `zero`: its scale starts at zero. `dtypes`: dtype, param_dtype."""
     init = nn.initializers.zeros if zero else nn.initializers.ones
-    return nn.GroupNorm(
-        num_groups=32,
-        epsilon=1e-6,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        scale_init=init,
-        name=name,
-    )
+    return nn.GroupNorm(num_groups=32, epsilon=1e-6, scale_init=init, name=name, **dtypes)
 
 
 class ResidualUnit(nn.Module):
@@ -67,8 +61,9 @@ class ResidualUnit(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        conv = lambda f, k, s, name: StdConv(f, k, s, self.dtype, self.param_dtype, name=name)
-        gn = lambda name, zero=False: group_norm(name, self.dtype, self.param_dtype, zero)
+        dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        conv = lambda f, k, s, name: StdConv(f, k, s, name=name, **dtypes)
+        gn = lambda name, zero=False: group_norm(name, zero, **dtypes)
         out = self.features * 4
         residual = x
         if x.shape[-1] != out or self.stride != 1:
@@ -91,12 +86,9 @@ class ResNetStage(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for u in range(self.units):
+            stride = self.stride if u == 0 else 1  # the stage's first unit carries it
             x = ResidualUnit(
-                self.features,
-                self.stride if u == 0 else 1,
-                self.dtype,
-                self.param_dtype,
-                name=f"unit{u + 1}",
+                self.features, stride, self.dtype, self.param_dtype, name=f"unit{u + 1}"
             )(x)
         return x
 
@@ -115,7 +107,7 @@ def stem(
     [B, H, W, C] -> [B, H/4, W/4, 64] (root only) or [B, H/2^(n+1), W/2^(n+1), 256*2^(n-1)].
     """
     x = StdConv(width, 7, 2, dtype, param_dtype, name="conv_root")(x)
-    x = nn.relu(group_norm("gn_root", dtype, param_dtype)(x))
+    x = nn.relu(group_norm("gn_root", dtype=dtype, param_dtype=param_dtype)(x))
     x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
     for s, units in enumerate(stages):
         x = ResNetStage(

@@ -87,7 +87,6 @@ def to_host(tree: Any) -> Any:
     Arrays split over several processes (FSDP across hosts) are gathered; every
     process must call this together. Arrays this process holds whole are just copied.
     """
-    leaves = jax.tree.leaves(tree)
-    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+    if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(tree)):
         return jax.tree.map(np.asarray, jax.device_get(tree))
     return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
