@@ -221,17 +221,10 @@ class FewShotEvaluator:
 
         out = {}
         for cfg in self.configs:
-            train_x, train_y = self.features(model, params, cfg, cfg.train_split, mesh)
-            test_x, test_y = self.features(model, params, cfg, cfg.test_split, mesh)
+            train = self.features(model, params, cfg, cfg.train_split, mesh)  # (x, y)
+            test = self.features(model, params, cfg, cfg.test_split, mesh)
             accuracy = fewshot_accuracy(
-                train_x,
-                train_y,
-                test_x,
-                test_y,
-                self.shots,
-                self.l2,
-                self.seed,
-                num_classes=data.num_classes(cfg),
+                *train, *test, self.shots, self.l2, self.seed, num_classes=data.num_classes(cfg)
             )
             out.update({metric_name(cfg.name, k): acc for k, acc in accuracy.items()})
         return out

@@ -74,12 +74,10 @@ def plot_posemb_similarity(sim: np.ndarray, path: str, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")  # the gaps
     image = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
-    step = max(1, gw // 8)
-    ax.set_xticks([j * (gw + 1) + (gw - 1) / 2 for j in range(0, gw, step)])
-    ax.set_xticklabels([str(j + 1) for j in range(0, gw, step)])
-    step = max(1, gh // 8)
-    ax.set_yticks([i * (gh + 1) + (gh - 1) / 2 for i in range(0, gh, step)])
-    ax.set_yticklabels([str(i + 1) for i in range(0, gh, step)])
+    cols = range(0, gw, max(1, gw // 8))  # at most 8 ticks a side
+    rows = range(0, gh, max(1, gh // 8))
+    ax.set_xticks([j * (gw + 1) + (gw - 1) / 2 for j in cols], [str(j + 1) for j in cols])
+    ax.set_yticks([i * (gh + 1) + (gh - 1) / 2 for i in rows], [str(i + 1) for i in rows])
     ax.set_xlabel("input patch column")
     ax.set_ylabel("input patch row")
     fig.colorbar(image, ax=ax, label="cosine similarity")
@@ -171,8 +169,7 @@ def plot_relevance(
             shown = axes[i, j + 1].imshow(heat, cmap="inferno", alpha=0.6, vmin=0, vmax=1)
             axes[i, j + 1].set_title(captions[i][j], fontsize=8)
         for ax in axes[i]:
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(xticks=[], yticks=[])
     axes[0, 0].set_title("input", fontsize=9)
     fig.colorbar(
         shown, ax=axes.ravel().tolist(), shrink=min(0.9, 2.2 / n), label=f"{what} / its maximum"
