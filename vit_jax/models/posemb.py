@@ -63,13 +63,9 @@ class PositionEmbedding(nn.Module):
             init = nn.initializers.normal(0.02)
             row = self.param("pos_embedding_row", init, (1, gh, d // 2), self.param_dtype)
             col = self.param("pos_embedding_col", init, (1, gw, d // 2), self.param_dtype)
-            pe = jnp.concatenate(
-                [  # [gh, gw, D] -> [gh*gw, D]
-                    jnp.broadcast_to(row[0][:, None], (gh, gw, d // 2)),
-                    jnp.broadcast_to(col[0][None, :], (gh, gw, d // 2)),
-                ],
-                axis=-1,
-            ).reshape(gh * gw, d)
+            rows = jnp.broadcast_to(row[0][:, None], (gh, gw, d // 2))  # row i at (i, j)
+            cols = jnp.broadcast_to(col[0][None, :], (gh, gw, d // 2))  # column j at (i, j)
+            pe = jnp.concatenate([rows, cols], axis=-1).reshape(gh * gw, d)  # [gh*gw, D]
         elif self.kind == "sincos_2d":
             pe = jnp.asarray(sincos_2d(self.grid, d))
         else:
