@@ -39,15 +39,11 @@ def split_name(spec: str) -> str:
     return _parse(spec)[0]
 
 
-def check_spec(spec: str) -> None:
-    """Raises SplitError for a malformed spec (nothing is read: sizes are not checked)."""
-    _parse(spec)
-
-
 def spec_rule(spec: Any) -> str | None:
-    """`check_spec` as a config rule (`base.problems`): what is wrong, or None."""
+    """A config rule (`base.problems`): what is wrong with a malformed spec, or None
+    (nothing is read: sizes are not checked)."""
     try:
-        check_spec(spec)
+        _parse(spec)
     except ValueError as e:
         return str(e)
     return None

@@ -22,11 +22,6 @@ from vit_jax.weights.errors import CheckpointError
 POSEMB = "Transformer/posembed_input/pos_embedding"
 
 
-def flat(params: dict) -> dict[str, Any]:
-    """{'a': {'b': x}} -> {'a/b': x}."""
-    return traverse_util.flatten_dict(params, sep="/")
-
-
 def num_classes(params: dict) -> int | None:
     """Width of the stored head; None for a file without one."""
     if "head" not in params:
@@ -81,7 +76,7 @@ def architecture(params: dict) -> dict[str, Any]:
       representation_size (None without pre_logits), and posemb ('learned' or
       'learned_2d'; None when the file has no learned position embeddings).
     """
-    f = flat(params)
+    f = traverse_util.flatten_dict(params, sep="/")
     out = sizes(f)
     out["classifier"] = "token" if "cls" in f else "gap"
     out["representation_size"] = (
