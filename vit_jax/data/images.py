@@ -101,10 +101,9 @@ def load_images(paths: Sequence[str], image_size: tuple[int, int], method: str) 
       FileNotFoundError: If a file does not exist (the message names it).
       ValueError: If a file is not a readable image (the message names it).
     """
-    height, width = image_size
-    images = np.zeros((len(paths), height, width, 3), np.float32)
+    images = np.zeros((len(paths), *image_size, 3), np.float32)
     for i, path in enumerate(paths):
-        images[i] = load_image(path, (height, width), method)
+        images[i] = load_image(path, image_size, method)
     return images
 
 

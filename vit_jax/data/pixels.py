@@ -264,8 +264,6 @@ def mirror(image: np.ndarray) -> np.ndarray:
 def to_uint8(images: np.ndarray) -> np.ndarray:
     """Resized images as uint8 for the augmentations that work on bytes (RandAugment):
     float values truncated, as big_vision's tf.cast after its resize."""
-    if images.dtype == np.uint8:
-        return images
     return np.clip(images, 0, 255).astype(np.uint8)
 
 

@@ -37,16 +37,6 @@ def prepare_command(builder) -> str:
     return f"tfds build {_name(builder)} --data_dir={root} --file_format=array_record"
 
 
-def _prepare_hint(builder) -> str:
-    root = str(builder.data_dir_root)
-    return (
-        f"Prepare it with `{prepare_command(builder)}` (in Python: "
-        f"`tfds.builder({_name(builder)!r}, data_dir={root!r}, file_format='array_record')"
-        f".download_and_prepare()`); imagenet2012 and imagenet21k need their archives in "
-        f"{root}/downloads/manual first."
-    )
-
-
 @functools.lru_cache(maxsize=16)
 def open_builder(name: str, data_dir: str | None):
     """tfds.builder(name, data_dir) of a prepared ArrayRecord dataset, or an error that
@@ -66,9 +56,13 @@ def open_builder(name: str, data_dir: str | None):
             "cifar100, imagenet2012, oxford_iiit_pet, oxford_flowers102, fashion_mnist."
         ) from None
     if not prepared:
+        root = str(builder.data_dir_root)
         raise FileNotFoundError(
             f"TFDS dataset {builder.name!r} is not prepared in {builder.data_dir}. "
-            f"{_prepare_hint(builder)}"
+            f"Prepare it with `{prepare_command(builder)}` (in Python: "
+            f"`tfds.builder({_name(builder)!r}, data_dir={root!r}, file_format='array_record')"
+            f".download_and_prepare()`); imagenet2012 and imagenet21k need their archives in "
+            f"{root}/downloads/manual first."
         )
     features = builder.info.features
     if "image" not in features or "label" not in features:
