@@ -160,13 +160,10 @@ class Meta:
             labels = [str(id2label.get(str(i), id2label.get(i, ""))) for i in range(len(id2label))]
             if all(_HF_DEFAULT_NAME.fullmatch(n) and int(n[6:]) == i for i, n in enumerate(labels)):
                 labels = None
-        return _made(
-            source,
-            "exact" if act == "gelu" else "tanh",
-            cfg.get("layer_norm_eps", 1e-12),
-            labels,
-            cfg.get("vit_jax_preprocessing", OTHER_TOOLS),
-        )
+        gelu = "exact" if act == "gelu" else "tanh"
+        eps = cfg.get("layer_norm_eps", 1e-12)
+        method = cfg.get("vit_jax_preprocessing", OTHER_TOOLS)
+        return _made(source, gelu, eps, labels, method)
 
 
 def checked(labels: Sequence[str] | None, num_classes: int, source: str) -> list[str] | None:

@@ -222,13 +222,9 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
     k = model.num_classes or model.representation_size or model.width
     out_dims = ["N", tokens, k] if model.classifier == "unpooled" else ["N", k]
     f = g.onnx.TensorProto.FLOAT
-    graph = g.helper.make_graph(
-        g.nodes,
-        "vit_jax",
-        [g.helper.make_tensor_value_info("images", f, ["N", size[0], size[1], model.channels])],
-        [g.helper.make_tensor_value_info("logits", f, out_dims)],
-        g.inits,
-    )
+    images = g.helper.make_tensor_value_info("images", f, ["N", size[0], size[1], model.channels])
+    logits = g.helper.make_tensor_value_info("logits", f, out_dims)
+    graph = g.helper.make_graph(g.nodes, "vit_jax", [images], [logits], g.inits)
     opset = [g.helper.make_opsetid("", OPSET)]
     proto = g.helper.make_model(graph, opset_imports=opset, producer_name="vit_jax")
     proto.ir_version = min(proto.ir_version, 8)  # readable by older runtimes too
@@ -247,7 +243,7 @@ def export_onnx(
     model: VisionTransformer,
     size: tuple[int, int],
     out: str,
-    external_above: int | None = None,
+    external_above: int = EXTERNAL_ABOVE,
     labels: list[str] | None = None,
 ) -> None:
     """An ONNX model with a dynamic batch dimension at `out`, `labels` as its metadata
@@ -266,12 +262,11 @@ def export_onnx(
         raise ImportError("the onnx export needs the onnx package: pip install onnx") from e
     path = store.path(out)
     files.check_new(path)  # before the graph is built
-    limit = EXTERNAL_ABOVE if external_above is None else external_above
     proto = build(params, model, size)
     if labels is not None:
         onnx.helper.set_model_props(proto, {"labels": json.dumps(list(labels))})
     with files.scratch_dir(path) as tmp:  # the graph and its data file, renamed when whole
-        if weight_bytes(proto) > limit:
+        if weight_bytes(proto) > external_above:
             data = path.name + ".data"  # the graph names it: written under its final name
             onnx.save_model(
                 proto,

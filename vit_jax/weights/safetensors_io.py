@@ -35,7 +35,6 @@ _DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
-_NAMES = {v: k for k, v in _DTYPES.items()}
 _MAX_HEADER = 100 * 2**20  # the reference implementation's own limit
 
 
@@ -84,8 +83,7 @@ def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]
     for name, info in entries:
         if info["dtype"] not in _DTYPES:
             raise bad(f"tensor {name!r} has dtype {info['dtype']}, which vit_jax does not read")
-        shape = tuple(info["shape"])
-        tensors[name] = np.frombuffer(info["data"], _DTYPES[info["dtype"]]).reshape(shape)
+        tensors[name] = np.frombuffer(info["data"], _DTYPES[info["dtype"]]).reshape(info["shape"])
     return tensors, dict(metadata)
 
 
@@ -133,7 +131,7 @@ def write(
     arrays = {}
     for name, a in tensors.items():
         a = np.ascontiguousarray(a)
-        if a.dtype.newbyteorder("<") not in _NAMES:
+        if a.dtype.newbyteorder("<") not in _DTYPES.values():
             raise ValueError(f"tensor {name!r}: dtype {a.dtype} has no safetensors name")
         arrays[name] = a
     meta = {str(k): str(v) for k, v in metadata.items()} if metadata else None

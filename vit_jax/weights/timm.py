@@ -107,8 +107,9 @@ def to_timm(params: dict) -> dict[str, Any]:
             out[f"blocks.{m[1]}.attn.proj.weight"] = a.reshape(-1, a.shape[-1]).T
         elif m and re.fullmatch(f"{_ATT}/(query|key|value)/(kernel|bias)", m[2]):
             _, name, leaf = m[2].split("/")
+            part = a.reshape(a.shape[0], -1).T if leaf == "kernel" else a.reshape(-1)  # [H*d(, D)]
             leaf = "weight" if leaf == "kernel" else "bias"
-            qkv.setdefault(f"blocks.{m[1]}.attn.qkv.{leaf}", {})[name] = a
+            qkv.setdefault(f"blocks.{m[1]}.attn.qkv.{leaf}", {})[name] = part
         elif key in _TOP:
             t = _TOP[key]
             out[t] = conv_to_torch(a) if key == "embedding/kernel" else a
@@ -117,11 +118,8 @@ def to_timm(params: dict) -> dict[str, Any]:
             out[_backbone_key(key, root_only)] = conv_to_torch(a) if a.ndim == 4 else a
         else:
             raise CheckpointError(f"parameter {key} {tuple(a.shape)} has no place in timm's layout")
-    for key, parts in qkv.items():
-        if key.endswith("weight"):  # [D, H, d] each -> rows q, k, v of [3D, D]
-            out[key] = concat([parts[n].reshape(parts[n].shape[0], -1).T for n in _QKV], 0)
-        else:
-            out[key] = concat([parts[n].reshape(-1) for n in _QKV], 0)
+    for key, parts in qkv.items():  # rows q, k, v of [3D, D] (weight) or [3D] (bias)
+        out[key] = concat([parts[n] for n in _QKV], 0)
     return out
 
 
