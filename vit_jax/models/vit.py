@@ -145,16 +145,14 @@ class VisionTransformer(nn.Module):
         x = images.astype(self.dtype)  # [B, H, W, C]
         if self.resnet_stages is not None:
             x = resnet.stem(x, tuple(self.resnet_stages), **dtypes)  # [B, H/4.., W/4.., C']
-        x = PatchEmbedding(
-            self.width, self.patch_size, self.dtype, self.param_dtype, name="embedding"
-        )(x)  # [B, gh, gw, D]
+        embed = PatchEmbedding(self.width, self.patch_size, name="embedding", **dtypes)
+        x = embed(x)  # [B, gh, gw, D]
         b, gh, gw, d = x.shape
         x = x.reshape(b, gh * gw, d)  # [B, N, D]
         if self.has_class_token:
             cls = self.param("cls", nn.initializers.zeros, (1, 1, d), self.param_dtype)
-            x = jnp.concatenate(
-                [jnp.tile(cls.astype(x.dtype), (b, 1, 1)), x], axis=1
-            )  # [B, 1+N, D]
+            cls = jnp.tile(cls.astype(x.dtype), (b, 1, 1))  # [B, 1, D]
+            x = jnp.concatenate([cls, x], axis=1)  # [B, 1+N, D]
         x = Encoder(
             self.block_options,
             self.depth,

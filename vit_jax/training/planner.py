@@ -195,8 +195,7 @@ def argument_bytes(state: Any, batch: Any) -> dict[str, int]:
 
 def plan(config: ml_collections.ConfigDict, topology: str, num_classes: int | None = None) -> Plan:
     """Compiles `config`'s train step for `topology` and reads the compiler's figures."""
-    devices = topology_devices(topology)
-    return plan_on(config, devices, topology, num_classes)
+    return plan_on(config, topology_devices(topology), topology, num_classes)
 
 
 def plan_on(
