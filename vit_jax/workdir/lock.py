@@ -5,7 +5,9 @@ disk, the store's own precondition on gs:// and s3://), naming the holder: host,
 the process's own start time (to tell a reused pid apart), when the run started, and a
 heartbeat time that a thread rewrites every HEARTBEAT_SECONDS. It is removed when the
 run ends, whatever the end. A second run finds it and stops with one message naming
-the holder, having touched nothing. A lock is stale, and taken over with a note, when
+the holder, having touched nothing; a lock that names this very process (host, pid and
+process start: `IDENTITY`) is its own, as when the store acted on its create but the
+answer was lost. A lock is stale, and taken over with a note, when
 its process is gone (same host: no such pid, or one started at another time) or its
 heartbeat is older than `stale_after` (any host: a killed machine, another pod). A run
 riding out a store's outage beats late by up to the retry window, so `stale_after` is
