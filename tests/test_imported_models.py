@@ -119,9 +119,10 @@ def test_fewshot_reads_timm_and_hf_files_with_their_numerics(idx_dir, sources, c
     assert lines[2].split()[1:] == cells(ev(16).run(m, p))
 
 
-def test_convert_patch_size_resamples_into_every_format(sources, tmp_path):
+def test_convert_patch_size_resamples_into_every_format(sources, tmp_path, capsys):
     """convert --patch_size=4: the written file holds the pseudo-inverse-resampled kernel
-    (FlexiViT) at 16x16 with the same numerics, in npz, timm and hf."""
+    (FlexiViT) at 16x16 with the same numerics, in npz, timm and hf; the command says each
+    format's input layout."""
     from vit_jax import convert as command
     from vit_jax.models.patch_resize import resample_kernel
 
@@ -129,7 +130,11 @@ def test_convert_patch_size_resamples_into_every_format(sources, tmp_path):
     kernel = resample_kernel(np.asarray(params["embedding"]["kernel"]), 4)  # [4, 4, 3, D]
     for fmt, out in (("npz", "p4.npz"), ("timm", "p4.safetensors"), ("hf", "p4")):
         flags = [f"--checkpoint={paths['hf']}", f"--format={fmt}", f"--out={tmp_path / out}"]
+        capsys.readouterr()
         assert run_command(command, *flags, "--patch_size=4") == 0, fmt
+        layout = "NHWC [N, 16, 16, 3]" if fmt == "npz" else "NCHW [N, 3, 16, 16]"
+        want = f"its input: {layout} float32 images in [-1, 1]; load it with:"
+        assert capsys.readouterr().out.splitlines()[1].endswith(want), fmt
         m, p, size = weights.load_model(tmp_path / out)
         assert (m.patch_size, size, m.gelu, m.layer_norm_eps) == (4, (16, 16), "exact", 1e-12)
         np.testing.assert_allclose(p["embedding"]["kernel"], kernel, atol=1e-6, rtol=0)

@@ -83,7 +83,8 @@ def test_evaluate_a_folder_needs_no_dataset_name_and_matches_classes_by_name(
     assert run_command(evaluate, *args, f"--data_dir={other}") == 0
     line, js = capsys.readouterr().out.strip().splitlines()[-2:]
     part = json.loads(js)
-    assert part["matched_by_name"] and part["examples"] == 12 and "by name" in line
+    assert part["matched_by_name"] and part["examples"] == 12
+    assert "(matched to the head's classes by name)" in line  # docs/inspection.md says so
     assert part["classes"] == [1, 2]  # sorted names: bird 0, cat 1, fox 2
     model, params, size = weights.load_model(f"{workdir}/final.npz")
     dataset = {"source": "folder", "data_dir": root, "classes": (0, 2)}  # cat, fox

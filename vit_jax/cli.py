@@ -79,9 +79,22 @@ def _run_app(main: Callable[[], object], argv: list[str]) -> None:
             raise
         # Raised while absl parsed the flags: ml_collections' config overrides
         # (--config.x.y=v) raise these for a field that does not exist or a bad value.
-        what = " ".join(str(e).replace("\\n", " ").replace("\\", "").replace("'", "").split())
-        where = "every config field is in vit_jax/configs/common.py"
-        fail(f"in the flags: no such config field, or a bad value: {what} ({where})")
+        fail(f"{_config_error(e, argv)} (every config field is in vit_jax/configs/common.py)")
+
+
+def _config_error(error: Exception, argv: list[str]) -> str:
+    """ml_collections' error for a --config.x.y=v override, as one sentence naming the flag
+    and its suggestion: '--config.optimizer.lrr: no such config field; did you mean
+    --config.optimizer.lr?'."""
+    what = " ".join(str(error).replace("\\n", " ").replace("\\", "").replace("'", "").split())
+    field = what.split()[0].strip('"') if what else ""
+    flags = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+    flag = next((f for f in flags if field and f.endswith(f".{field}")), None)
+    if flag is None:
+        return f"in the flags: no such config field, or a bad value: {what}"
+    hint = re.search(r'Did you mean "(\w+)"', what)
+    instead = f"; did you mean {flag.removesuffix(field)}{hint[1]}?" if hint else ""
+    return f"{flag}: no such config field{instead}"
 
 
 def _define_command_flags(define_flags: Callable[[], None], program: str) -> None:

@@ -126,6 +126,8 @@ def _run(config: Any, plan: Plan, wd: Workdir, stop: stopping.StopRequest) -> di
         summary = _summary(config, state, merged, metrics, evals, time.time() - began)
         if loop.writer is not None:
             report.write_summary(wd.summary, summary, wd.store)
+            npz = f"{wd.final_npz} (the published layout) and " if config.export_npz else ""
+            report.say(f"step {summary['steps']}: wrote {npz}{wd.summary}")
     return summary
 
 
