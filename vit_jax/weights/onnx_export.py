@@ -77,20 +77,17 @@ class _Graph:
         )
 
 
-def _gelu_tanh(g: _Graph, x: str) -> str:
-    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as jax.nn.gelu(approximate=True)."""
+def _gelu(g: _Graph, x: str, tanh: bool) -> str:
+    """0.5 x (1 + t), as jax.nn.gelu(approximate=tanh): t = tanh(sqrt(2/pi) (x + 0.044715
+    x^3)), or the exact form's t = erf(x / sqrt(2))."""
     f32 = lambda v: g.const(np.array(v, np.float32))
-    cube = g.op("Mul", g.op("Mul", x, x), x)
-    inner = g.op("Add", x, g.op("Mul", cube, f32(0.044715)))
-    t = g.op("Tanh", g.op("Mul", inner, f32(math.sqrt(2 / math.pi))))
+    if tanh:
+        cube = g.op("Mul", g.op("Mul", x, x), x)
+        inner = g.op("Add", x, g.op("Mul", cube, f32(0.044715)))
+        t = g.op("Tanh", g.op("Mul", inner, f32(math.sqrt(2 / math.pi))))
+    else:
+        t = g.op("Erf", g.op("Mul", x, f32(1 / math.sqrt(2))))
     return g.op("Mul", x, g.op("Mul", g.op("Add", t, f32(1.0)), f32(0.5)))
-
-
-def _gelu_exact(g: _Graph, x: str) -> str:
-    """0.5 x (1 + erf(x / sqrt(2))), as jax.nn.gelu(approximate=False)."""
-    f32 = lambda v: g.const(np.array(v, np.float32))
-    e = g.op("Erf", g.op("Mul", x, f32(1 / math.sqrt(2))))
-    return g.op("Mul", x, g.op("Mul", g.op("Add", e, f32(1.0)), f32(0.5)))
 
 
 def _attention(g: _Graph, x: str, p: dict, tokens: int, heads: int, name: str) -> str:
@@ -180,8 +177,7 @@ def _block(g: _Graph, x: str, b: dict, tokens: int, heads: int, gelu: str, name:
     x = g.op("Add", x, _attention(g, y, att, tokens, heads, name))
     fc1, fc2 = b["MlpBlock_3"]["Dense_0"], b["MlpBlock_3"]["Dense_1"]
     y = g.layer_norm(x, b["LayerNorm_2"], f"{name}_ln2")
-    act = _gelu_tanh if gelu == "tanh" else _gelu_exact
-    y = act(g, g.dense(y, fc1["kernel"], fc1["bias"], f"{name}_fc1"))
+    y = _gelu(g, g.dense(y, fc1["kernel"], fc1["bias"], f"{name}_fc1"), tanh=gelu == "tanh")
     return g.op("Add", x, g.dense(y, fc2["kernel"], fc2["bias"], f"{name}_fc2"))
 
 
@@ -243,7 +239,7 @@ def export_onnx(
     model: VisionTransformer,
     size: tuple[int, int],
     out: str,
-    external_above: int = EXTERNAL_ABOVE,
+    external_above: int | None = None,
     labels: list[str] | None = None,
 ) -> None:
     """An ONNX model with a dynamic batch dimension at `out`, `labels` as its metadata
@@ -262,11 +258,12 @@ def export_onnx(
         raise ImportError("the onnx export needs the onnx package: pip install onnx") from e
     path = store.path(out)
     files.check_new(path)  # before the graph is built
+    limit = EXTERNAL_ABOVE if external_above is None else external_above
     proto = build(params, model, size)
     if labels is not None:
         onnx.helper.set_model_props(proto, {"labels": json.dumps(list(labels))})
     with files.scratch_dir(path) as tmp:  # the graph and its data file, renamed when whole
-        if weight_bytes(proto) > external_above:
+        if weight_bytes(proto) > limit:
             data = path.name + ".data"  # the graph names it: written under its final name
             onnx.save_model(
                 proto,
