@@ -66,11 +66,10 @@ def load(
     """The checkpoint, with a new zero head of `num_classes` classes when it differs from
     the stored one (0: no head; the stored class names no longer apply)."""
     loaded = load_checkpoint(path, model, image_size, True, patch_size=patch_size, **overrides)
-    m, params, size = loaded.model, loaded.params, loaded.image_size
-    if num_classes is not None and num_classes != (m.num_classes or 0):
-        m = m.clone(num_classes=num_classes or None)
-        params = adapt(params, m, size, reset_head=True, source=str(path))
-        return Loaded(m, params, size, None, loaded.preprocessing)
+    if num_classes is not None and num_classes != (loaded.model.num_classes or 0):
+        m = loaded.model.clone(num_classes=num_classes or None)
+        params = adapt(loaded.params, m, loaded.image_size, reset_head=True, source=str(path))
+        return dataclasses.replace(loaded, model=m, params=params, labels=None)
     return loaded
 
 

@@ -45,9 +45,7 @@ def is_safetensors(path: str | os.PathLike) -> bool:
             head = f.read(9)
     except OSError:
         return False
-    if len(head) < 9:
-        return False
-    (n,) = struct.unpack("<Q", head[:8])
+    n = int.from_bytes(head[:8], "little")  # a short file: no '{' at byte 8
     return 2 <= n <= _MAX_HEADER and head[8:9] == b"{"
 
 
