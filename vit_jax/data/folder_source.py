@@ -112,10 +112,7 @@ def scan_split(root: str, name: str, classes: list[str]) -> tuple[np.ndarray, np
 
 def read(path: str) -> bytes:
     """The bytes of a local file or a store object."""
-    if store.is_remote(path):
-        return store.path(path).read_bytes()
-    with open(path, "rb") as f:
-        return f.read()
+    return store.path(path).read_bytes()
 
 
 def decode_all(paths: np.ndarray, keep_images: bool, method: str) -> tuple[np.ndarray, list, list]:
