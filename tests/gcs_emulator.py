@@ -4,8 +4,10 @@ the GCS JSON API that it leaves out and that the package's clients rely on:
 - a media download carries the object's generation in `x-goog-generation` (TensorStore
   reads it back there; without it, Orbax's OCDBT writes fail with "Malformed
   StorageGeneration" once a manifest is rewritten, at ~150 arrays);
-- uploads and deletes honour `ifGenerationMatch` (412 when the object's generation is
-  another; 0: it must not exist), GCS's create-if-absent that the workdir lock uses;
+- uploads of every type (media, multipart, resumable: the object named in the URL or in
+  the body's metadata) and deletes honour `ifGenerationMatch` (412 when the object's
+  generation is another; 0: it must not exist), GCS's create-if-absent that the workdir
+  lock uses;
 - a bucket named `denied-*` answers writes 403, as GCS answers an account that may only
   read;
 - a request that stalls times out after 10 s (the server is single-threaded: one cut
@@ -71,8 +73,8 @@ def patch() -> None:
                            "object."}})  # fmt: skip
             return None
         name = (request.query.get("name") or [None])[0]
-        if name is None and isinstance(request.data, dict):  # multipart: in its metadata
-            name = (request.data.get("meta") or {}).get("name")
+        if name is None and isinstance(request.data, dict):  # in the body's metadata:
+            name = (request.data.get("meta") or request.data).get("name")  # multipart, resumable
         if _precondition_failed(request, response, storage, request.params["bucket_name"], name):
             return None
         return original["insert"](request, response, storage, *args, **kwargs)

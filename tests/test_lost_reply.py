@@ -26,8 +26,8 @@ BUCKET = "bkt"
 
 @pytest.fixture(scope="module")
 def lossy():
-    """(relay, gcsfs straight to the emulator): this process's clients reach the emulator
-    through the relay."""
+    """(relay, gcsfs straight to the emulator, its port): this process's clients reach
+    the emulator through the relay."""
     from test_object_store import free_port
 
     port = free_port()
@@ -41,7 +41,7 @@ def lossy():
         endpoint_url=f"http://127.0.0.1:{port}", token="anon", skip_instance_cache=True
     )
     try:
-        yield relay, direct
+        yield relay, direct, port
     finally:
         relay.close()
         server.kill()
@@ -54,6 +54,44 @@ def lossy():
         gcsfs.GCSFileSystem.clear_instance_cache()
 
 
+def upload(port: int, kind: str, name: str, data: bytes) -> int:
+    """The HTTP status of a create-if-absent upload of `kind` (media, multipart, resumable:
+    the object named in the URL, in the multipart body, in the resumable's metadata)."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{port}/upload/storage/v1/b/{BUCKET}/o?uploadType={kind}"
+    url += f"&ifGenerationMatch=0{'&name=' + name if kind == 'media' else ''}"
+    meta = json.dumps({"name": name})
+    headers = {"Content-Type": "application/json"}
+    body = meta.encode()
+    if kind == "multipart":
+        part = "--b\nContent-Type: application/json\n\n{}\n--b\nContent-Type: text/plain\n\n"
+        body = part.format(meta).encode() + data + b"\n--b--"
+        headers = {"Content-Type": 'multipart/related; boundary="b"'}
+    elif kind == "media":
+        body, headers = data, {"Content-Type": "application/octet-stream"}
+    request = urllib.request.Request(url, body, headers, method="POST")
+    try:
+        with urllib.request.urlopen(request) as answer:
+            if kind == "resumable":  # the session is open: put the bytes
+                done = urllib.request.Request(answer.headers["Location"], data, method="PUT")
+                urllib.request.urlopen(done).close()
+            return answer.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_the_emulator_honours_if_generation_match_on_every_upload_type(lossy):
+    """As GCS does: a create-if-absent of an object that exists is 412, however the upload
+    names it (a multipart create names its object in the body, not the URL)."""
+    _, direct, port = lossy
+    for kind in ("media", "multipart", "resumable"):
+        assert upload(port, kind, f"gen/{kind}", b"first") == 200, kind
+        assert upload(port, kind, f"gen/{kind}", b"second") == 412, kind
+        assert direct.cat(f"{BUCKET}/gen/{kind}") == b"first", kind
+
+
 def stops(message: str) -> None:
     raise AssertionError(f"the window passed: {message}")
 
@@ -64,7 +102,7 @@ def run_store(url: str) -> store.Store:
 
 
 def test_a_lock_whose_create_answer_was_lost_is_taken_not_refused(lossy):
-    relay, direct = lossy
+    relay, direct, _ = lossy
     workdir = f"gs://{BUCKET}/lost"
     before = relay.dropped
     relay.drop_reply(b"ifGenerationMatch=0")  # the lock's create-if-absent
@@ -102,7 +140,7 @@ def bucket(fs, prefix: str) -> dict[str, bytes]:
 def test_an_operation_retried_after_a_lost_answer_leaves_what_one_call_leaves(
     lossy, tmp_path, name
 ):
-    relay, direct = lossy
+    relay, direct, _ = lossy
     marker, there, call = OPS[name]
     results = {}
     for case in ("once", "lost"):
@@ -119,7 +157,7 @@ def test_an_operation_retried_after_a_lost_answer_leaves_what_one_call_leaves(
 
 
 def test_an_upload_retried_after_a_lost_answer_is_the_file(lossy, tmp_path):
-    relay, direct = lossy
+    relay, direct, _ = lossy
     local = tmp_path / "f.bin"
     local.write_bytes(os.urandom(1000))
     relay.drop_reply(b"uploadType")
@@ -133,7 +171,7 @@ def test_a_run_whose_lock_create_answer_was_lost_trains(lossy):
     second try, and the run goes on to its end."""
     from vit_jax.training import train
 
-    relay, direct = lossy
+    relay, direct, _ = lossy
     workdir = f"gs://{BUCKET}/run"
     before = relay.dropped
     relay.drop_reply(b"ifGenerationMatch=0")
