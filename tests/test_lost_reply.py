@@ -120,7 +120,6 @@ OPS = {
     "write_text": (b"uploadType", {"x": b"old"}, lambda s, d: s.write_text(f"{d}/x", "new")),
     "read_text": (b"GET ", {"x": b"text"}, lambda s, d: s.read_text(f"{d}/x")),
     "remove": (b"DELETE ", {"x": b"1", "y": b"2"}, lambda s, d: s.remove(f"{d}/x")),
-    "size": (b"GET ", {"x": b"12345"}, lambda s, d: s.size(f"{d}/x")),
     "walk_files": (b"GET ", {"a/x": b"1", "y": b"22"}, lambda s, d: s.walk_files(d)),
     "remove_tree": (
         b"DELETE ",

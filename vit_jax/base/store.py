@@ -5,7 +5,7 @@ URLs (gs://, s3://) alike, as `etils.epath.Path` (the type Orbax uses).
   absolute(p)        the same, a local path made absolute (a workdir, checkpoints)
   is_remote(p)       whether it names an object in a store
   Store(window)      the operations (create_new for locks, read_text, write_text,
-                     remove, upload, size, walk_files, remove_tree, move, and `retried`
+                     remove, upload, walk_files, remove_tree, move, and `retried`
                      for Orbax's own), each deciding what success on a retry means; a
                      run's on a store retry through its outage.Window, PLAIN tries each once
   transient(error)   whether a store's failure may pass
@@ -189,13 +189,6 @@ class Store:
         fs = filesystem(p)
         self.retried(lambda: fs.put_file(os.fspath(local), os.fspath(p)), f"writing {p}")
 
-    def size(self, p: str | os.PathLike) -> int:
-        """Bytes of the file at `p`."""
-        p = path(p)
-        if not is_remote(p):
-            return os.path.getsize(p)
-        return self.retried(lambda: filesystem(p).size(os.fspath(p)), f"reading {p}")
-
     def walk_files(self, root: str | os.PathLike) -> dict[str, int]:
         """{path relative to `root`: bytes} of every file below `root` (one listing on a
         store); {} when there is none."""
@@ -222,10 +215,8 @@ class Store:
             return
 
         def remove() -> None:
-            fs = filesystem(p)
-            if fs.exists(os.fspath(p)):
-                with contextlib.suppress(FileNotFoundError):
-                    fs.rm(os.fspath(p), recursive=True)
+            with contextlib.suppress(FileNotFoundError):
+                filesystem(p).rm(os.fspath(p), recursive=True)
 
         self.retried(remove, f"removing {p}")
 

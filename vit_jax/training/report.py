@@ -30,7 +30,6 @@ import numpy as np
 from vit_jax.base import console, files, store
 from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.models import count_params
-from vit_jax.training.compiled import compiled_line, loop_of  # noqa: F401 -- train.py's
 
 UPLOAD_SECONDS = 30
 
