@@ -123,8 +123,15 @@ def test_other_nonsense_names_the_field_and_what_is_allowed(field, value, allowe
 
 def test_warmup_against_total_steps_and_every_problem_at_once():
     config = tiny_config(**{"total_steps": 30, "optimizer.warmup_steps": 500})
-    assert str(pytest.raises(check.ConfigError, check.check, config, read_data=False).value) == (
-        "optimizer.warmup_steps=500: expected an integer from 0 to total_steps (30)"
+    error = pytest.raises(check.ConfigError, check.check, config, read_data=False).value
+    assert str(error) == (
+        "optimizer.warmup_steps=500: expected an integer from 0 to total_steps (30); set "
+        "optimizer.warmup_steps=N with N <= 30 (a shorter run needs a shorter warmup)"
+    )
+    assert str(error.with_prefix("--config.")) == (  # as main says it: the flag to set
+        "--config.optimizer.warmup_steps=500: expected an integer from 0 to total_steps (30); "
+        "set --config.optimizer.warmup_steps=N with N <= 30 (a shorter run needs a shorter "
+        "warmup)"
     )
     config = tiny_config(
         **{"total_steps": -5, "optimizer.lr": -1.0, "batch_size": -8, "dataset.mixup": -0.5}

@@ -291,7 +291,10 @@ def test_command_user_errors_are_one_line(tmp_path, capsys):
     cases = [
         ([f"--checkpoint={path}", f"--image={missing}"], f"image not found: {missing}"),
         ([f"--checkpoint={tmp_path}/missing.npz", f"--image={img}"], "missing.npz: no such file"),
-        ([f"--checkpoint={path}", f"--image={bad}"], f"cannot read image {bad}"),
+        (
+            [f"--checkpoint={path}", f"--image={bad}"],
+            f"error: cannot read image {bad}: not an image file that Pillow reads (JPEG, PNG, ...)\n",
+        ),
         ([f"--checkpoint={path}", f"--image={img}", f"--labels={labels}"], "has 2 lines but"),
         ([f"--checkpoint={path}", f"--image={img}", "--model=B/16"], "does not fit the model"),
         ([f"--checkpoint={path}", f"--image={img}", "--image_size=big"], "is not N or H,W"),

@@ -191,6 +191,40 @@ def test_init_from_of_another_patch_size_names_both_patches(tmp_path):
     assert "The file looks like width 64, depth 2, 2 heads, MLP 64, patch 4:" in message
 
 
+def test_init_from_of_another_architecture_names_its_keys_before_any_resize(tmp_path):
+    """A mean-pooled, deeper file into a class-token model: the keys that do not fit and
+    the file's variant, not a position-embedding resize that cannot work (no class row)."""
+    deep = tiny_config(**{"model.classifier": "gap", "model.depth": 3})
+    path = str(tmp_path / "gap.npz")
+    plain = state_lib.build_model(deep.model, 10)
+    weights.save_npz(path, initial_params(state_lib.Start.of(deep), plain, 28))
+    c = tiny_config(init_from=path)  # token, depth 2
+    with pytest.raises(CheckpointError) as error:
+        initial_params(state_lib.Start.of(c), state_lib.build_model(c.model, 10), 28)
+    message = str(error.value)
+    assert "resize" not in message and "key cls is missing (model expects (1, 1, 32))" in message
+    assert "key Transformer/encoderblock_2/LayerNorm_0/bias (32,) is not in the model" in message
+    assert "The file looks like width 32, depth 3, 2 heads, MLP 64, patch 7:" in message
+
+
+def test_a_fine_tuning_run_says_what_it_started_from(tmp_path, capsys):
+    """Its first line names the file, what was resized and the new head."""
+    from vit_jax.parallel import sharding
+
+    source = tiny_config()
+    path = str(tmp_path / "pre.npz")
+    plain = state_lib.build_model(source.model, 10)
+    weights.save_npz(path, initial_params(state_lib.Start.of(source), plain, 28))
+    c = tiny_config(init_from=path, image_size=42)  # a 6x6 grid instead of 4x4
+    model = state_lib.build_model(c.model, 3)
+    tx, _ = state_lib.optimizer_of(c)
+    state_lib.create_state(state_lib.Start.of(c), model, tx, sharding.make_mesh(-1, 1))
+    assert capsys.readouterr().out.splitlines() == [
+        f"fine-tuning from {path}: position embeddings (1, 17, 32) -> (1, 37, 32); a new "
+        "zero-initialised head for 3 classes"
+    ]
+
+
 @needs_embedded_data
 def test_finetune_preset_without_init_from_names_the_flag(tmp_path, capsys):
     workdir = tmp_path / "new" / "ft"

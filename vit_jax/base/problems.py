@@ -21,9 +21,11 @@ class Problem:
     field: str
     value: Any
     allowed: str
+    fix: str = ""  # a value that fits: 'N with N <= 300' (said as '; set FIELD=N with ...')
 
     def line(self, prefix: str = "") -> str:
-        return f"{prefix}{self.field}={self.value!r}: {self.allowed}"
+        fix = f"; set {prefix}{self.field}={self.fix}" if self.fix else ""
+        return f"{prefix}{self.field}={self.value!r}: {self.allowed}{fix}"
 
 
 class ConfigError(ValueError):

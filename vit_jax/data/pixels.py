@@ -188,6 +188,8 @@ def decode(source: str | os.PathLike | bytes, method: str = "pil_antialias") -> 
             image.load()
             image = to_rgb(ImageOps.exif_transpose(image))
             return np.asarray(image, dtype=np.uint8)
+    except UnidentifiedImageError:  # its words name Pillow's in-memory file
+        raise ValueError("not an image file that Pillow reads (JPEG, PNG, ...)") from None
     except DECODE_ERRORS as e:
         raise ValueError(str(e) or type(e).__name__) from None
 

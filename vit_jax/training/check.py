@@ -163,12 +163,13 @@ def _optimizer_problems(o: Any, total_steps: Any) -> list[Problem]:
     high = o.lr if is_number(o.lr) and o.lr > 0 else None
     if why := number(0, high, note=" (the learning rate decays to it)")(o.end_lr):
         out.append(Problem("optimizer.end_lr", o.end_lr, why))
-    warmup = o.warmup_steps
+    warmup, fix = o.warmup_steps, ""
     why = integer(0)(warmup)
     if is_int(total_steps) and total_steps >= 1 and (why or warmup > total_steps):
         why = f"expected an integer from 0 to total_steps ({total_steps})"
+        fix = f"N with N <= {total_steps} (a shorter run needs a shorter warmup)"
     if why:
-        out.append(Problem("optimizer.warmup_steps", warmup, why))
+        out.append(Problem("optimizer.warmup_steps", warmup, why, fix))
     return out
 
 

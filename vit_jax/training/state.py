@@ -23,6 +23,7 @@ import optax
 from vit_jax.models import get_model, lora
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import sharding
+from vit_jax.training import report
 from vit_jax.weights.load import load_pretrained
 from vit_jax.weights.read import read_meta
 from vit_jax.workdir import verify
@@ -190,24 +191,24 @@ def create_state(
 ) -> tuple[TrainState, Any]:
     """A TrainState at step 0, created in its sharded layout (no device ever holds a
     whole unsharded copy), and its shardings. Fine-tuning reads `start.init_from` (any
-    format; a `start.patch_size` other than the file's resamples its patch embedding)."""
+    format; a `start.patch_size` other than the file's resamples its patch embedding), and
+    says what it changed: 'fine-tuning from PATH: position embeddings ... -> ...; a new
+    zero-initialised head for 10 classes'."""
     shardings = sharding.tree_shardings(mesh, abstract_state(start, model, tx))
     make = jax.jit(functools.partial(new_state, start, model, tx), out_shardings=shardings)
     if not start.init_from:
         return make(), shardings
-    params = init_params(start, model)
+    said: list[str] = []
+    params = init_params(start, model, said)
+    report.say(f"fine-tuning from {start.init_from}: {'; '.join(said)}")
     return make(sharding.put(params, sharding.tree_shardings(mesh, params))), shardings
 
 
-def init_params(start: Start, model: VisionTransformer) -> Any:
+def init_params(start: Start, model: VisionTransformer, said: list[str] | None = None) -> Any:
     """`start.init_from`'s parameters for `model`, without LoRA's adapters (host arrays)."""
-    return load_pretrained(
-        start.init_from,
-        model.clone(lora=None),
-        start.image_size,
-        start.reset_head,
-        start.patch_size,
-    )
+    plain = model.clone(lora=None)
+    size, reset, patch = start.image_size, start.reset_head, start.patch_size
+    return load_pretrained(start.init_from, plain, size, reset, patch, said)
 
 
 def restore_or_create(

@@ -29,7 +29,7 @@ from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.evaluation.batched import over_batches
 from vit_jax.models import count_params
 from vit_jax.parallel import distributed, sharding
-from vit_jax.training import check, outputs, report, stopping
+from vit_jax.training import check, compiled, outputs, report, stopping
 from vit_jax.training import state as state_lib
 from vit_jax.training.state import TrainState
 from vit_jax.training.step import jit_steps
@@ -250,8 +250,8 @@ def _compiled(loop: Loop, speed: report.Throughput, step: int, ran: tuple, said:
     took = speed.compiled(step)
     if not said:
         report.say(f"step {step}: compiled and ran in {console.duration(took)}")
-    looped = report.loop_of(loop.config)
-    if line := report.compiled_line(loop.train_step, state, batch, looped, loop.model):
+    looped = compiled.loop_of(loop.config)
+    if line := compiled.compiled_line(loop.train_step, state, batch, looped, loop.model):
         report.say(line)
 
 

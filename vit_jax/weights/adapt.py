@@ -26,8 +26,10 @@ def adapt(
     reset_head: bool = True,
     source: str = "checkpoint",
     patch_size: int | None = None,
+    said: list[str] | None = None,
 ) -> dict:
-    """`load_pretrained` for a parameter tree already in memory (original layout)."""
+    """`load_pretrained` for a parameter tree already in memory (original layout); `said`
+    gets what was changed, in words (a run's first lines)."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     flat = canonical(traverse_util.flatten_dict(params, sep="/"))
     stored = dict(flat)  # as the file holds it, for the error of one that does not fit
@@ -35,11 +37,28 @@ def adapt(
         _fit_patch(flat, model, patch_size, source)
     plain = model.clone(scan=False, remat=False)
     want = traverse_util.flatten_dict(param_shapes(plain, size), sep="/")  # key -> ShapeDtypeStruct
-    _fit_posemb(flat, want, model, size)
     _fit_head(flat, want, model, reset_head, source)
+    if set(flat) != set(want):  # another architecture: named before any resize is tried
+        _check_fits(flat, want, source, stored)
+    _fit_posemb(flat, want, model, size)
     _check_fits(flat, want, source, stored)
+    if said is not None:
+        said += _changes(stored, flat, model, reset_head)
     flat = {k: np.asarray(v, dtype=want[k].dtype) for k, v in flat.items()}
     return traverse_util.unflatten_dict(stack_blocks(flat) if model.scan else flat, sep="/")
+
+
+def _changes(stored: dict, flat: dict, model: VisionTransformer, reset_head: bool) -> list[str]:
+    """'position embeddings (1, 50, 32) -> (1, 197, 32)', ..., and what became of the head."""
+    names = {POSEMB: "position embeddings", "embedding/kernel": "patch kernel"}
+    out = [
+        f"{name} {tuple(stored[k].shape)} -> {tuple(flat[k].shape)}"
+        for k, name in names.items()
+        if k in stored and k in flat and stored[k].shape != flat[k].shape
+    ]
+    if model.num_classes and reset_head:
+        return out + [f"a new zero-initialised head for {model.num_classes} classes"]
+    return out + ["the file's head kept" if model.num_classes else "no head"]
 
 
 def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[int, int]) -> None:

@@ -23,8 +23,10 @@ def load_pretrained(
     image_size: int | tuple[int, int],
     reset_head: bool = True,
     patch_size: int | None = None,
+    said: list[str] | None = None,
 ) -> dict:
-    """Parameters of the checkpoint at `path` for `model` at `image_size`.
+    """Parameters of the checkpoint at `path` for `model` at `image_size` (`said` gets
+    what was resized or replaced, in words).
 
     `path` is any format `read.read_checkpoint` reads: a published .npz, a timm
     .safetensors file, a Hugging Face directory, or a remote path of a published file.
@@ -46,7 +48,7 @@ def load_pretrained(
         variant the file holds).
     """
     params = read_checkpoint(path, model.num_heads)
-    return adapt(params, model, image_size, reset_head, source=str(path), patch_size=patch_size)
+    return adapt(params, model, image_size, reset_head, str(path), patch_size, said)
 
 
 @dataclasses.dataclass(frozen=True)
