@@ -495,7 +495,12 @@ def test_a_users_config_file_runs_with_string_overrides(tmp_path, capsys, monkey
     (config,) = ran
     assert config.dataset.classes == (0, 1, 2) and config.dataset.train_split == "train[:10%]"
     assert config.total_steps == 3 and config.model.width == 32  # the file's, with its arg
-    assert "step 3/3" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    assert "step 3/3" in "\n".join(out)
+    assert (
+        out[-1]
+        == f"step 3: wrote {workdir}/final.npz (the published layout) and {workdir}/summary.json"
+    )
     assert json.load(open(f"{workdir}/summary.json"))["steps"] == 3
     assert weights.load_npz(f"{workdir}/final.npz")["head"]["bias"].shape == (3,)  # 3 classes
 
