@@ -99,6 +99,8 @@ class Window:
             )
 
     def answered(self) -> None:
+        """An operation (any thread's) or the probe got an answer: the outage, if any, is
+        over, and the next failure opens a new window."""
         with self._lock:
             if self.since is not None:
                 lasted = time.monotonic() - self.since

@@ -5,7 +5,7 @@ URLs (gs://, s3://) alike, as `etils.epath.Path` (the type Orbax uses).
   absolute(p)        the same, a local path made absolute (a workdir, checkpoints)
   is_remote(p)       whether it names an object in a store
   Store(window)      the operations (create_new for locks, read_text, write_text,
-                     remove, upload, walk_files, remove_tree, move, and `retried`
+                     exists, makedirs, remove, upload, walk_files, remove_tree, move, and `retried`
                      for Orbax's own), each deciding what success on a retry means; a
                      run's on a store retry through its outage.Window, PLAIN tries each once
   transient(error)   whether a store's failure may pass
@@ -132,7 +132,7 @@ class Store:
             try:
                 out = fn()
             except Exception as e:  # noqa: BLE001 (transient ones only; the rest raised)
-                if not self.passing(e, what):
+                if not self.rides_out(e, what):
                     raise
                 tries += 1
                 time.sleep(min(2.0 ** min(tries, 4), 10.0) * (0.5 + random.random()))
@@ -141,9 +141,9 @@ class Store:
                 self.window.answered()
             return out
 
-    def passing(self, error: BaseException, what: str = "") -> bool:
-        """Whether `error` is the store not answering inside a window (then counted
-        towards it: the run stops once the window has passed)."""
+    def rides_out(self, error: BaseException, what: str = "") -> bool:
+        """Whether `error` is the store not answering inside a window, which it rides out
+        (the failure counts towards the window: the run stops once it has passed)."""
         if self.window is None or not transient(error):
             return False
         self.window.failed(f"{what}: {error}" if what else error)
@@ -178,6 +178,15 @@ class Store:
     def write_text(self, p: str | os.PathLike, text: str) -> None:
         """Writes the small file at `p` whole (a retry writes the same again)."""
         self.retried(lambda: path(p).write_text(text), f"writing {p}")
+
+    def exists(self, p: str | os.PathLike) -> bool:
+        """Whether a file or directory is at `p`."""
+        return self.retried(path(p).exists, f"reading {p}")
+
+    def makedirs(self, p: str | os.PathLike) -> None:
+        """The directory `p` and its parents, on a disk (a store has no directories)."""
+        if not is_remote(p):
+            os.makedirs(path(p), exist_ok=True)
 
     def remove(self, p: str | os.PathLike) -> None:
         """Removes the file at `p`; one already gone (by an earlier try) is success."""

@@ -89,7 +89,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.requested: str | None = None
-        self.step: int | None = None  # the last step done: where a run stopped at once was
+        self.step: int | None = None  # the last step dispatched: where a run stopped at once was
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopRequest:

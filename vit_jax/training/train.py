@@ -96,9 +96,10 @@ def _failed(error: BaseException, wd: Workdir, created: list, stop: stopping.Sto
         return
     wd.remove_empty(created)
     if isinstance(error, KeyboardInterrupt) and not isinstance(error, stopping.Stopped):
-        saved = wd.checkpoints.exists()  # the saver has closed: its save in flight ended
-        saver = Checkpoints(wd.checkpoints, read_only=True, via=wd.store) if saved else None
-        raise stopping.Interrupted(stopping.where_stopped(stop.step, saver)) from error
+        if not wd.store.exists(wd.checkpoints):  # the saver closed: its save in flight ended
+            raise stopping.Interrupted(stopping.where_stopped(stop.step, None)) from error
+        with Checkpoints(wd.checkpoints, read_only=True, via=wd.store) as saver:
+            raise stopping.Interrupted(stopping.where_stopped(stop.step, saver)) from error
 
 
 def _run(config: Any, plan: Plan, wd: Workdir, stop: stopping.StopRequest) -> dict[str, Any]:
@@ -132,7 +133,7 @@ def _run(config: Any, plan: Plan, wd: Workdir, stop: stopping.StopRequest) -> di
 
 
 def _start(
-    config: Any, plan: Plan, wd: Workdir, stop: stopping.StopRequest, running: Any
+    config: Any, plan: Plan, wd: Workdir, stop: stopping.StopRequest, running: contextlib.ExitStack
 ) -> tuple[Loop, TrainState]:
     """The loop's parts, and the state it starts from: the workdir's newest checkpoint that
     verifies, or a new one. What runs beside the loop is entered into `running`."""
@@ -148,13 +149,16 @@ def _start(
     scratch = config.get("from_scratch_if_damaged", False)
     state, shardings = state_lib.restore_or_create(start, model, tx, mesh, saver, scratch)
     stop.step = int(jax.device_get(state.step))
-    steps = jit_steps(model, tx, lr_fn, mesh, shardings, config.accum_steps, config.loss)
+    train_step, eval_step = jit_steps(
+        model, tx, lr_fn, mesh, shardings, config.accum_steps, config.loss
+    )
     writer = None
     if distributed.is_lead():
         writer = report.EventWriter(wd.root, saver.rerun_sentence, wd.store)
         running.enter_context(writer)
     fewshot = fewshot_lib.evaluator_of(config)
-    return Loop(config, mesh, model, *steps, saver, writer, fewshot, stop), state
+    loop = Loop(config, mesh, model, train_step, eval_step, saver, writer, fewshot, stop)
+    return loop, state
 
 
 def _summary(

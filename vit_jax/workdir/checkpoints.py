@@ -70,8 +70,7 @@ class Checkpoints:
         self.description = description or {}
         options = ocp.CheckpointManagerOptions(create=False, atomicity_options=COMMIT)
         if not read_only:  # read-only: lists and restores; creates and deletes nothing
-            mkdir = lambda: self.directory.mkdir(parents=True, exist_ok=True)
-            via.retried(mkdir, f"creating {self.directory}")
+            via.makedirs(self.directory)
             self._drop_incomplete()
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=keep or None,
@@ -128,7 +127,7 @@ class Checkpoints:
         once it answers, what the save left is removed and, if its state is still in
         memory (the final save), it is saved again; otherwise the next save stands in
         for it. False: not such a failure (the caller raises)."""
-        if not self.store.passing(error, f"saving {self.directory}/{step}"):
+        if not self.store.rides_out(error, f"saving {self.directory}/{step}"):
             return False
         state, self._state = self._state, None
         leaves = jax.tree.leaves(state)
@@ -278,11 +277,11 @@ class Checkpoints:
         """Moves checkpoint `step` to workdir/damaged/<step> (or <step>.2, ...); its path.
         Process 0 moves it; every process must call it."""
         aside, n = self.damaged / str(step), 1
-        while aside.exists():
+        while self.store.exists(aside):
             n += 1
             aside = self.damaged / f"{step}.{n}"
         if jax.process_index() == 0:
-            self.damaged.mkdir(parents=True, exist_ok=True)
+            self.store.makedirs(self.damaged)
             self.store.move(self.directory / str(step), aside)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"vit_jax: set aside {step}")

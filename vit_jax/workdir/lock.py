@@ -204,7 +204,7 @@ def held(
     refused: WorkdirLocked | None = None
     mine = None
     if lead:
-        store.path(workdir).mkdir(parents=True, exist_ok=True)
+        via.makedirs(workdir)
         try:
             mine = acquire(workdir, stale_after, via)
         except WorkdirLocked as e:
@@ -221,7 +221,7 @@ def held(
     path = store.path(workdir) / NAME
 
     def beat() -> None:
-        with contextlib.suppress(OSError):  # the window stops the run if it must
+        with contextlib.suppress(Exception):  # the window stops the run if it must
             via.write_text(path, json.dumps({**mine, "beat_at": time.time()}))
 
     try:

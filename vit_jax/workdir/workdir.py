@@ -101,6 +101,7 @@ class Workdir:
 
     @classmethod
     def at(cls, path: str | os.PathLike) -> Workdir:
+        """The workdir at `path` to read (no retry window: a run's is `open`'s)."""
         return cls(store.absolute(path))
 
     @classmethod
@@ -148,8 +149,7 @@ class Workdir:
         step = summary.get("steps") if isinstance(summary, dict) else None
         if not isinstance(step, int) or step < plan.total_steps:
             return None
-        exists = lambda p: self.store.retried(p.exists, f"reading {p}")
-        if plan.export_npz and not exists(self.final_npz):
+        if plan.export_npz and not self.store.exists(self.final_npz):
             return None
         try:
             found = read_record(self.checkpoints / str(step), self.store)
@@ -164,7 +164,7 @@ class Workdir:
         """Fails before training, not after hours, when the workdir cannot be written."""
         probe = self.root / f".write_probe.{socket.gethostname()}.{os.getpid()}"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.store.makedirs(self.root)
             self.store.write_text(probe, "\0" * 4096)  # one probe per process: they may share it
             self.store.remove(probe)
         except Exception as e:  # noqa: BLE001 (OSError on a disk; a store raises its own)
