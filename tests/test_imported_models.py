@@ -140,6 +140,11 @@ def test_convert_patch_size_resamples_into_every_format(sources, tmp_path, capsy
         np.testing.assert_allclose(p["embedding"]["kernel"], kernel, atol=1e-6, rtol=0)
         same = {k: v for k, v in flat(p).items() if "embedding" not in k and "pos" not in k}
         assert_trees_equal(same, {k: flat(params)[k] for k in same})
+    pytest.importorskip("onnx")
+    flags = [f"--checkpoint={paths['hf']}", "--format=onnx", f"--out={tmp_path / 'p4.onnx'}"]
+    assert run_command(command, *flags, "--patch_size=4") == 0  # the graph takes NHWC
+    want = "its input: NHWC [N, 16, 16, 3] float32 images in [-1, 1]; load it with:"
+    assert capsys.readouterr().out.splitlines()[1].endswith(want)
 
 
 def test_init_from_timm_and_hf_takes_their_numerics(tmp_path):

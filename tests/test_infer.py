@@ -293,7 +293,8 @@ def test_command_user_errors_are_one_line(tmp_path, capsys):
         ([f"--checkpoint={tmp_path}/missing.npz", f"--image={img}"], "missing.npz: no such file"),
         (
             [f"--checkpoint={path}", f"--image={bad}"],
-            f"error: cannot read image {bad}: not an image file that Pillow reads (JPEG, PNG, ...)\n",
+            f"error: cannot read image {bad}: not an image file that Pillow reads (JPEG, PNG, "
+            "...)\n",
         ),
         ([f"--checkpoint={path}", f"--image={img}", f"--labels={labels}"], "has 2 lines but"),
         ([f"--checkpoint={path}", f"--image={img}", "--model=B/16"], "does not fit the model"),

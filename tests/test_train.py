@@ -438,6 +438,10 @@ def test_main_flag_and_config_errors_are_one_line(tmp_path, capsys):
         "--config.optimizer.lr? (every config field is in vit_jax/configs/common.py)"
     )
     assert "Traceback" not in err
+    assert run_command(main, "--config=fashion_mnist:tiny", work, "--config.optimizr.lr=1") == 1
+    assert capsys.readouterr().err.startswith(  # a misspelt section, not the leaf
+        "error: --config.optimizr.lr: no such config field; did you mean --config.optimizer.lr?"
+    )
     assert run_command(main, "--config=fashion_mnist:tiny", work, "--config.nosuch=1") == 1
     assert capsys.readouterr().err.splitlines()[0] == (
         "error: --config.nosuch: no such config field (every config field is in "

@@ -88,13 +88,15 @@ def _config_error(error: Exception, argv: list[str]) -> str:
     --config.optimizer.lr?'."""
     what = " ".join(str(error).replace("\\n", " ").replace("\\", "").replace("'", "").split())
     field = what.split()[0].strip('"') if what else ""
-    flags = [a.split("=")[0] for a in argv if a.startswith("--config.")]
-    flag = next((f for f in flags if field and f.endswith(f".{field}")), None)
-    if flag is None:
+    flags = [a.split("=")[0].split(".") for a in argv if a.startswith("--config.")]
+    parts = next((f for f in flags if field in f[1:]), None)  # the field may be any part
+    if parts is None:
         return f"in the flags: no such config field, or a bad value: {what}"
-    hint = re.search(r'Did you mean "(\w+)"', what)
-    instead = f"; did you mean {flag.removesuffix(field)}{hint[1]}?" if hint else ""
-    return f"{flag}: no such config field{instead}"
+    instead = ""
+    if hint := re.search(r'Did you mean "(\w+)"', what):
+        i = parts.index(field, 1)
+        instead = f"; did you mean {'.'.join([*parts[:i], hint[1], *parts[i + 1 :]])}?"
+    return f"{'.'.join(parts)}: no such config field{instead}"
 
 
 def _define_command_flags(define_flags: Callable[[], None], program: str) -> None:

@@ -84,7 +84,10 @@ def main() -> None:
         raise ValueError(f"--override: {e}") from None
     h, w = done.image_size
     print(f"wrote {done.fmt} {done.out}: {cli.model_title(f.model, f.checkpoint, done.image_size)}")
-    layout = f"NCHW [N, 3, {h}, {w}]" if done.fmt in ("timm", "hf") else f"NHWC [N, {h}, {w}, 3]"
+    c = done.model.channels
+    layout = (
+        f"NCHW [N, {c}, {h}, {w}]" if done.fmt in ("timm", "hf") else f"NHWC [N, {h}, {w}, {c}]"
+    )
     classes = done.model.num_classes or 0
     print(f"{classes} classes; its input: {layout} float32 images in [-1, 1]; load it with:")
     print(done.how_to_load)

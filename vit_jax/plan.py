@@ -77,7 +77,7 @@ def speed_rows(p) -> list[tuple[str, str]]:
     fused = f", {p.kernel_flops:.3g} of them the attention kernel's" if p.kernel_flops else ""
     if not p.compiled:
         return [("step time", "not compiled: XLA refused the step, out of memory")]
-    if p.loop:  # planner.loop_of
+    if p.loop:  # compiled.loop_of
         return [
             (
                 "FLOPs, step time",

@@ -51,8 +51,10 @@ RUN = {
     "keep_checkpoints": integer(0, " (0: keep all)"), "loss": one_of(tuple(LOSSES)),
 }  # fmt: skip
 MODEL = {
-    **dict.fromkeys(("width", "depth", "num_heads", "mlp_dim", "patch_size"),
-                    optional(integer(1, " (or None: the variant's)"))),
+    **dict.fromkeys(
+        ("width", "depth", "num_heads", "mlp_dim", "patch_size"),
+        optional(integer(1, " (or None: the variant's)")),
+    ),
     "representation_size": optional(integer(0, " (0: no layer)")),
     "classifier": one_of(TRAINABLE_CLASSIFIERS),
     "posemb": one_of(KINDS),
@@ -64,7 +66,7 @@ MODEL = {
     "layer_norm_eps": optional(number(0, 1, low_open=True, high_open=True)),
     "head_bias_init": number(),
     "attention": one_of(attention.CHOICES),
-}  # fmt: skip
+}
 OPTIMIZER = {
     "name": one_of(OPTIMIZERS), "lr": number(0, low_open=True), "decay": one_of(DECAYS),
     "momentum": number(0, 1, high_open=True), "b1": number(0, 1, high_open=True),
@@ -166,8 +168,8 @@ def _optimizer_problems(o: Any, total_steps: Any) -> list[Problem]:
     warmup, fix = o.warmup_steps, ""
     why = integer(0)(warmup)
     if is_int(total_steps) and total_steps >= 1 and (why or warmup > total_steps):
+        fix = "" if why else f"N with N <= {total_steps} (a shorter run needs a shorter warmup)"
         why = f"expected an integer from 0 to total_steps ({total_steps})"
-        fix = f"N with N <= {total_steps} (a shorter run needs a shorter warmup)"
     if why:
         out.append(Problem("optimizer.warmup_steps", warmup, why, fix))
     return out

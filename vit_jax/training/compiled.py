@@ -1,7 +1,7 @@
 """What the compiler says of the train step, compiled: bytes per device, FLOPs, its
 step-time estimate, set against the TPU chips' own figures (memory, peak FLOP/s, cores).
 
-The loop prints `compiled_line` after its first step (train.py, through report.py); the
+The loop prints `compiled_line` after its first step (train.py); the
 planner (planner.py) reads the same figures of a step compiled ahead of time for a TPU
 topology.
 """

@@ -1,6 +1,6 @@
 """What a run reports: its console lines, TensorBoard scalars (without TensorFlow, local or
 on a bucket), summary.json and throughput; what the compiler says of its step is
-compiled.py's (`compiled_line`, `loop_of`: train.py reads them here, as the run's report).
+compiled.py's (`compiled_line`, `loop_of`).
 
     tensorboard --logdir=WORKDIR
 
@@ -262,8 +262,8 @@ def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]
 
 
 def starting(name: str, params: Any, frozen: Any, steps: int) -> str:
-    """The run's first line: the model, its parameters (those that train, with LoRA's
-    frozen base) and the steps ahead."""
+    """The run's line before its first step: the model, its parameters (those that
+    train, with LoRA's frozen base) and the steps ahead."""
     total = count_params(params) + (count_params(frozen) if frozen else 0)
     trained = f", {count_params(params):,} trained" if frozen else ""
     return (

@@ -39,7 +39,8 @@ def adapt(
     want = traverse_util.flatten_dict(param_shapes(plain, size), sep="/")  # key -> ShapeDtypeStruct
     _fit_head(flat, want, model, reset_head, source)
     if set(flat) != set(want):  # another architecture: named before any resize is tried
-        _check_fits(flat, want, source, stored)
+        unsized = lambda tree: {k: v for k, v in tree.items() if not k.startswith(POSEMB)}
+        _check_fits(unsized(flat), unsized(want), source, stored)
     _fit_posemb(flat, want, model, size)
     _check_fits(flat, want, source, stored)
     if said is not None:

@@ -53,13 +53,23 @@ from vit_jax.weights.errors import CheckpointError
 
 _ATT = "MultiHeadDotProductAttention_1"
 _BLOCK = {  # original name under encoderblock_{i}/ -> timm name under blocks.{i}.
-    **torch_names({"LayerNorm_0": "norm1", "LayerNorm_2": "norm2", "MlpBlock_3/Dense_0": "mlp.fc1",
-                   "MlpBlock_3/Dense_1": "mlp.fc2"}),
+    **torch_names(
+        {
+            "LayerNorm_0": "norm1",
+            "LayerNorm_2": "norm2",
+            "MlpBlock_3/Dense_0": "mlp.fc1",
+            "MlpBlock_3/Dense_1": "mlp.fc2",
+        }
+    ),
     f"{_ATT}/out/bias": "attn.proj.bias",
-}  # fmt: skip
-_TOP = {"cls": "cls_token", POSEMB: "pos_embed", **torch_names(
-    {"embedding": "patch_embed.proj", "Transformer/encoder_norm": "norm", "head": "head"})
-}  # fmt: skip
+}
+_TOP = {
+    "cls": "cls_token",
+    POSEMB: "pos_embed",
+    **torch_names(
+        {"embedding": "patch_embed.proj", "Transformer/encoder_norm": "norm", "head": "head"}
+    ),
+}
 _PRE_LOGITS = (
     "the checkpoint has a representation layer (pre_logits) under its head; timm's "
     "VisionTransformer has none. Convert with num_classes=K for a new head "
