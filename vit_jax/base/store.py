@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pathlib
 import random
 import re
 import time
@@ -203,7 +204,8 @@ class Store:
         store); {} when there is none."""
         root = path(root)
         if not is_remote(root):
-            return _walk_local(root)
+            files = (f for f in pathlib.Path(root).rglob("*") if f.is_file())
+            return {str(f.relative_to(root)): f.stat().st_size for f in files}
         prefix = os.fspath(root).split("://", 1)[1].rstrip("/") + "/"
 
         def find() -> dict[str, int]:
@@ -261,15 +263,6 @@ def _create_local(p: epath.Path, data: bytes) -> bool:
         f.flush()
         os.fsync(f.fileno())
     return True
-
-
-def _walk_local(root: epath.Path) -> dict[str, int]:
-    out = {}
-    for here, _, names in os.walk(root):
-        for name in names:
-            full = os.path.join(here, name)
-            out[os.path.relpath(full, root)] = os.path.getsize(full)
-    return out
 
 
 # An HTTP status in an error's text: after a word that announces one ("HTTP 404", "code

@@ -39,8 +39,7 @@ def adapt(
     want = traverse_util.flatten_dict(param_shapes(plain, size), sep="/")  # key -> ShapeDtypeStruct
     _fit_head(flat, want, model, reset_head, source)
     if set(flat) != set(want):  # another architecture: named before any resize is tried
-        unsized = lambda tree: {k: v for k, v in tree.items() if not k.startswith(POSEMB)}
-        _check_fits(unsized(flat), unsized(want), source, stored)
+        _check_fits(flat, want, source, stored)
     _fit_posemb(flat, want, model, size)
     _check_fits(flat, want, source, stored)
     if said is not None:
@@ -51,10 +50,9 @@ def adapt(
 
 def _changes(stored: dict, flat: dict, model: VisionTransformer, reset_head: bool) -> list[str]:
     """'position embeddings (1, 50, 32) -> (1, 197, 32)', ..., and what became of the head."""
-    names = {POSEMB: "position embeddings", "embedding/kernel": "patch kernel"}
     out = [
         f"{name} {tuple(stored[k].shape)} -> {tuple(flat[k].shape)}"
-        for k, name in names.items()
+        for k, name in ((POSEMB, "position embeddings"), ("embedding/kernel", "patch kernel"))
         if k in stored and k in flat and stored[k].shape != flat[k].shape
     ]
     if model.num_classes and reset_head:
