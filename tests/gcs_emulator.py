@@ -23,10 +23,12 @@ in memory, or in DATA_DIR, where a server started again finds them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from http import HTTPStatus
 
 DENIED = "denied-"  # buckets of this name refuse writes: 403, as to an account that only reads
@@ -132,6 +134,27 @@ def env(port: int) -> dict[str, str]:
         "TENSORSTORE_GCS_HTTP_URL": url,
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # no gRPC probe of the bucket's type
     }
+
+
+@contextlib.contextmanager
+def clients_at(port: int) -> Iterator[None]:
+    """This process's clients (gcsfs, TensorStore) pointed at the server on `port` while
+    the block runs: the environment set, then restored; gcsfs's cached instances (of
+    another server) dropped before and after."""
+    import gcsfs
+
+    saved = {k: os.environ.get(k) for k in env(port)}
+    os.environ.update(env(port))
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 def serve(port: int, bucket: str, data_dir: str | None = None) -> subprocess.Popen:

@@ -33,25 +33,16 @@ def lossy():
     port = free_port()
     server = gcs_emulator.serve(port, BUCKET)
     relay = Relay(port)
-    env = gcs_emulator.env(relay.port)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    gcsfs.GCSFileSystem.clear_instance_cache()
     direct = gcsfs.GCSFileSystem(
         endpoint_url=f"http://127.0.0.1:{port}", token="anon", skip_instance_cache=True
     )
     try:
-        yield relay, direct, port
+        with gcs_emulator.clients_at(relay.port):
+            yield relay, direct, port
     finally:
         relay.close()
         server.kill()
         server.wait()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 def upload(port: int, kind: str, name: str, data: bytes) -> int:

@@ -78,19 +78,11 @@ def gcs():
     """The emulator for this module's tests, and the clients of this process pointed at
     it (a cached gcsfs instance of another server is dropped)."""
     server = Server()
-    saved = {k: os.environ.get(k) for k in server.env}
-    os.environ.update(server.env)
-    gcsfs.GCSFileSystem.clear_instance_cache()
     try:
-        yield server
+        with gcs_emulator.clients_at(server.port):
+            yield server
     finally:
         server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        gcsfs.GCSFileSystem.clear_instance_cache()
 
 
 def fs():
