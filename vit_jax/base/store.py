@@ -5,9 +5,10 @@ URLs (gs://, s3://) alike, as `etils.epath.Path` (the type Orbax uses).
   absolute(p)        the same, a local path made absolute (a workdir, checkpoints)
   is_remote(p)       whether it names an object in a store
   Store(window)      the operations (create_new for locks, read_text, write_text,
-                     exists, makedirs, remove, upload, walk_files, remove_tree, move, and `retried`
-                     for Orbax's own), each deciding what success on a retry means; a
-                     run's on a store retry through its outage.Window, PLAIN tries each once
+                     exists, makedirs, remove, upload, walk_files, remove_tree, move;
+                     `retried` for Orbax's own), each deciding what success on a retry
+                     means; a run's on a store retry through its outage.Window, PLAIN
+                     tries each once
   transient(error)   whether a store's failure may pass
   explain(error, p)  what a store's failure means, in a line with the way out
 

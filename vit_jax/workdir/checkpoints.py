@@ -80,8 +80,10 @@ class Checkpoints:
                 async_options=ocp.AsyncOptions(post_finalization_callback=self._write_record),
             )
         handler = ocp.StandardCheckpointHandler()
-        make = functools.partial(ocp.CheckpointManager, options=options, item_handlers=handler)
-        self.manager = via.retried(lambda: make(self.directory), f"opening {self.directory}")
+        opened = functools.partial(
+            ocp.CheckpointManager, self.directory, options=options, item_handlers=handler
+        )
+        self.manager = via.retried(opened, f"opening {self.directory}")
         self._pool: Any = concurrent.futures.ThreadPoolExecutor(os.cpu_count(), "vit_jax-checksums")
         self._step: int | None = None  # the save in flight, until `wait`
         self._state: Any = None  # its state (saved again if it failed and is still live)
@@ -214,8 +216,12 @@ class Checkpoints:
 
     def steps(self) -> list[int]:
         """The steps of the complete checkpoints, ascending."""
-        listed = lambda: (self.manager.reload(), self.manager.all_steps())[1]
-        return sorted(self.store.retried(listed, f"listing {self.directory}"))
+
+        def listed() -> list[int]:
+            self.manager.reload()  # what other processes and runs saved since
+            return sorted(self.manager.all_steps())
+
+        return self.store.retried(listed, f"listing {self.directory}")
 
     def incomplete(self) -> list[str]:
         """The names in the directory that interrupted (or running) saves left."""
