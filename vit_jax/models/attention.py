@@ -74,17 +74,19 @@ def choose(choice: str, tokens: int, dtype, dropout: float = 0.0) -> str:
     return choice
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, how: str) -> jax.Array:
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, how: str, valid=None) -> jax.Array:
     """Fused softmax(q kᵀ) v, `how` one of 'splash', 'cudnn'. q (pre-scaled), k, v:
-    [B, N, H, hd] -> [B, N, H, hd]."""
+    [B, N, H, hd] -> [B, N, H, hd]; `valid` [B, N]: the tokens, padding after them
+    (NaFlex), none attended to (None: all tokens)."""
+    valid = jnp.ones(q.shape[:2], bool) if valid is None else valid
     if how == "cudnn":
-        return cudnn(q, k, v)
+        return cudnn(q, k, v, valid=valid)
     fn = functools.partial(splash, interpret=target()[0] != "tpu")
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:  # XLA does not partition Mosaic kernels: each device runs its share
         batch = P(mesh.axis_names)  # the batch split over every axis, as the activations
         fn = jax.shard_map(fn, mesh=mesh, in_specs=batch, out_specs=batch, check_vma=False)
-    return fn(q, k, v)
+    return fn(q, k, v, valid)
 
 
 def padded(m: int, fill: float, *ts: jax.Array):
@@ -93,29 +95,32 @@ def padded(m: int, fill: float, *ts: jax.Array):
     return (jnp.pad(t, widths, constant_values=fill) for t in ts)
 
 
-def splash(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool, fill: float = 0.0):
+def splash(q, k, v, valid=None, *, interpret: bool, fill: float = 0.0):
     """Splash attention on one device, [B, N, H, hd] -> [B, N, H, hd]: the sequence padded
-    with `fill` to a multiple of BLOCK (197 -> 256, 577 -> 640), the pad set apart by its
-    segment id (no token attends to it), and sliced off again."""
+    with `fill` to a multiple of BLOCK (197 -> 256, 577 -> 640), the pad (and NaFlex's,
+    valid [B, N] False) set apart by its segment id (no token attends to it), and sliced
+    off again."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
 
     n, heads = q.shape[1], q.shape[2]
     m = n + -n % BLOCK
     q, k, v = (t.transpose(0, 2, 1, 3) for t in padded(m, fill, q, k, v))  # [B, H, M, hd]
-    ids = (jnp.arange(m) >= n).astype(jnp.int32)  # 0: a token, 1: the pad
-    mask = sa.MultiHeadMask([sa.FullMask((m, m))] * heads)
+    valid = jnp.ones(q.shape[:1] + (n,), bool) if valid is None else valid
+    ids = jnp.pad(~valid, ((0, 0), (0, m - n)), constant_values=True).astype(jnp.int32)
+    mask = sa.MultiHeadMask([sa.FullMask((m, m))] * heads)  # ids: 0 a token, 1 a pad
     kernel = sa.make_splash_mha(mask, head_shards=1, q_seq_shards=1, interpret=interpret)
-    y = jax.vmap(kernel, in_axes=(0, 0, 0, None))(q, k, v, sa.SegmentIds(ids, ids))
+    y = jax.vmap(kernel)(q, k, v, sa.SegmentIds(ids, ids))
     return y.transpose(0, 2, 1, 3)[:, :n]  # [B, N, H, hd]
 
 
-def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, impl: str = "cudnn", fill=0.0):
+def cudnn(q, k, v, impl: str = "cudnn", fill=0.0, valid=None):
     """cuDNN's fused attention, [B, N, H, hd] -> [B, N, H, hd]. Its training kernel takes
     even lengths only (JAX 0.11 refuses 197 tokens: "Unsupported sequence length"), so an
-    odd sequence gets one pad token with `fill`, masked by length, and sliced off again."""
+    odd sequence gets one pad token with `fill`, masked by length, and sliced off again;
+    NaFlex's padding (valid [B, N] False, after the tokens) is masked by length too."""
     n = q.shape[1]
     q, k, v = padded(n + n % 2, fill, q, k, v)
-    n_ = jnp.full(q.shape[:1], n, jnp.int32)  # [B]: each image's length, the pad after it
+    n_ = jnp.full(q.shape[:1], n, jnp.int32) if valid is None else valid.sum(-1, dtype=jnp.int32)
     y = jax.nn.dot_product_attention(
         q, k, v, scale=1.0, query_seq_lengths=n_, key_value_seq_lengths=n_, implementation=impl
     )

@@ -93,8 +93,11 @@ class SelfAttention(nn.Module):
     train: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:  # [B, N, D]
+    def __call__(self, x: jax.Array, mask=None, kv=None) -> jax.Array:  # [B, N, D]
+        """x [B, N, D] attends to itself, or to `kv` [B, M, D] (MAP's probe: explicit);
+        `mask` [B, M]: the keys that count (NaFlex padding does not)."""
         o, d = self.opts, x.shape[-1]
+        kv = x if kv is None else kv
         if d % o.num_heads:
             raise ValueError(f"width {d} is not divisible by num_heads={o.num_heads}")
         hd = d // o.num_heads
@@ -102,21 +105,24 @@ class SelfAttention(nn.Module):
             (o.num_heads, hd), kernel_init=xavier, name=name, **o.dtypes
         )
         q = adapted(self, "query", proj("query"), x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
-        k = adapted(self, "key", proj("key"), x)
-        v = adapted(self, "value", proj("value"), x)
+        k = adapted(self, "key", proj("key"), kv)
+        v = adapted(self, "value", proj("value"), kv)
         how = attention.choose(o.attention, x.shape[1], o.dtype, o.attention_dropout * self.train)
+        how = how if kv is x else "xla"
         read = (
             self.is_mutable_collection("intermediates")
             or self.is_mutable_collection("perturbations")
             or self.has_variable("perturbations", "probabilities")
         )
         if how != "xla" and not read:
-            return self._out(attention.attend(q, k, v, how), d)  # [B, N, H, hd] in
+            return self._out(attention.attend(q, k, v, how, mask), d)  # [B, N, H, hd] in
         # Heads first, so that both attention products are plain batched matrix
         # products: XLA:CPU runs the [B, N, H, hd] forms of these einsums ~4x slower.
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, H, N, hd]
-        logits = jnp.einsum("bhqd,bhkd->bhqk", q, k)  # [B, H, N, N]
-        attn = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, N]
+        if mask is not None:  # exp(min - max) is 0: a pad's weight, exactly
+            logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+        attn = jax.nn.softmax(logits, axis=-1)
         self.sow("intermediates", "attention", attn)
         # + zeros where 'perturbations' is given: the gradient there is the probabilities'
         # (inspection/relevance.py); a no-op otherwise.
@@ -148,11 +154,11 @@ class Encoder1DBlock(nn.Module):
     train: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array, droppath: jax.Array | float = 0.0) -> jax.Array:  # [B, N, D]
-        o = self.opts
+    def __call__(self, x: jax.Array, droppath: jax.Array | float = 0.0, mask=None) -> jax.Array:
+        o = self.opts  # x [B, N, D]; mask [B, N]: the tokens others attend to
         ln = lambda name: nn.LayerNorm(epsilon=o.layer_norm_eps, name=name, **o.dtypes)
         y = ln("LayerNorm_0")(x)
-        y = SelfAttention(o, self.train, name="MultiHeadDotProductAttention_1")(y)
+        y = SelfAttention(o, self.train, name="MultiHeadDotProductAttention_1")(y, mask)
         y = nn.Dropout(o.dropout)(y, deterministic=not self.train)
         drop = self.train and self.stochastic_depth
         x = x + (drop_path(self, y, droppath) if drop else y)
@@ -166,8 +172,8 @@ class Encoder1DBlock(nn.Module):
 class _ScanBlock(Encoder1DBlock):
     """The block as a scan body: (carry, per-layer input) -> (carry, output)."""
 
-    def __call__(self, x, droppath):  # type: ignore[override]
-        return super().__call__(x, droppath), None
+    def __call__(self, x, droppath, mask):  # type: ignore[override]
+        return super().__call__(x, droppath, mask), None
 
 
 class Encoder(nn.Module):
@@ -184,11 +190,13 @@ class Encoder(nn.Module):
     train: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:  # [B, prefix + gh*gw, D]
+    def __call__(self, x: jax.Array, mask=None, coords=None, shapes=None) -> jax.Array:
+        """x [B, prefix + gh*gw, D]; NaFlex: x [B, prefix + N, D], `mask` [B, prefix + N]
+        (False: padding), each patch's `coords` [B, N, 2] and each image's grid [B, 2]."""
         o = self.opts
         x = PositionEmbedding(
             self.posemb, self.grid, self.num_prefix, o.param_dtype, name="posembed_input"
-        )(x).astype(o.dtype)
+        )(x, coords, shapes).astype(o.dtype)
         x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
         # Stochastic depth grows linearly with depth, from 0 at the first block.
         rates = np.linspace(0.0, self.stochastic_depth, self.depth, dtype=np.float32)
@@ -201,10 +209,27 @@ class Encoder(nn.Module):
                 variable_axes=axes,
                 length=self.depth,
                 split_rngs={"params": True, "dropout": True},
+                in_axes=(0, nn.broadcast),
             )
-            x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates))
+            x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates), mask)
         else:
             block = nn.remat(Encoder1DBlock) if self.remat else Encoder1DBlock
             for i in range(self.depth):
-                x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]))
+                x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]), mask)
         return nn.LayerNorm(epsilon=o.layer_norm_eps, name="encoder_norm", **o.dtypes)(x)
+
+
+class MAPHead(nn.Module):
+    """Multihead attention pooling (big_vision's MAPHead, its parameter names): a learned
+    probe attends to the tokens (not to padding), then x + MLP(LN(x)).  [B, N, D] -> [B, D]"""
+
+    opts: BlockOptions
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask=None) -> jax.Array:
+        o = self.opts
+        probe = self.param("probe", xavier, (1, 1, x.shape[-1]), o.param_dtype)
+        probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))  # [B, 1, D]
+        y = SelfAttention(o, name="MultiHeadDotProductAttention_0")(probe, mask, kv=x)
+        z = nn.LayerNorm(epsilon=o.layer_norm_eps, name="LayerNorm_0", **o.dtypes)(y)
+        return (y + MlpBlock(o, name="MlpBlock_0")(z))[:, 0]

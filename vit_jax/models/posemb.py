@@ -8,10 +8,15 @@ Kinds:
               gets concat(row[i], col[j]) (the paper's Appendix D.4 "2-D" variant).
               The class token gets none: being learned itself, an offset would add nothing.
   sincos_2d   fixed 2D sin-cos (no parameters), class token none.
+
+With NaFlex input (models/naflex.py) each image's grid is its own: `learned` tables (a
+square grid; the class row kept as it is) and `learned_2d` axes are resized to it and read
+at each patch's coordinates, `sincos_2d` is computed at them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -20,19 +25,25 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.ndimage
 
+from vit_jax.models import naflex
+
 KINDS = ("learned", "none", "learned_2d", "sincos_2d")
 
 
 def sincos_2d(grid: tuple[int, int], width: int, temperature: float = 10_000.0) -> np.ndarray:
     """Fixed 2D sin-cos embeddings [gh*gw, D]: a quarter of D each for sin/cos of x and y."""
+    y, x = np.mgrid[: grid[0], : grid[1]]
+    return sincos_at(y.ravel(), x.ravel(), width, temperature, np).astype(np.float32)
+
+
+def sincos_at(y: Any, x: Any, width: int, temperature: float = 10_000.0, xp: Any = jnp) -> Any:
+    """sincos_2d at positions (y, x) of any shape [...]: [..., D]."""
     if width % 4:
         raise ValueError(f"sincos_2d position embeddings need a width divisible by 4, got {width}")
-    gh, gw = grid
-    y, x = np.mgrid[:gh, :gw]
     omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4))  # [D/4]
-    y = y.reshape(-1, 1) * omega  # [N, D/4]
-    x = x.reshape(-1, 1) * omega
-    return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype(np.float32)
+    omega = omega.astype(np.float32) if xp is jnp else omega  # NumPy's in float64
+    y, x = y[..., None] * omega, x[..., None] * omega
+    return xp.concatenate([xp.sin(x), xp.cos(x), xp.sin(y), xp.cos(y)], axis=-1)
 
 
 class PositionEmbedding(nn.Module):
@@ -44,34 +55,59 @@ class PositionEmbedding(nn.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, coords=None, shapes=None) -> jax.Array:
+        """x [B, prefix + N, D]; NaFlex: each patch's coords [B, N, 2] and each image's
+        grid `shapes` [B, 2], else the N = gh*gw patches of `grid`, row-major."""
         b, n, d = x.shape
-        gh, gw = self.grid
         if self.kind == "none":
             return x
         if self.kind == "learned":
-            self._check_stored("pos_embedding", (1, n, d))
-            pe = self.param(
-                "pos_embedding", nn.initializers.normal(0.02), (1, n, d), self.param_dtype
-            )  # [1, N, D]
+            pe = self._table("pos_embedding", (1, n, d), coords is None)  # [1, prefix + n, D]
+            if coords is None:
+                return x + pe.astype(x.dtype)
+            prefix, rows = pe[0, : self.num_prefix], pe[0, self.num_prefix :]
+            side = math.isqrt(rows.shape[0])
+            if side * side != rows.shape[0]:
+                raise ValueError(
+                    f"NaFlex input reads a square grid of position embeddings; this table holds "
+                    f"{rows.shape[0]} patch rows: resize it to a square grid first"
+                )
+            at = naflex.table_at(rows.reshape(side, side, d), shapes, coords)  # [B, N, D]
+            pe = jnp.concatenate([jnp.broadcast_to(prefix, (b, *prefix.shape)), at], axis=1)
             return x + pe.astype(x.dtype)
+        gh, gw = self.grid
         if self.kind == "learned_2d":
             if d % 2:
                 raise ValueError(f"learned_2d position embeddings need an even width, got {d}")
-            self._check_stored("pos_embedding_row", (1, gh, d // 2))
-            self._check_stored("pos_embedding_col", (1, gw, d // 2))
-            init = nn.initializers.normal(0.02)
-            row = self.param("pos_embedding_row", init, (1, gh, d // 2), self.param_dtype)
-            col = self.param("pos_embedding_col", init, (1, gw, d // 2), self.param_dtype)
-            rows = jnp.broadcast_to(row[0][:, None], (gh, gw, d // 2))  # row i at (i, j)
-            cols = jnp.broadcast_to(col[0][None, :], (gh, gw, d // 2))  # column j at (i, j)
-            pe = jnp.concatenate([rows, cols], axis=-1).reshape(gh * gw, d)  # [gh*gw, D]
+            row = self._table("pos_embedding_row", (1, gh, d // 2), coords is None)[0]
+            col = self._table("pos_embedding_col", (1, gw, d // 2), coords is None)[0]
+            if coords is not None:  # [B, N, D/2] each
+                rows = naflex.axis_at(row, shapes[:, 0], coords[..., 0])
+                pe = jnp.concatenate([rows, naflex.axis_at(col, shapes[:, 1], coords[..., 1])], -1)
+            else:
+                rows = jnp.broadcast_to(row[:, None], (gh, gw, d // 2))  # row i at (i, j)
+                cols = jnp.broadcast_to(col[None, :], (gh, gw, d // 2))  # column j at (i, j)
+                pe = jnp.concatenate([rows, cols], axis=-1).reshape(1, gh * gw, d)
         elif self.kind == "sincos_2d":
-            pe = jnp.asarray(sincos_2d(self.grid, d))
+            if coords is not None:
+                pe = sincos_at(
+                    coords[..., 0].astype(jnp.float32), coords[..., 1].astype(jnp.float32), d
+                )
+            else:
+                pe = jnp.asarray(sincos_2d(self.grid, d))[None]  # [1, gh*gw, D]
         else:
             raise ValueError(f"unknown position embedding {self.kind!r}: use one of {KINDS}")
-        pe = jnp.pad(pe, ((self.num_prefix, 0), (0, 0)))  # prefix tokens get none
-        return x + pe[None].astype(x.dtype)
+        pe = jnp.pad(pe, ((0, 0), (self.num_prefix, 0), (0, 0)))  # prefix tokens get none
+        return x + pe.astype(x.dtype)
+
+    def _table(self, name: str, shape: tuple[int, ...], square: bool) -> jax.Array:
+        """The learned table `name`: of `shape` on the image path, where a stored table
+        made for another grid is an error; as stored with NaFlex input (resized per image)."""
+        if square:
+            self._check_stored(name, shape)
+        elif self.has_variable("params", name):
+            shape = tuple(self.get_variable("params", name).shape)
+        return self.param(name, nn.initializers.normal(0.02), shape, self.param_dtype)
 
     def _check_stored(self, name: str, shape: tuple[int, ...]) -> None:
         """A clear error when loaded position embeddings were made for another grid."""

@@ -1,19 +1,23 @@
-"""VisionTransformer: [hybrid stem] -> patches -> (+cls) -> encoder -> pool -> head."""
+"""VisionTransformer: [hybrid stem] -> patches -> (+cls) -> encoder -> pool -> head.
+
+Images come as an array [B, H, W, C], or as NaFlex patches, each image at its own shape
+(models/naflex.py): the same parameters compute both."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models import resnet
-from vit_jax.models.layers import GELUS, BlockOptions, Encoder
+from vit_jax.models import naflex, resnet
+from vit_jax.models.layers import GELUS, BlockOptions, Encoder, MAPHead
 from vit_jax.models.lora import Lora
 from vit_jax.models.posemb import KINDS
 
-CLASSIFIERS = ("token", "gap", "unpooled")
+CLASSIFIERS = ("token", "gap", "map", "unpooled")
 # The original ViT's numerics (the published .npz files were trained with them): the tanh
 # GELU and LayerNorm epsilon 1e-6. PyTorch-trained ViTs (timm, transformers) use the exact
 # GELU; transformers' ViT defaults to epsilon 1e-12.
@@ -34,16 +38,18 @@ class PatchEmbedding(nn.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:  # [B, H, W, C] -> [B, H/P, W/P, D]
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """Images [B, H, W, C] -> [B, H/P, W/P, D]; NaFlex's [B, N, P*P*C] -> [B, N, D]."""
         p = self.patch_size
-        b, h, w, c = x.shape
+        c = x.shape[-1] // (p * p) if x.ndim == 3 else x.shape[-1]
         kernel = self.param(
             "kernel", nn.initializers.lecun_normal(), (p, p, c, self.features), self.param_dtype
         )
         bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
-        gh, gw = h // p, w // p
-        x = x.reshape(b, gh, p, gw, p, c).transpose(0, 1, 3, 2, 4, 5)  # [B, gh, gw, P, P, C]
-        x = x.reshape(b, gh, gw, p * p * c)
+        if x.ndim == 4:
+            b, h, w, c = x.shape
+            x = x.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+            x = x.reshape(b, h // p, w // p, p * p * c)  # [B, gh, gw, P*P*C]
         k = kernel.reshape(p * p * c, self.features).astype(self.dtype)
         return jnp.dot(x.astype(self.dtype), k) + bias.astype(self.dtype)  # [B, gh, gw, D]
 
@@ -131,6 +137,11 @@ class VisionTransformer(nn.Module):
         )
 
     @property
+    def patch_dim(self) -> int:
+        """Values in a NaFlex patch: P*P*C."""
+        return self.patch_size * self.patch_size * self.channels
+
+    @property
     def has_class_token(self) -> bool:
         return self.classifier == "token"
 
@@ -139,24 +150,29 @@ class VisionTransformer(nn.Module):
         return image_size[0] // self.token_stride, image_size[1] // self.token_stride
 
     @nn.compact
-    def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+    def __call__(self, images: jax.Array | dict, *, train: bool = False) -> jax.Array:
         self._check(images)
         dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        x = images.astype(self.dtype)  # [B, H, W, C]
-        if self.resnet_stages is not None:
-            x = resnet.stem(x, tuple(self.resnet_stages), **dtypes)  # [B, H/4.., W/4.., C']
         embed = PatchEmbedding(self.width, self.patch_size, name="embedding", **dtypes)
-        x = embed(x)  # [B, gh, gw, D]
-        b, gh, gw, d = x.shape
-        x = x.reshape(b, gh * gw, d)  # [B, N, D]
+        if naflex.is_naflex(images):
+            x, mask, coords, shapes, grid = self._naflex(embed, images)  # x [B, N, D]
+        else:
+            x = images.astype(self.dtype)  # [B, H, W, C]
+            if self.resnet_stages is not None:
+                x = resnet.stem(x, tuple(self.resnet_stages), **dtypes)  # [B, H/4.., W/4.., C']
+            x = embed(x)  # [B, gh, gw, D]
+            b, gh, gw, d = x.shape
+            x, mask, coords, shapes, grid = x.reshape(b, gh * gw, d), None, None, None, (gh, gw)
+        b, _, d = x.shape
         if self.has_class_token:
             cls = self.param("cls", nn.initializers.zeros, (1, 1, d), self.param_dtype)
             cls = jnp.tile(cls.astype(x.dtype), (b, 1, 1))  # [B, 1, D]
             x = jnp.concatenate([cls, x], axis=1)  # [B, 1+N, D]
+            mask = None if mask is None else jnp.pad(mask, ((0, 0), (1, 0)), constant_values=True)
         x = Encoder(
             self.block_options,
             self.depth,
-            (gh, gw),
+            grid,
             num_prefix=int(self.has_class_token),
             posemb=self.posemb,
             stochastic_depth=self.stochastic_depth,
@@ -164,11 +180,15 @@ class VisionTransformer(nn.Module):
             scan=self.scan,
             train=train,
             name="Transformer",
-        )(x)
+        )(x, mask, coords, shapes)
         if self.classifier == "token":
             x = x[:, 0]  # [B, D]
-        elif self.classifier == "gap":
+        elif self.classifier == "gap" and mask is None:
             x = jnp.mean(x, axis=1)  # [B, D]
+        elif self.classifier == "gap":  # the mean of the patches, not of the padding
+            x = (x * mask[..., None]).sum(1) / jnp.maximum(mask.sum(1), 1)[:, None]
+        elif self.classifier == "map":
+            x = MAPHead(self.block_options, name="MAPHead_0")(x, mask)  # [B, D]
         if self.representation_size:
             x = nn.tanh(nn.Dense(self.representation_size, name="pre_logits", **dtypes)(x))
         self.sow("intermediates", "representation", x)  # the "pre_logits" features
@@ -182,7 +202,18 @@ class VisionTransformer(nn.Module):
             )(x)
         return x.astype(jnp.float32)
 
-    def _check(self, images: jax.Array) -> None:
+    def _naflex(self, embed: nn.Module, x: dict) -> tuple:
+        """NaFlex patches embedded: (tokens [B, N, D], mask [B, N], coords [B, N, 2],
+        grids [B, 2], the grid a fresh position table is made for: the square of N).
+        Padding is zeroed here, whatever it holds: finite, and no gradient reaches it."""
+        mask = jnp.asarray(x["valid"], bool)
+        patches = jnp.where(mask[..., None], x["patches"], 0).astype(self.dtype)
+        coords = jnp.where(mask[..., None], x["coords"], 0).astype(jnp.int32)
+        shapes = jnp.maximum(coords.max(axis=1) + 1, 1)  # [B, 2]: each image's (gh, gw)
+        side = max(math.isqrt(mask.shape[1]), 1)
+        return embed(patches), mask, coords, shapes, (side, side)
+
+    def _check(self, images: jax.Array | dict) -> None:
         """Errors that name the bad input, before it fails deep inside a reshape."""
         if self.classifier not in CLASSIFIERS:
             raise ValueError(f"unknown classifier {self.classifier!r}: use one of {CLASSIFIERS}")
@@ -195,6 +226,13 @@ class VisionTransformer(nn.Module):
                 f"layer_norm_eps={self.layer_norm_eps}: expected a small positive number "
                 "(the original ViT's is 1e-6)"
             )
+        if naflex.is_naflex(images):
+            if self.resnet_stages is not None:
+                raise ValueError(
+                    "NaFlex input is for plain ViTs: a hybrid's tokens come from its ResNet's "
+                    "feature map of a whole image; give it images [B, H, W, C]"
+                )
+            return naflex.check(images, self.patch_dim)
         if images.ndim != 4:
             raise ValueError(
                 f"expected images [batch, height, width, channels], got shape "
