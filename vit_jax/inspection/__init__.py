@@ -2,7 +2,8 @@
 
   filters.py    PCA of the patch-embedding filters (plain ViTs; hybrids have none on pixels)
   posemb.py     cosine similarity of position embeddings, one map per patch position
-  attention.py  mean attention distance per head; attention rollout (Abnar & Zuidema 2020)
+  attention.py  mean attention distance per head; attention rollout (Abnar & Zuidema 2020);
+                NaFlex batches' values on each image's own grid (on_grids)
   relevance.py  class-specific relevance maps (Chefer, Gur and Wolf 2021)
   plots.py      the PNGs (matplotlib, optional extra 'plot')
   report.py     everything for one model and some images: compute(), write()
@@ -12,7 +13,9 @@ The command is `python -m vit_jax.figures` (vit_jax/figures.py).
 
 from vit_jax.inspection.attention import (
     attention_rollout,
+    flow,
     mean_attention_distance,
+    on_grids,
     pairwise_distances,
     patch_centres,
     rollout_maps,
@@ -26,6 +29,7 @@ from vit_jax.inspection.report import (
     analyse_images,
     compute,
     explain,
+    naflex_images,
     sample_images,
     write,
 )

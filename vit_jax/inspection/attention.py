@@ -22,7 +22,14 @@ the identity is added for the residual connection and the rows are renormalised
 how much of each input token flows into output token q. The map of an image is the
 class token's row over the patch tokens; a model without a class token ('gap', pooling
 the mean of all tokens) gets the mean of the patch rows, which is the flow into its
-pooled representation.
+pooled representation. A `map` model pools with its MAP head's attention over the tokens
+(its probe, a query that is no token, so no identity): the head's mean over heads is the
+final row, times the rollout.
+
+NaFlex input (models/naflex.py): pass the batch `x` where a grid goes. Padding is neither
+a query nor a key (the model gives pads zero weight as keys, so no real row's rollout
+reaches one); each image's values come back on its own gh x gw grid, a list of arrays
+(`on_grids`), since grids differ.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from vit_jax.models import naflex
 
 
 def patch_centres(grid: tuple[int, int], stride: int) -> np.ndarray:
@@ -46,29 +55,40 @@ def pairwise_distances(grid: tuple[int, int], stride: int) -> np.ndarray:
 
 
 def mean_attention_distance(
-    attention: jax.Array, grid: tuple[int, int], stride: int, num_prefix: int
+    attention: jax.Array, grid: tuple[int, int] | dict, stride: int, num_prefix: int
 ) -> jax.Array:
     """Attention-weighted distance in pixels, averaged over query patches.
 
     Args:
       attention: probabilities, any leading axes (e.g. [L, B, H]).  # [..., N, N]
-      grid: (gh, gw) patch grid; N = num_prefix + gh * gw.
+      grid: (gh, gw) patch grid, N = num_prefix + gh * gw; or the NaFlex batch the
+        attention [L, B, H, N, N] is of: each patch at its own coordinates, padding
+        neither a query nor a key.
       stride: input pixels per token side (`model.token_stride`).
       num_prefix: tokens before the patches (1 for a class token, else 0).
 
     Returns:
       mean distance per leading index, e.g. [L, B, H].
     """
-    n = grid[0] * grid[1]
-    if attention.shape[-1] != num_prefix + n or attention.shape[-2] != num_prefix + n:
+    a = jnp.asarray(attention)[..., num_prefix:, num_prefix:]  # [..., n, n] patches only
+    queries = None
+    if naflex.is_naflex(grid):
+        centres = (jnp.asarray(grid["coords"]) + 0.5) * stride  # [B, n, 2]
+        distance = jnp.linalg.norm(centres[:, :, None] - centres[:, None], axis=-1)[:, None]
+        queries = jnp.asarray(grid["valid"], a.dtype)[:, None]  # [B, 1, n], as [.., B, H, n]
+        a = a * queries[..., None, :]  # keys: the image's own patches
+    elif a.shape[-2:] != (grid[0] * grid[1],) * 2:
         raise ValueError(
             f"attention over {attention.shape[-2:]} tokens does not fit a {grid[0]}x{grid[1]} "
-            f"grid with {num_prefix} prefix token(s) ({num_prefix + n} tokens)"
+            f"grid with {num_prefix} prefix token(s) ({num_prefix + grid[0] * grid[1]} tokens)"
         )
-    a = jnp.asarray(attention)[..., num_prefix:, num_prefix:]  # [..., n, n] patches only
+    else:
+        distance = jnp.asarray(pairwise_distances(grid, stride), a.dtype)  # [n, n]
     a = a / jnp.maximum(a.sum(-1, keepdims=True), 1e-12)  # renormalise over patches
-    distance = jnp.asarray(pairwise_distances(grid, stride), a.dtype)  # [n, n]
-    return (a * distance).sum(-1).mean(-1)  # [...]
+    per_query = (a * distance).sum(-1)  # [..., n]
+    if queries is None:
+        return per_query.mean(-1)
+    return (per_query * queries).sum(-1) / queries.sum(-1)  # [...]
 
 
 def attention_rollout(attention: jax.Array) -> jax.Array:
@@ -89,21 +109,49 @@ def attention_rollout(attention: jax.Array) -> jax.Array:
     return rollout
 
 
-def rollout_maps(rollout: jax.Array, grid: tuple[int, int], num_prefix: int) -> jax.Array:
-    """The rollout's flow into the representation, per patch, on the grid.
+def flow(rollout: jax.Array, num_prefix: int, valid=None, head=None) -> jax.Array:
+    """The rollout's flow into the representation, per patch token.
 
     Args:
       rollout: from `attention_rollout`.  # [B, N, N]
-      grid: (gh, gw).
-      num_prefix: 1 with a class token (its row is taken), 0 without (mean of the rows).
+      num_prefix: 1 with a class token (its row is taken), else 0 (the mean of the rows).
+      valid: NaFlex's real patches [B, N - num_prefix]: the mean takes their rows only.
+      head: a `map` model's head attention [B, H, 1, N]: its mean over heads is the row
+        (times the rollout).
 
     Returns:
-      maps.  # [B, gh, gw]
+      flow.  # [B, N - num_prefix]
     """
     rollout = jnp.asarray(rollout)
-    patches = rollout[:, :, num_prefix:]  # [B, N, n]
-    flow = patches[:, 0] if num_prefix else patches.mean(axis=1)  # [B, n]
-    return flow.reshape(flow.shape[0], *grid)
+    if head is not None:
+        row = jnp.einsum("bk,bkn->bn", jnp.asarray(head).mean(axis=1)[:, 0], rollout)
+    elif num_prefix:
+        row = rollout[:, 0]
+    else:
+        w = jnp.ones(rollout.shape[:2]) if valid is None else jnp.asarray(valid, rollout.dtype)
+        row = (rollout * w[..., None]).sum(1) / jnp.maximum(w.sum(1, keepdims=True), 1)
+    return row[:, num_prefix:]
+
+
+def rollout_maps(rollout: jax.Array, grid: tuple[int, int], num_prefix: int) -> jax.Array:
+    """`flow` on the grid (gh, gw) of an image batch.  # [B, N, N] -> [B, gh, gw]"""
+    return on_grids(flow(rollout, num_prefix), grid)
+
+
+def on_grids(values: jax.Array, grid: tuple[int, int] | dict) -> jax.Array | list[np.ndarray]:
+    """Per-patch values [B, ..., n] on their grid: an image batch's (gh, gw), [B, ..., gh, gw];
+    or each image's own of the NaFlex batch `grid`, on the host, a list of [..., gh, gw] (its
+    patches at their coordinates; padding dropped)."""
+    if not naflex.is_naflex(grid):
+        return values.reshape(*values.shape[:-1], *grid)
+    values, keep, coords = (np.asarray(a) for a in (values, grid["valid"], grid["coords"]))
+    out = []
+    for b, (gh, gw) in enumerate(naflex.grids(grid)):
+        image = np.zeros((*values.shape[1:-1], gh, gw), values.dtype)
+        at = coords[b, keep[b]]  # [n_b, 2]
+        image[..., at[:, 0], at[:, 1]] = values[b][..., keep[b]]
+        out.append(image)
+    return out
 
 
 def upsample(maps: np.ndarray, size: tuple[int, int]) -> np.ndarray:

@@ -128,12 +128,12 @@ def plot_rollout(
     """Each image next to its attention-rollout map overlaid on it (first 8 images).
 
     Args:
-      images: inputs in [-1, 1].  # [B, H, W, 3]
-      maps: rollout maps upsampled to the images (`attention.upsample`).  # [B, H, W]
+      images: inputs in [-1, 1], [B, H, W, 3] or a list of [H, W, 3] (NaFlex).
+      maps: rollout maps upsampled to the images (`attention.upsample`), [H, W] each.
       names: each image's row label (its file name); default 'image 1', 'image 2', ...
     """
     captions = [["attention rollout" if i == 0 else ""] for i in range(len(maps))]
-    plot_relevance(images, maps[:, None], captions, path, title, names, "rollout flow")
+    plot_relevance(images, [m[None] for m in maps], captions, path, title, names, "rollout flow")
 
 
 def plot_relevance(
@@ -148,14 +148,14 @@ def plot_relevance(
     """Each image (first 8), then its relevance map for each class asked for, overlaid.
 
     Args:
-      images: inputs in [-1, 1].  # [B, H, W, 3]
-      maps: relevance maps upsampled to the images.  # [B, K, H, W]
+      images: inputs in [-1, 1], [B, H, W, 3] or a list of [H, W, 3] (NaFlex).
+      maps: relevance maps upsampled to the images, [K, H, W] each.
       captions: per image and class, 'name (probability)'.
       names: each image's row label (its file name); default 'image 1', 'image 2', ...
       what: the maps' name, on the colour bar.
     """
     plt = pyplot()
-    n, k = min(len(images), MAX_ROLLOUT_IMAGES), maps.shape[1]
+    n, k = min(len(images), MAX_ROLLOUT_IMAGES), len(maps[0])
     fig, axes = plt.subplots(
         n, k + 1, figsize=(2.6 * (k + 1) + 0.4, 2.5 * n + 0.6), squeeze=False, layout="constrained"
     )
@@ -164,7 +164,7 @@ def plot_relevance(
         axes[i, 0].imshow(rgb)
         axes[i, 0].set_ylabel(names[i] if names else f"image {i + 1}")
         for j in range(k):
-            heat = maps[i, j] / max(float(maps[i, j].max()), 1e-12)
+            heat = maps[i][j] / max(float(maps[i][j].max()), 1e-12)
             axes[i, j + 1].imshow(rgb)
             shown = axes[i, j + 1].imshow(heat, cmap="inferno", alpha=0.6, vmin=0, vmax=1)
             axes[i, j + 1].set_title(captions[i][j], fontsize=8)

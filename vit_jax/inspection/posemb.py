@@ -10,6 +10,7 @@ posemb='none' have nothing to show.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,18 @@ def patch_embeddings(params: dict[str, Any], model: Any, grid: tuple[int, int]) 
             "to the image size first (vit_jax.weights.adapt(params, model, image_size))"
         )
     return pe
+
+
+def stored_grid(params: dict[str, Any], model: Any) -> tuple[int, int] | None:
+    """The grid a learned table was stored for (NaFlex resizes it to each image's), or None
+    (sincos_2d and none store no table)."""
+    stored = params.get("Transformer", {}).get("posembed_input", {})
+    if model.posemb == "learned_2d":
+        return stored["pos_embedding_row"].shape[1], stored["pos_embedding_col"].shape[1]
+    if model.posemb != "learned":
+        return None
+    side = math.isqrt(stored["pos_embedding"].shape[1] - int(model.has_class_token))
+    return side, side
 
 
 def cosine_similarity_maps(embeddings: np.ndarray, grid: tuple[int, int]) -> np.ndarray:

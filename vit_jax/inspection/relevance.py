@@ -10,13 +10,15 @@ the positive part,
 
 and the layers are rolled out from the identity, first layer first: R <- R + Ā R. Row q
 of R says how much each input token is relevant to output token q for class c; the map
-is the class token's row over the patches (a mean-pooled model: the mean of the rows).
+is the class token's row over the patches (a mean-pooled model: the mean of the rows; a
+`map` model: its head's attention weighted the same way, mean_h (∇A ⊙ A)⁺ [1, N], times R).
 Unlike attention rollout (attention.py) it differs from class to class.
 
 The probabilities are the explicit softmax's, from the same parameters, whatever
 attention a run trained with: the gradients come from the model's 'perturbations'
 (layers.py adds zeros there), one backward pass for each class, vmapped over the
-classes asked for.
+classes asked for. NaFlex batches (models/naflex.py) give each image's maps on its own grid
+(attention.on_grids), a list.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.inspection.attention import rollout_maps
-from vit_jax.models import per_block
+from vit_jax.inspection.attention import flow, on_grids
+from vit_jax.models import naflex, per_block
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -51,69 +53,102 @@ def rollout_relevance(attention: jax.Array, gradients: jax.Array) -> jax.Array:
     return r
 
 
+BLOCK, HEAD = "MultiHeadDotProductAttention_1", ("MAPHead_0", "MultiHeadDotProductAttention_0")
+
+
+def head_of(tree: Any, leaf: str) -> jax.Array:
+    """A `map` model's head entry `leaf` ('attention' of its intermediates, 'probabilities'
+    of perturbations' gradients).  # [B, H, 1, N]"""
+    found = tree[HEAD[0]][HEAD[1]][leaf]
+    return found[0] if isinstance(found, tuple) else found
+
+
+def attention_of(model: VisionTransformer, params: Any, x: Any) -> tuple[jax.Array, Any]:
+    """The blocks' attention [L, B, H, N, N] and a `map` model's head's [B, H, 1, N] (else
+    None) of images or a NaFlex batch `x`, float32."""
+    _, state = model.apply({"params": params}, x, mutable=["intermediates"])
+    att, head = per_block(state["intermediates"], model, BLOCK, "attention"), None
+    if model.classifier == "map":
+        head = head_of(state["intermediates"], "attention").astype(jnp.float32)
+    return att.astype(jnp.float32), head
+
+
+def in_batches(fn: Any, batch_size: int, *args: Any) -> Any:
+    """`fn(*batch)` over `args` (arrays [N, ...] or NaFlex batches, N rows each) in batches
+    of one shape (the tail padded with copies of the last row: one compile); [N, ...] out."""
+    n = len(jax.tree.leaves(args)[0])
+    b = min(batch_size, n)
+    args = jax.tree.map(lambda a: np.concatenate([a, np.repeat(a[-1:], -n % b, 0)]), args)
+    out = [fn(*jax.tree.map(lambda a, i=i: a[i : i + b], args)) for i in range(0, n, b)]
+    return jax.tree.map(lambda *o: np.concatenate(o)[:n], *out)
+
+
 @functools.lru_cache(maxsize=8)
-def _relevance_fn(model: VisionTransformer, image_shape: tuple[int, ...]):
-    """Jitted (params, images [B, H, W, C], classes [B, K]) -> maps [B, K, gh, gw]."""
-    prefix, grid = int(model.has_class_token), model.grid(image_shape[1:3])
-    init = lambda x: model.init(jax.random.key(0), x)["perturbations"]
-    shapes = jax.eval_shape(init, jax.ShapeDtypeStruct(image_shape, jnp.float32))
+def _relevance_fn(model: VisionTransformer):
+    """Jitted (params, images [B, H, W, C] or a NaFlex batch, classes [B, K]) -> each
+    patch's relevance [B, K, n] (retraced per shape)."""
+    prefix = int(model.has_class_token)
+    made = lambda p, x: model.apply({"params": p}, x, mutable=["perturbations"])[1]
 
     @jax.jit
-    def maps(params: Any, images: jax.Array, classes: jax.Array) -> jax.Array:
+    def flows(params: Any, x: Any, classes: jax.Array) -> jax.Array:
+        shapes = jax.eval_shape(made, params, x)["perturbations"]  # (a NaFlex table: as stored)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-        rows = jnp.arange(images.shape[0])
+        rows = jnp.arange(classes.shape[0])
+        valid = x["valid"] if naflex.is_naflex(x) else None
 
         def logit(perturbations, c):  # the sum over images of each one's class-c logit
             variables = {"params": params, "perturbations": perturbations}
-            logits, state = model.apply(variables, images, mutable=["intermediates"])
+            logits, state = model.apply(variables, x, mutable=["intermediates"])
             return logits[rows, c].sum(), state["intermediates"]
 
         def one_class(c):  # c: [B]
             grads, inter = jax.grad(logit, has_aux=True)(zeros, c)
-            att = per_block(inter, model, "MultiHeadDotProductAttention_1", "attention")
-            grad = per_block(grads, model, "MultiHeadDotProductAttention_1", "probabilities")
-            return rollout_maps(rollout_relevance(att, grad), grid, prefix)  # [B, gh, gw]
+            att = per_block(inter, model, BLOCK, "attention")
+            grad = per_block(grads, model, BLOCK, "probabilities")
+            head = None
+            if model.classifier == "map":  # the probe's (∇A ⊙ A)⁺  [B, H, 1, N]
+                head = jnp.maximum(head_of(inter, "attention") * head_of(grads, "probabilities"), 0)
+            return flow(rollout_relevance(att, grad), prefix, valid, head)  # [B, n]
 
-        return jax.vmap(one_class, in_axes=1, out_axes=1)(classes)  # [B, K, gh, gw]
+        return jax.vmap(one_class, in_axes=1, out_axes=1)(classes)  # [B, K, n]
 
-    return maps
+    return flows
 
 
 def relevance(
-    model: VisionTransformer, params: Any, images: np.ndarray, classes: Any, batch_size: int = 8
-) -> np.ndarray:
+    model: VisionTransformer, params: Any, images: Any, classes: Any, batch_size: int = 8
+) -> np.ndarray | list[np.ndarray]:
     """Class-specific relevance maps (Chefer et al. 2021) of a classifier.
 
     Args:
-      model: a ViT or hybrid with a head, class token or mean-pooled, any resolution.
+      model: a ViT or hybrid with a head, class token, mean- or MAP-pooled, any resolution.
       params: its parameters, adapted to the images' size.
-      images: inputs in [-1, 1].  # [N, H, W, C]
+      images: inputs in [-1, 1] [N, H, W, C], or a NaFlex batch of N rows.
       classes: the head's class indices to explain, the same for every image [K] or
         one list per image [N, K].
       batch_size: images per pass (each pass: K forward and backward passes, vmapped).
 
     Returns:
-      maps over the patch grid, unnormalised.  # [N, K, gh, gw]
+      maps over the patch grid, unnormalised, [N, K, gh, gw]; for a NaFlex batch a list
+      of each image's [K, gh, gw].
     """
     if not model.num_classes:
         raise ValueError(
             "relevance needs the model's head: load the checkpoint with it "
             "(head=True), the maps explain its classes"
         )
-    images = np.asarray(images, np.float32)
+    x = images if naflex.is_naflex(images) else np.asarray(images, np.float32)
+    n = len(jax.tree.leaves(x)[0])
     classes = np.asarray(classes, np.int32)
     if classes.ndim == 1:
-        classes = np.broadcast_to(classes, (len(images), len(classes)))
+        classes = np.broadcast_to(classes, (n, len(classes)))
     bad = classes[(classes < 0) | (classes >= model.num_classes)]
     if bad.size:
         raise ValueError(
             f"class {int(bad[0])} is not one of the head's {model.num_classes} "
             f"classes (0-{model.num_classes - 1})"
         )
-    n, b = len(images), min(batch_size, len(images))
-    pad = -n % b  # the last batch padded to the compiled size, then dropped
-    images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), np.float32)])
-    classes = np.concatenate([classes, np.zeros((pad, classes.shape[1]), np.int32)])
-    fn = _relevance_fn(model, (b, *images.shape[1:]))
-    out = [np.asarray(fn(params, images[i : i + b], classes[i : i + b])) for i in range(0, n, b)]
-    return np.concatenate(out)[:n]
+    fn = functools.partial(_relevance_fn(model), params)
+    flows = in_batches(fn, batch_size, x, classes)  # [N, K, n]
+    return on_grids(flows, x if naflex.is_naflex(x) else model.grid(x.shape[1:3]))

@@ -4,6 +4,11 @@
 one PNG per figure. A figure that does not apply (pixel filters of a hybrid, position
 embeddings of a model without them) is skipped with the reason in `skipped`, printed
 by the command and recorded in inspect.json.
+
+A NaFlex batch (models/naflex.py) goes where images go: the rollout and relevance maps are
+then each image's own grid, lists, saved as `rollout/0`, `rollout/1`, ... in inspect.npz
+(`naflex_images` gives the images to draw them over); the position embeddings' similarity
+is the stored table's, at its own grid.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ import numpy as np
 
 from vit_jax.base import files, store
 from vit_jax.inspection import attention, filters, plots, posemb
-from vit_jax.inspection.relevance import relevance
-from vit_jax.models import apply_with_intermediates, predict
+from vit_jax.inspection.relevance import attention_of, in_batches, relevance
+from vit_jax.models import naflex, predict
 from vit_jax.models.vit import VisionTransformer
 
 PNG = {
@@ -30,6 +35,11 @@ PNG = {
     "relevance": "relevance.png",
 }
 NUMBERS, SUMMARY = "inspect.npz", "inspect.json"
+# The rollout's row into the representation, by classifier (attention.flow).
+ROWS = {
+    "token": "the class token's row",
+    "map": "the MAP head's attention (mean over heads) x that",
+}
 
 
 @dataclasses.dataclass
@@ -54,35 +64,47 @@ class Inspection:
 
 
 @functools.lru_cache(maxsize=8)
-def _analysis_fn(model: VisionTransformer, grid: tuple[int, int]):
-    """Jitted (params, images [B, H, W, C]) -> (distance [B, L, H], rollout maps [B, gh, gw]);
-    the full attention [L, B, H, N, N] never leaves the device."""
+def _analysis_fn(model: VisionTransformer):
+    """Jitted (params, images [B, H, W, C] or a NaFlex batch) -> (distance [B, L, H],
+    rollout flow [B, n]); the full attention [L, B, H, N, N] never leaves the device."""
     prefix = int(model.has_class_token)
 
     @jax.jit
-    def analyse(params: Any, images: jax.Array) -> tuple[jax.Array, jax.Array]:
-        _, inter = apply_with_intermediates(model, params, images)
-        att = inter["attention"].astype(np.float32)  # [L, B, H, N, N]
+    def analyse(params: Any, x: Any) -> tuple[jax.Array, jax.Array]:
+        att, head = attention_of(model, params, x)  # [L, B, H, N, N], [B, H, 1, N] or None
+        flex = naflex.is_naflex(x)
+        grid = x if flex else model.grid(x.shape[1:3])
         distance = attention.mean_attention_distance(att, grid, model.token_stride, prefix)
-        maps = attention.rollout_maps(attention.attention_rollout(att), grid, prefix)
-        return distance.transpose(1, 0, 2), maps  # batch first, for predict.map_batches
+        rollout = attention.attention_rollout(att)
+        row = attention.flow(rollout, prefix, x["valid"] if flex else None, head)
+        return distance.transpose(1, 0, 2), row  # batch first, for in_batches
 
     return analyse
 
 
 def analyse_images(
-    model: VisionTransformer, params: Any, images: np.ndarray, batch_size: int = 8
-) -> tuple[np.ndarray, np.ndarray]:
+    model: VisionTransformer, params: Any, images: Any, batch_size: int = 8
+) -> tuple[np.ndarray, Any]:
     """Mean attention distance per image and head, and rollout maps, in batches.
 
     Returns:
-      (distance [L, B, H] in pixels, rollout maps [B, gh, gw]).
+      (distance [L, B, H] in pixels, rollout maps [B, gh, gw]; for a NaFlex batch a list
+      of each image's [gh, gw]).
     """
-    if len(images) == 0:
+    x = images if naflex.is_naflex(images) else np.asarray(images, np.float32)
+    if len(jax.tree.leaves(x)[0]) == 0:
         raise ValueError("no images to inspect: images is empty (sample_images makes some)")
-    fn = _analysis_fn(model, model.grid(np.shape(images)[1:3]))
-    distance, maps = predict.map_batches(fn, params, images, batch_size)
-    return distance.transpose(1, 0, 2), maps
+    distance, rows = in_batches(functools.partial(_analysis_fn(model), params), batch_size, x)
+    grid = x if naflex.is_naflex(x) else model.grid(x.shape[1:3])
+    return distance.transpose(1, 0, 2), attention.on_grids(rows, grid)
+
+
+def naflex_images(x: dict, patch_size: int) -> list[np.ndarray]:
+    """The images of a NaFlex batch, each [gh * P, gw * P, C], to draw its maps over."""
+    grids = attention.on_grids(np.swapaxes(x["patches"], 1, 2), x)  # [P*P*C, gh, gw] each
+    p = patch_size
+    tiles = [g.reshape(p, p, -1, *g.shape[1:]).transpose(3, 0, 4, 1, 2) for g in grids]
+    return [t.reshape(t.shape[0] * p, t.shape[2] * p, -1) for t in tiles]  # [gh, P, gw, P, C]
 
 
 def sample_images(
@@ -119,7 +141,7 @@ def sample_images(
 def compute(
     model: VisionTransformer,
     params: Any,
-    images: np.ndarray,
+    images: Any,
     num_components: int = filters.NUM_COMPONENTS,
     batch_size: int = 8,
 ) -> Inspection:
@@ -128,12 +150,14 @@ def compute(
     Args:
       model: the model; `params` adapted to the images' size (`weights.adapt`).
       params: its parameters.
-      images: inputs in [-1, 1].  # [B, H, W, C]
+      images: inputs in [-1, 1] [B, H, W, C], or a NaFlex batch.
       num_components: principal components of the filters to keep.
       batch_size: images per forward pass.
     """
-    images = np.asarray(images, np.float32)
-    grid = model.grid(images.shape[1:3])
+    flex = naflex.is_naflex(images)
+    x = images if flex else np.asarray(images, np.float32)
+    grids = naflex.grids(x) if flex else np.array([model.grid(x.shape[1:3])])  # [B or 1, 2]
+    grid = (posemb.stored_grid(params, model) if flex else None) or tuple(grids[0].tolist())
     arrays, skipped = {}, {}
     try:
         pca = filters.filter_pca(filters.embedding_kernel(params, model), num_components)
@@ -147,17 +171,17 @@ def compute(
         arrays["posemb_similarity"] = posemb.cosine_similarity_maps(pe, grid)
     except posemb.NoPositionEmbeddings as e:
         skipped["posemb"] = f"position-embedding figure skipped: {e}"
-    distance, maps = analyse_images(model, params, images, batch_size)
+    distance, maps = analyse_images(model, params, x, batch_size)
     arrays["attention_distance"] = distance.mean(axis=1)  # [L, H]
     arrays["attention_distance_per_image"] = distance
     arrays["rollout"] = maps
     info = {
-        "image_size": list(images.shape[1:3]),
-        "grid": list(grid),
+        "image_size": (grids * model.token_stride).tolist() if flex else list(x.shape[1:3]),
+        "grid": grids.tolist() if flex else list(grid),
         "token_stride": model.token_stride,
         "hybrid": model.resnet_stages is not None,
         "class_token": model.has_class_token,
-        "num_images": len(images),
+        "num_images": distance.shape[1],
         "attention_distance_pixels": np.round(
             arrays["attention_distance"].astype(float), 4
         ).tolist(),
@@ -165,7 +189,7 @@ def compute(
         "(class token dropped, rows renormalised) x euclidean distance between patch "
         "centres in input pixels, averaged over queries, then images",
         "rollout": "mean over heads, + identity, rows renormalised, multiplied over layers; "
-        + ("the class token's row" if model.has_class_token else "the mean of the patch rows")
+        + ROWS.get(model.classifier, "the mean of the patch rows")
         + " over the patches",
     }
     return Inspection(arrays, info, skipped)
@@ -175,7 +199,7 @@ def explain(
     result: Inspection,
     model: VisionTransformer,
     params: Any,
-    images: np.ndarray,
+    images: Any,
     classes: Any = (),
     labels: Any = None,
     batch_size: int = 8,
@@ -186,10 +210,10 @@ def explain(
     Raises:
         ValueError: a class that is neither an index of the head nor one of `labels`.
     """
-    logits = predict.map_batches(predict.logits_fn(model), params, images, batch_size)
+    logits = in_batches(functools.partial(predict.logits_fn(model), params), batch_size, images)
     probs = np.asarray(jax.nn.softmax(logits))  # [B, classes]
     wanted = [_class_index(c, model.num_classes, labels) for c in classes]
-    chosen = np.array([wanted] * len(images)) if wanted else probs.argmax(-1)[:, None]
+    chosen = np.array([wanted] * len(probs)) if wanted else probs.argmax(-1)[:, None]
     result.arrays["relevance"] = relevance(model, params, images, chosen, batch_size)
     result.arrays["relevance_classes"] = chosen
     result.arrays["relevance_probabilities"] = np.take_along_axis(probs, chosen, axis=1)
@@ -214,9 +238,11 @@ def _class_index(name: str, num_classes: int, labels: list[str] | None) -> int:
 
 
 def write(
-    result: Inspection, images: np.ndarray, out_dir: str, title: str, names: list[str] | None = None
+    result: Inspection, images: Any, out_dir: str, title: str, names: list[str] | None = None
 ) -> list[str]:
     """Saves inspect.npz, inspect.json and the PNGs to `out_dir`; returns the paths.
+
+    `images` [B, H, W, C], or each image of a NaFlex batch (`naflex_images`), to draw over.
 
     `names` label the images (their file names) in the rollout figure and inspect.json.
     """
@@ -232,11 +258,16 @@ def write(
         plots.plot_posemb_similarity(a["posemb_similarity"], path(PNG["posemb"]), title)
         written.append(path(PNG["posemb"]))
     plots.plot_attention_distance(a["attention_distance"], path(PNG["distance"]), title)
-    upsampled = attention.upsample(a["rollout"], tuple(images.shape[1:3]))
-    plots.plot_rollout(images, upsampled, path(PNG["rollout"]), title, names)
+    upsample = (
+        lambda maps: [  # the images drawn (the first, maybe fewer than computed)
+            attention.upsample(m, np.shape(image)[:2])
+            for m, image in zip(maps, images, strict=False)
+        ]
+    )  # [H, W] or [K, H, W] each: every image at its own size
+    plots.plot_rollout(images, upsample(a["rollout"]), path(PNG["rollout"]), title, names)
     written += [path(PNG["distance"]), path(PNG["rollout"])]
     if "relevance" in a:
-        up = attention.upsample(a["relevance"], tuple(images.shape[1:3]))  # [B, K, H, W]
+        up = upsample(a["relevance"])  # [K, H, W] each
         labels = result.info.get("relevance_labels")
         name = lambda c: labels[c] if labels else f"class {c}"
         chosen, probs = a["relevance_classes"], a["relevance_probabilities"]
@@ -246,8 +277,11 @@ def write(
         ]
         plots.plot_relevance(images, up, captions, path(PNG["relevance"]), title, names)
         written.append(path(PNG["relevance"]))
+    flat = {}  # a NaFlex batch's maps, one per image: rollout/0, rollout/1, ...
+    for k, v in a.items():
+        flat.update({f"{k}/{i}": m for i, m in enumerate(v)} if isinstance(v, list) else {k: v})
     with files.atomic_write(path(NUMBERS)) as f:
-        np.savez(f, **a)
+        np.savez(f, **flat)
     summary = dict(result.info, title=title, images=names, skipped=result.skipped, files=written)
     with files.atomic_write(path(SUMMARY), "w") as f:
         json.dump(summary, f, indent=1)
