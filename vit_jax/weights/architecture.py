@@ -2,8 +2,8 @@
 
 A parameter tree in the original published layout (`npz.canonical`) fixes the
 architecture up to options that leave no parameters behind: sizes, patch, the hybrid
-stem's stages, the class token, the representation layer, the head and the kind of
-learned position embedding are all read here. A file without learned position
+stem's stages, the class token or MAP head, the representation layer, the head and the
+kind of learned position embedding are all read here. A file without learned position
 embeddings was trained with posemb 'none' or 'sincos_2d', which the file cannot tell
 apart: `architecture` then says so, and the caller names the option.
 """
@@ -67,18 +67,25 @@ def sizes(flat_params: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def classifier(flat_params: dict[str, Any]) -> str:
+    """'token' with a class token, 'map' with a MAP head (big_vision's MAPHead_0), else 'gap'."""
+    if "cls" in flat_params:
+        return "token"
+    return "map" if "MAPHead_0/probe" in flat_params else "gap"
+
+
 def architecture(params: dict) -> dict[str, Any]:
     """Every `VisionTransformer` field a parameter tree (original layout) fixes.
 
     Returns:
       fields for `get_model(name, num_classes, **fields)`: the sizes, resnet_stages,
-      channels, classifier ('token' with a class token, else 'gap'),
+      channels, classifier (`classifier`),
       representation_size (None without pre_logits), and posemb ('learned' or
       'learned_2d'; None when the file has no learned position embeddings).
     """
     f = traverse_util.flatten_dict(params, sep="/")
     out = sizes(f)
-    out["classifier"] = "token" if "cls" in f else "gap"
+    out["classifier"] = classifier(f)
     out["representation_size"] = (
         int(np.shape(f["pre_logits/bias"])[0]) if "pre_logits/bias" in f else None
     )
@@ -100,8 +107,8 @@ def guess_variant(flat_params: dict[str, Any]) -> str:
     s.pop("channels")
     for name in VARIANTS:
         cfg = variant_config(name)
-        gap = cfg.get("classifier") == "gap"
-        if all(cfg[k] == v for k, v in s.items()) and gap == ("cls" not in flat_params):
+        pool = cfg.get("classifier", "token")
+        if all(cfg[k] == v for k, v in s.items()) and pool == classifier(flat_params):
             return name
     return (
         f"width {s['width']}, depth {s['depth']}, {s['num_heads']} heads, "

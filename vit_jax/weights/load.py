@@ -14,7 +14,7 @@ from vit_jax.weights import architecture
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.meta import checked
-from vit_jax.weights.read import read_checkpoint, read_source
+from vit_jax.weights.read import read_source
 
 
 def load_pretrained(
@@ -26,7 +26,7 @@ def load_pretrained(
     said: list[str] | None = None,
 ) -> dict:
     """Parameters of the checkpoint at `path` for `model` at `image_size` (`said` gets
-    what was resized or replaced, in words).
+    what was resized, replaced or not read, in words).
 
     `path` is any format `read.read_checkpoint` reads: a published .npz, a timm
     .safetensors file, a Hugging Face directory, or a remote path of a published file.
@@ -47,8 +47,10 @@ def load_pretrained(
         `model` (each missing, extra or mis-shaped key is named, with a guess of the
         variant the file holds).
     """
-    params = read_checkpoint(path, model.num_heads)
-    return adapt(params, model, image_size, reset_head, str(path), patch_size, said)
+    source = read_source(path, model.num_heads)
+    if said is not None:
+        said += source.unread
+    return adapt(source.params, model, image_size, reset_head, str(path), patch_size, said)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,11 @@ Layouts read by `load_npz` (keys joined with '/'):
   big_vision params/ prefix; top-level pos_embedding [1, N, D] without a class row;
              per-type numbering (LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1,
              MlpBlock_0); optionally all blocks stacked under Transformer/encoderblock/.
+  NaFlex     big_vision's NaFlex towers (SigLIP 2): as big_vision's, with embedding/kernel
+             a Dense on flattened patches [P*P*3, D] (this package's [P, P, 3, D] reshaped),
+             pos_embedding an n x n grid [n, n, D], and a MAPHead_0 (classifier 'map').
+  two towers SigLIP's image-text files: the image tower under [params/]img/ is read; the
+             text tower txt/ and the scalars t and b are never read, and `read_npz` says so.
 All are turned into the original layout, which is also the parameter tree of this
 package's models (with scan=False) and what `save_npz` writes. A big_vision file's
 class token had no position embedding, so its class row is zero here: same function.
@@ -19,6 +24,7 @@ What a file says beyond its parameters (numerics, class names, preprocessing) is
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zipfile
@@ -74,8 +80,9 @@ def stack_blocks(flat: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- reading and writing
 
 
-def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All arrays of an .npz, never unpickling; errors name the file and the way out."""
+def _read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The arrays of an .npz (a two-tower file's image tower), never unpickling, and the
+    names left unread; errors name the file and the way out."""
     path = store.path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -87,7 +94,8 @@ def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
             npz = np.load(f, allow_pickle=False)
             if isinstance(npz, np.lib.npyio.NpzFile):
                 with npz:
-                    return {k: npz[k] for k in npz.files}
+                    names = _image_tower(npz.files)
+                    return {k: npz[k] for k in names}, sorted(set(npz.files) - set(names))
     except ValueError as e:
         if "pickle" in str(e) or "Object arrays" in str(e):
             raise CheckpointError(
@@ -105,9 +113,15 @@ def _read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     )
 
 
+def _image_tower(names: list[str]) -> list[str]:
+    """A two-tower file's image tower ([params/]img/ beside txt/, t and b): its names alone,
+    so that the text tower is never read; any other file's names all."""
+    return [k for k in names if re.match(r"(params/)?img/", k)] or names
+
+
 def canonical(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Any published layout (flat keys) -> the original layout."""
-    for prefix in ("opt/target/", "params/"):
+    for prefix in ("opt/target/", "params/", "img/"):
         if flat and all(k.startswith(prefix) for k in flat):
             flat = {k[len(prefix) :]: v for k, v in flat.items()}
     flat = unstack_blocks(flat)
@@ -120,11 +134,18 @@ def canonical(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             return "/".join(parts)
 
         flat = {rename(k): v for k, v in flat.items()}
-    if "pos_embedding" in flat:  # big_vision: no class row
+    if "pos_embedding" in flat:  # big_vision: no class row; NaFlex's [n, n, D] is [1, n*n, D]
         pe = flat.pop("pos_embedding")
+        pe = pe.reshape(1, -1, pe.shape[-1])
         if "cls" in flat:
             pe = np.concatenate([np.zeros_like(pe[:, :1]), pe], axis=1)
         flat[POSEMB] = pe
+    kernel = flat.get("embedding/kernel")
+    if kernel is not None and kernel.ndim == 2:  # NaFlex: a Dense on flattened patches
+        p = math.isqrt(kernel.shape[0] // 3)
+        if p * p * 3 != kernel.shape[0]:
+            raise CheckpointError(f"embedding/kernel {kernel.shape}: not P*P*3 rows of patches")
+        flat["embedding/kernel"] = kernel.reshape(p, p, 3, kernel.shape[1])
     for k, v in flat.items():
         if re.search(r"(^|/)gn[^/]*/(scale|bias)$", k) and v.ndim == 4:
             flat[k] = v.reshape(-1)  # older hybrid files: [1, 1, 1, C]
@@ -141,11 +162,14 @@ def load_npz(path: str | os.PathLike) -> dict:
     return read_npz(path)[0]
 
 
-def read_npz(path: str | os.PathLike) -> tuple[dict, Meta]:
-    """`load_npz`'s tree and what the file says beyond it (meta.py)."""
-    arrays = _read(path)
+def read_npz(path: str | os.PathLike) -> tuple[dict, Meta, tuple[str, ...]]:
+    """`load_npz`'s tree, what the file says beyond it (meta.py), and what was not read,
+    in words: a two-tower file's text tower and scalars."""
+    arrays, unread = _read(path)
     meta = Meta.from_npz(arrays, str(path))
-    return traverse_util.unflatten_dict(canonical(arrays), sep="/"), meta
+    tree = traverse_util.unflatten_dict(canonical(arrays), sep="/")
+    parts = sorted({k.removeprefix("params/").split("/")[0] for k in unread})
+    return tree, meta, (f"the image tower img/ ({', '.join(parts)} not read)",) if unread else ()
 
 
 def read_meta(path: str | os.PathLike) -> Meta:

@@ -54,11 +54,13 @@ def detect_format(path: str | os.PathLike) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """What a checkpoint file holds: the parameters in the original layout, and what it
-    says beyond them (as the file says or its format implies)."""
+    """What a checkpoint file holds: the parameters in the original layout, what it
+    says beyond them (as the file says or its format implies), and what was not read, in
+    words (a two-tower file's text tower: npz.py)."""
 
     params: dict
     meta: Meta
+    unread: tuple[str, ...] = ()
 
 
 def read_checkpoint(path: str | os.PathLike, num_heads: int | None = None) -> dict:
