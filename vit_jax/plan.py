@@ -10,7 +10,9 @@ estimate (XLA's optimal_seconds: a lower bound, not a promise), images/s, the
 utilisation that estimate implies, and the TPU-core-days of config.total_steps.
 --fit searches the largest global batch that fits, with and without remat, data
 parallel and fully sharded (FSDP over every device); --compare sets the estimate beside
-the paper's Table 2 pretraining compute. Needs libtpu: pip install "jax[tpu]" (or the [plan] extra).
+the paper's Table 2 pretraining compute. --seq_len=N plans NaFlex batches of N patches a
+row (+ the class token) instead of images, and says what the attention kernel pads the
+sequence to (splash: a multiple of 128). Needs libtpu: pip install "jax[tpu]" (or the [plan] extra).
 Topologies: v3-8 ... v3-512, v4-8 ... v4-128, v5p-8 ..., v5e-1 ... v5e-256, v6e-..., or a
 chip grid like v5e:4x4.
 """
@@ -40,6 +42,7 @@ def define_flags() -> None:
     flags.DEFINE_bool("json", False, "print one JSON object (--fit, --compare: one per line)")
     flags.DEFINE_bool("fit", False, "the largest batch that fits, per remat and sharding")
     flags.DEFINE_bool("compare", False, "the paper's Table 2 compute against the estimate")
+    flags.DEFINE_integer("seq_len", None, "NaFlex: patches a row, instead of square images")
     flags.mark_flags_as_required(["config", "topology"])
 
 
@@ -56,6 +59,7 @@ def table(p) -> str:
             f"{p.batch_size} global, {p.batch_size // p.devices} per device"
             f"{', remat' if p.remat else ''}",
         ),
+        ("sequence", sequence_row(p)),
         ("parameters", console.size(p.param_bytes)),
         ("optimizer state", console.size(p.optimizer_bytes)),
         ("input batch", console.size(p.batch_bytes)),
@@ -69,6 +73,14 @@ def table(p) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def sequence_row(p) -> str:
+    """The blocks' tokens (NaFlex: its patches and the class token), and the kernel's pad."""
+    cls = " + class token" if p.tokens > p.seq_len else ""
+    out = f"{p.tokens} tokens" + (f" (NaFlex: {p.seq_len} patches{cls})" if p.seq_len else "")
+    pad = p.kernel_tokens > p.tokens
+    return out + (f"; the attention kernel pads them to {p.kernel_tokens}" if pad else "")
 
 
 def speed_rows(p) -> list[tuple[str, str]]:
@@ -140,14 +152,16 @@ def main() -> None:
         problems.raise_if_any(check.problems(config))
     except problems.ConfigError as e:
         raise e.with_prefix("--config.") from None
-    topology, classes = flags.FLAGS.topology, flags.FLAGS.num_classes
+    topology, classes, seq_len = flags.FLAGS.topology, flags.FLAGS.num_classes, flags.FLAGS.seq_len
+    if seq_len and (flags.FLAGS.fit or flags.FLAGS.compare):
+        raise ValueError("--seq_len plans one step: leave out --fit and --compare")
     devices = planner.topology_devices(topology)
     if flags.FLAGS.compare:
         compare(devices, topology)
     elif flags.FLAGS.fit:
         fit(config, devices, topology, classes)
     else:
-        p = planner.plan_on(config, devices, topology, classes)
+        p = planner.plan_on(config, devices, topology, classes, seq_len)
         if flags.FLAGS.json:
             print(json.dumps(p.to_json()))
             return

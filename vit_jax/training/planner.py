@@ -3,6 +3,7 @@ for a TPU topology on any host (libtpu compiles for TPUs without one), and what 
 compiler reports of it: bytes per device, FLOPs, its own step-time estimate.
 
     p = plan(config, "v3-8")   # -> Plan; p.fits, p.step_seconds, p.core_days, ...
+    p = plan(config, "v5e-8", seq_len=576)   # a NaFlex batch of 576 patches a row
 
 The step is the training loop's (`step.jit_steps` with the config's model, optimizer,
 loss, mesh and remat: `loop_step`), lowered with abstract arrays (nothing allocated). The
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import re
 import time
@@ -27,9 +29,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.base import console
+from vit_jax.models import attention
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
-from vit_jax.training.compiled import CHIPS, Chip, compiled_figures, kernel_flops, loop_of
+from vit_jax.training.compiled import CHIPS, Chip, compiled_figures, loop_of
 from vit_jax.training.step import jit_steps
 
 # Cloud accelerator names (vN-COUNT: TensorCores for v3/v4/v5p, chips for v5e/v6e) -> the
@@ -82,6 +85,9 @@ class Plan:
     compile_seconds: float = 0.0  # this host's time to lower and compile the step
     loop: str = ""  # the field whose loop XLA counts once (loop_of): no FLOPs, no time
     kernel_flops: float = 0.0  # of `flops`: a fused attention kernel's, analytic (kernel_flops)
+    seq_len: int = 0  # NaFlex: patches a row (0: images of config.image_size)
+    tokens: int = 0  # the blocks' sequence, a class token included
+    kernel_tokens: int = 0  # after the attention kernel's padding (splash: a multiple of 128)
 
     @property
     def fits(self) -> bool:
@@ -157,9 +163,13 @@ def num_classes_of(config: ml_collections.ConfigDict) -> int:
     return NUM_CLASSES[name]
 
 
-def loop_step(config: ml_collections.ConfigDict, mesh: Any, num_classes: int):
+def loop_step(
+    config: ml_collections.ConfigDict, mesh: Any, num_classes: int, seq_len: int | None = None
+):
     """The training loop's jitted step for `config` on `mesh` and its abstract arguments
-    (state and batch as ShapeDtypeStructs with their shardings): (step, state, batch)."""
+    (state and batch as ShapeDtypeStructs with their shardings): (step, state, batch). With
+    `seq_len` the batch is NaFlex's (models/naflex.py), `seq_len` patches a row; the position
+    table is still made for config.image_size (NaFlex resizes it to each image's grid)."""
     model = state_lib.build_model(config.model, num_classes, adapters=config.get("lora"))
     tx, lr_fn = state_lib.optimizer_of(config)
     start = state_lib.Start(seed=config.seed, image_size=config.image_size)
@@ -170,10 +180,13 @@ def loop_step(config: ml_collections.ConfigDict, mesh: Any, num_classes: int):
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
     )
     b, size, split = config.batch_size, config.image_size, sharding.batch_sharding(mesh)
-    batch = {
-        "image": jax.ShapeDtypeStruct((b, size, size, model.channels), jnp.float32, sharding=split),
-        "label": jax.ShapeDtypeStruct((b, num_classes), jnp.float32, sharding=split),
-    }
+    at = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=split)
+    image = at((b, size, size, model.channels))
+    if seq_len:
+        row = (b, seq_len)
+        image = {"patches": at((*row, model.patch_dim)), "coords": at((*row, 2), jnp.int32)}
+        image["valid"] = at(row, jnp.bool_)
+    batch = {"image": image, "label": at((b, num_classes))}
     if len({d.process_index for d in mesh.devices.flat}) > 1:  # the processes' stop signals
         batch["stop"] = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=split)
     return step, state, batch
@@ -193,18 +206,39 @@ def argument_bytes(state: Any, batch: Any) -> dict[str, int]:
     )
 
 
-def plan(config: ml_collections.ConfigDict, topology: str, num_classes: int | None = None) -> Plan:
-    """Compiles `config`'s train step for `topology` and reads the compiler's figures."""
-    return plan_on(config, topology_devices(topology), topology, num_classes)
+def plan(
+    config: ml_collections.ConfigDict,
+    topology: str,
+    num_classes: int | None = None,
+    seq_len: int | None = None,
+) -> Plan:
+    """Compiles `config`'s train step for `topology` and reads the compiler's figures; with
+    `seq_len`, for NaFlex batches of that many patches a row."""
+    return plan_on(config, topology_devices(topology), topology, num_classes, seq_len)
+
+
+def sequence(model: Any, image_size: int, seq_len: int | None) -> tuple[int, int, str]:
+    """(tokens, tokens after the kernel's padding, the attention that runs) of `model`'s
+    blocks on the compile target in context (the mesh's: `sharding.on_mesh`)."""
+    tokens = (seq_len or math.prod(model.grid((image_size,) * 2))) + int(model.has_class_token)
+    how = attention.choose(model.attention, tokens, model.dtype, model.attention_dropout)
+    block = {"splash": attention.BLOCK, "cudnn": 2}.get(how, 1)
+    return tokens, -(-tokens // block) * block, how
 
 
 def plan_on(
-    config: ml_collections.ConfigDict, devices: list[Any], name: str, num_classes: int | None = None
+    config: ml_collections.ConfigDict,
+    devices: list[Any],
+    name: str,
+    num_classes: int | None = None,
+    seq_len: int | None = None,
 ) -> Plan:
     """`plan` for a list of devices (a topology's, or this host's own)."""
     classes = num_classes or num_classes_of(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
-    step, state, batch = loop_step(config, mesh, classes)
+    step, state, batch = loop_step(config, mesh, classes, seq_len)
+    model = state_lib.build_model(config.model, classes, adapters=config.get("lora"))
+    tokens, padded, how = sharding.on_mesh(mesh, sequence)(model, config.image_size, seq_len)
     held = argument_bytes(state, batch)
     kind = devices[0].device_kind
     chip = CHIPS.get(kind, Chip(0, 0.0, getattr(devices[0], "num_cores", 1) or 1))
@@ -219,6 +253,9 @@ def plan_on(
         total_steps=config.total_steps,
         cores_per_device=chip.cores,
         loop=loop_of(config) or "",
+        seq_len=seq_len or 0,
+        tokens=tokens,
+        kernel_tokens=padded,
     )
     began, hbm, kernel = time.perf_counter(), chip.hbm_bytes, 0.0
     try:
@@ -234,10 +271,8 @@ def plan_on(
         temp, total, flops, seconds = compiled_figures(compiled)
         if known["loop"]:
             flops, seconds = 0.0, 0.0
-        else:
-            model = state_lib.build_model(config.model, classes, adapters=config.get("lora"))
-            per_device = config.batch_size / len(devices)
-            kernel = sharding.on_mesh(mesh, kernel_flops)(model, config.image_size, per_device)
+        elif how != "xla":  # compiled.kernel_flops' count, at the sequence's tokens
+            kernel = 12.0 * config.batch_size / len(devices) * tokens**2 * model.width * model.depth
             seconds += kernel / chip.peak_flops if seconds and chip.peak_flops else 0.0
     return Plan(
         **known,
