@@ -7,6 +7,7 @@ shapes alone (`Shape`), without allocating a model's worth of zeros.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +47,30 @@ def torch_names(modules: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def leaf_to_torch(name: str, a: Any) -> Any:
+    """An attention or MLP tensor at `name` (its original key's tail) -> torch's Linear
+    layout: q, k, v kernels [D, H, d] -> [H*d, D], out [H, d, D] -> [D, H*d], q, k, v
+    biases [H, d] -> [H*d], Dense kernels transposed; the rest as they are."""
+    if name.endswith("out/kernel"):
+        return a.reshape(-1, a.shape[-1]).T
+    if re.search(r"(query|key|value)/kernel$", name):
+        return a.reshape(a.shape[0], -1).T
+    if re.search(r"(query|key|value)/bias$", name):
+        return a.reshape(-1)
+    return a.T if name.endswith("kernel") else a
+
+
+def leaf_from_torch(name: str, a: np.ndarray, num_heads: int) -> np.ndarray:
+    """`leaf_to_torch` undone: torch's tensor for `name` in the original layout."""
+    if name.endswith("out/kernel"):
+        return a.T.reshape(num_heads, -1, a.shape[0])
+    if re.search(r"(query|key|value)/kernel$", name):
+        return a.T.reshape(a.shape[1], num_heads, -1)
+    if re.search(r"(query|key|value)/bias$", name):
+        return a.reshape(num_heads, -1)
+    return a.T if name.endswith("kernel") else a
+
+
 def concat(parts: Sequence[Any], axis: int = 0) -> Any:
     """np.concatenate for arrays, the concatenated shape for `Shape`s."""
     if isinstance(parts[0], Shape):
@@ -53,6 +78,13 @@ def concat(parts: Sequence[Any], axis: int = 0) -> Any:
         shape[axis] = sum(p.shape[axis] for p in parts)
         return Shape(shape)
     return np.concatenate(parts, axis=axis)
+
+
+def unfuse(at: str, names: Sequence[str], a: np.ndarray, num_heads: int) -> dict[str, np.ndarray]:
+    """`concat` undone: torch's fused rows (timm's q, k, v or k, v) as `names` under `at`."""
+    leaf = "kernel" if a.ndim == 2 else "bias"
+    parts = zip(names, np.split(a, len(names)), strict=True)
+    return {f"{at}/{n}/{leaf}": leaf_from_torch(f"{n}/{leaf}", p, num_heads) for n, p in parts}
 
 
 def conv_to_torch(k: Any) -> Any:

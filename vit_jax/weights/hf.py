@@ -33,7 +33,15 @@ from vit_jax.base import files, store
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import safetensors_io
-from vit_jax.weights._tensors import Shape, check_table, conv_to_torch, top_from_torch, torch_names
+from vit_jax.weights._tensors import (
+    Shape,
+    check_table,
+    conv_to_torch,
+    leaf_from_torch,
+    leaf_to_torch,
+    top_from_torch,
+    torch_names,
+)
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.meta import Meta, checked
@@ -74,14 +82,19 @@ def to_hf(params: dict) -> dict[str, Any]:
     """An original-layout tree (arrays or `Shape`s) -> the HF state dict (same kind).
 
     Raises:
-      CheckpointError: a hybrid, a model without class token or with a representation
-        layer, which transformers' ViT cannot hold.
+      CheckpointError: a hybrid, a model without class token (a 'gap' or 'map' one) or
+        with a representation layer, which transformers' ViT cannot hold.
     """
     flat = traverse_util.flatten_dict(params, sep="/")
     if "conv_root/kernel" in flat:
         raise CheckpointError(
             "a hybrid (ResNet stem) has no transformers ViT equivalent: use format='timm' or "
             "format='npz'"
+        )
+    if "MAPHead_0/probe" in flat:
+        raise CheckpointError(
+            "the model pools with a MAP head (classifier 'map'); transformers' ViT has none: "
+            "use format='timm' or format='npz'"
         )
     if "cls" not in flat:
         raise CheckpointError(
@@ -97,24 +110,13 @@ def to_hf(params: dict) -> dict[str, Any]:
     for key, a in flat.items():
         m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.*)", key)
         if m and m[2] in _BLOCK:
-            out[f"vit.encoder.layer.{m[1]}.{_BLOCK[m[2]]}"] = _block_to(m[2], a)
+            out[f"vit.encoder.layer.{m[1]}.{_BLOCK[m[2]]}"] = leaf_to_torch(m[2], a)
         elif key in _TOP:
             b = conv_to_torch(a) if key == "embedding/kernel" else a
             out[_TOP[key]] = b.T if key == "head/kernel" else b
         else:
             raise CheckpointError(f"parameter {key} {tuple(a.shape)} has no place in HF's ViT")
     return out
-
-
-def _block_to(name: str, a: Any) -> Any:
-    """One block tensor, original -> HF."""
-    if name.endswith("out/kernel"):  # [H, d, D] -> [D_out, H*d]
-        return a.reshape(-1, a.shape[-1]).T
-    if re.search(r"(query|key|value)/kernel$", name):  # [D, H, d] -> [H*d, D]
-        return a.reshape(a.shape[0], -1).T
-    if re.search(r"(query|key|value)/bias$", name):
-        return a.reshape(-1)
-    return a.T if name.endswith("kernel") else a
 
 
 def config(model: VisionTransformer, image_size: tuple[int, int], meta: Meta | None = None) -> dict:
@@ -248,15 +250,7 @@ def from_hf(tensors: dict[str, np.ndarray], num_heads: int) -> dict:
         m = re.fullmatch(r"vit\.encoder\.layer\.(\d+)\.(.*)", key)
         if m and m[2] in block:
             name = block[m[2]]
-            if name.endswith("out/kernel"):
-                a = a.T.reshape(num_heads, -1, a.shape[0])
-            elif re.search(r"(query|key|value)/kernel$", name):
-                a = a.T.reshape(a.shape[1], num_heads, -1)
-            elif re.search(r"(query|key|value)/bias$", name):
-                a = a.reshape(num_heads, -1)
-            elif name.endswith("kernel"):
-                a = a.T
-            flat[f"Transformer/encoderblock_{m[1]}/{name}"] = a
+            flat[f"Transformer/encoderblock_{m[1]}/{name}"] = leaf_from_torch(name, a, num_heads)
         elif key in top:
             flat[top[key]] = top_from_torch(top[key], a)
         else:

@@ -200,11 +200,15 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
     """The onnx.ModelProto of `model` (plain or hybrid, scan=False layout) at `size`.
 
     Raises:
-      ValueError: position embeddings other than 'learned' / 'none'.
+      ValueError: position embeddings other than 'learned' / 'none', or a MAP head.
     """
     if model.posemb not in ("learned", "none"):
         raise ValueError(
             f"the ONNX export supports posemb 'learned' and 'none', not {model.posemb!r}"
+        )
+    if model.classifier == "map":
+        raise ValueError(
+            "the ONNX export has no MAP head (classifier 'map'): use format='timm' or format='npz'"
         )
     tree = jax.tree.map(lambda v: np.asarray(v, np.float32), params)
     g = _Graph(model.layer_norm_eps)

@@ -12,6 +12,7 @@ Key map (torch Linear weights are the transpose of Flax kernels; convs [O, I, kh
   .../MlpBlock_3/Dense_0, Dense_1        blocks.{i}.mlp.fc1 [M, D], fc2 [D, M]
   Transformer/encoder_norm               norm
   head/{kernel [D, K], bias}             head.{weight [K, D], bias}
+  MAPHead_0/...                          attn_pool.{latent, q, kv, proj, norm, mlp} ('map')
 Hybrids (timm's ResNetV2 stem, `patch_embed.backbone.` + ...):
   conv_root, gn_root                     stem.conv, stem.norm (root-only stems: conv, norm)
   block{s}/unit{u}/conv{r}, gn{r}        stages.{s-1}.blocks.{u-1}.conv{r}, norm{r}
@@ -45,24 +46,25 @@ from vit_jax.weights._tensors import (
     concat,
     conv_from_torch,
     conv_to_torch,
+    leaf_from_torch,
+    leaf_to_torch,
     top_from_torch,
     torch_names,
+    unfuse,
 )
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 
 _ATT = "MultiHeadDotProductAttention_1"
-_BLOCK = {  # original name under encoderblock_{i}/ -> timm name under blocks.{i}.
-    **torch_names(
-        {
-            "LayerNorm_0": "norm1",
-            "LayerNorm_2": "norm2",
-            "MlpBlock_3/Dense_0": "mlp.fc1",
-            "MlpBlock_3/Dense_1": "mlp.fc2",
-        }
-    ),
-    f"{_ATT}/out/bias": "attn.proj.bias",
-}
+_BLOCK = torch_names(  # original name under encoderblock_{i}/ -> timm name under blocks.{i}.
+    {
+        "LayerNorm_0": "norm1",
+        "LayerNorm_2": "norm2",
+        "MlpBlock_3/Dense_0": "mlp.fc1",
+        "MlpBlock_3/Dense_1": "mlp.fc2",
+        f"{_ATT}/out": "attn.proj",
+    }
+)
 _TOP = {
     "cls": "cls_token",
     POSEMB: "pos_embed",
@@ -70,6 +72,16 @@ _TOP = {
         {"embedding": "patch_embed.proj", "Transformer/encoder_norm": "norm", "head": "head"}
     ),
 }
+_MAP, _MAP_ATT = "MAPHead_0/", "MultiHeadDotProductAttention_0"
+_POOL = {"probe": "latent"} | torch_names(  # under MAPHead_0/ -> under attn_pool. (k, v: kv)
+    {
+        "LayerNorm_0": "norm",
+        "MlpBlock_0/Dense_0": "mlp.fc1",
+        "MlpBlock_0/Dense_1": "mlp.fc2",
+        f"{_MAP_ATT}/query": "q",
+        f"{_MAP_ATT}/out": "proj",
+    }
+)
 _PRE_LOGITS = (
     "the checkpoint has a representation layer (pre_logits) under its head; timm's "
     "VisionTransformer has none. Convert with num_classes=K for a new head "
@@ -110,16 +122,15 @@ def to_timm(params: dict) -> dict[str, Any]:
     qkv: dict[str, dict[str, Any]] = {}
     for key, a in flat.items():
         m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.*)", key)
+        fused = re.fullmatch(_FUSED, key)
         if m and m[2] in _BLOCK:
-            t = _BLOCK[m[2]]
-            out[f"blocks.{m[1]}.{t}"] = a.T if t.endswith(("fc1.weight", "fc2.weight")) else a
-        elif m and m[2] == f"{_ATT}/out/kernel":  # [H, d, D] -> [D, H*d]
-            out[f"blocks.{m[1]}.attn.proj.weight"] = a.reshape(-1, a.shape[-1]).T
-        elif m and re.fullmatch(f"{_ATT}/(query|key|value)/(kernel|bias)", m[2]):
-            _, name, leaf = m[2].split("/")
-            part = a.reshape(a.shape[0], -1).T if leaf == "kernel" else a.reshape(-1)  # [H*d(, D)]
-            leaf = "weight" if leaf == "kernel" else "bias"
-            qkv.setdefault(f"blocks.{m[1]}.attn.qkv.{leaf}", {})[name] = part
+            out[f"blocks.{m[1]}.{_BLOCK[m[2]]}"] = leaf_to_torch(m[2], a)
+        elif key.startswith(_MAP) and key[len(_MAP) :] in _POOL:
+            out["attn_pool." + _POOL[key[len(_MAP) :]]] = leaf_to_torch(key, a)
+        elif fused:  # one of timm's fused q, k, v (a block's) or k, v (the MAP head's)
+            at = f"blocks.{m[1]}.attn.qkv" if m else "attn_pool.kv"
+            leaf = "weight" if fused[2] == "kernel" else "bias"
+            qkv.setdefault(f"{at}.{leaf}", {})[fused[1]] = leaf_to_torch(key, a)  # [H*d(, D)]
         elif key in _TOP:
             t = _TOP[key]
             out[t] = conv_to_torch(a) if key == "embedding/kernel" else a
@@ -128,12 +139,13 @@ def to_timm(params: dict) -> dict[str, Any]:
             out[_backbone_key(key, root_only)] = conv_to_torch(a) if a.ndim == 4 else a
         else:
             raise CheckpointError(f"parameter {key} {tuple(a.shape)} has no place in timm's layout")
-    for key, parts in qkv.items():  # rows q, k, v of [3D, D] (weight) or [3D] (bias)
-        out[key] = concat([parts[n] for n in _QKV], 0)
+    for key, parts in qkv.items():  # rows q, k, v of [3D, D] (weight) or [3D] (bias); kv: k, v
+        out[key] = concat([parts[n] for n in _QKV if n in parts], 0)
     return out
 
 
 _QKV = ("query", "key", "value")
+_FUSED = rf".*(?:{_ATT}|{_MAP_ATT})/(query|key|value)/(kernel|bias)"  # timm fuses them
 
 
 def timm_shapes(model: VisionTransformer, image_size: tuple[int, int]) -> dict[str, Shape]:
@@ -168,22 +180,20 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
         )
     inverse = {v: k for k, v in _TOP.items()}
     block = {v: k for k, v in _BLOCK.items()}
+    pool = {f"attn_pool.{v}": _MAP + k for k, v in _POOL.items()}
     flat: dict[str, np.ndarray] = {}
     for key, a in tensors.items():
         a = np.asarray(a)
         m = re.fullmatch(r"blocks\.(\d+)\.(.*)", key)
         enc = f"Transformer/encoderblock_{m[1]}/" if m else ""
         if m and m[2] in block:
-            flat[enc + block[m[2]]] = a.T if a.ndim == 2 else a
-        elif m and m[2] == "attn.proj.weight":  # [D, H*d] -> [H, d, D]
-            flat[enc + f"{_ATT}/out/kernel"] = a.T.reshape(num_heads, -1, a.shape[0])
+            flat[enc + block[m[2]]] = leaf_from_torch(block[m[2]], a, num_heads)
         elif m and m[2] in ("attn.qkv.weight", "attn.qkv.bias"):
-            for name, part in zip(_QKV, np.split(a, 3, axis=0), strict=True):
-                if a.ndim == 2:  # [D, D] rows out -> [D_in, H, d]
-                    kernel = part.T.reshape(part.shape[1], num_heads, -1)
-                    flat[enc + f"{_ATT}/{name}/kernel"] = kernel
-                else:
-                    flat[enc + f"{_ATT}/{name}/bias"] = part.reshape(num_heads, -1)
+            flat |= unfuse(enc + _ATT, _QKV, a, num_heads)
+        elif key in pool:
+            flat[pool[key]] = leaf_from_torch(pool[key], a, num_heads)
+        elif key in ("attn_pool.kv.weight", "attn_pool.kv.bias"):
+            flat |= unfuse(_MAP + _MAP_ATT, ("key", "value"), a, num_heads)
         elif key in inverse:
             flat[inverse[key]] = top_from_torch(inverse[key], a)
         elif key.startswith("patch_embed.backbone."):
@@ -251,7 +261,7 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
     and load the converted file at `path` with a strict `load_state_dict`.
 
     Every argument is spelled out: sizes, mlp_ratio, patch, image size, channels, classes,
-    pooling (class token; 'avg' or none with the final norm before pooling), the GELU
+    pooling (class token; 'avg', 'map' or none with the final norm before pooling), the GELU
     ('gelu_tanh' or the exact 'gelu', as `model.gelu`), the LayerNorm eps and, for
     hybrids, the ResNetV2 stem with GroupNorm eps 1e-6 and the original weight
     standardisation. Pasted into Python (or exec'd), the lines
@@ -270,7 +280,7 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
             "format='onnx'"
         )
     h, w = image_size
-    pool = {"token": "'token'", "gap": "'avg'", "unpooled": "''"}[model.classifier]
+    pool = {"token": "'token'", "gap": "'avg'", "map": "'map'", "unpooled": "''"}[model.classifier]
     args = [
         f"img_size={(h, w)!r}",
         f"patch_size={model.patch_size}",
