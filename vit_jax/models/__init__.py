@@ -7,6 +7,7 @@
   lora.py          low-rank adapters on the blocks' Dense layers: merge, split, overlay
   resnet.py        the hybrids' ResNet stem (weight-standardised convs, GroupNorm)
   posemb.py        position embeddings, learned or sin-cos, resized on their grid
+  naflex.py        NaFlex input: patches, coordinates, validity; per-image position resize
   patch_resize.py  a patch kernel at another patch size (FlexiViT's pseudo-inverse)
   predict.py       a model applied for inference (batched, padded, jitted)
 Module names are the published checkpoints' parameter names: a renamed module is a
