@@ -15,6 +15,7 @@ process reads only its share. Layout:
   tables.py         the random-access tables of the three sources
   pixels.py         the one preprocessing: decode, crop, resize (tf_bilinear or
                     pil_antialias), [-1, 1]
+  crop_decode.py    a JPEG's training crop decoded alone, as big_vision (_crop_decode.c)
   augment.py        Inception crop, flip, mixup, label smoothing, seeded per step
   randaugment.py    big_vision's RandAugment (the AugReg recipes), NumPy and PIL
   order.py          which example sits at each position of a process's share
@@ -33,7 +34,7 @@ from vit_jax.data.config import DEFAULT_IDX_DIR, default_config
 
 _PIPELINE = ("class_names", "eval_iterator", "num_classes", "num_examples", "train_iterator")
 
-__all__ = ["DEFAULT_IDX_DIR", "CorruptImageError", "default_config", *_PIPELINE]
+__all__ = ["DEFAULT_IDX_DIR", "CorruptImageError", "decode_crop", "default_config", *_PIPELINE]
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: Grain and PIL only when a pipeline is used
@@ -45,4 +46,8 @@ def __getattr__(name: str) -> Any:  # PEP 562: Grain and PIL only when a pipelin
         from vit_jax.data.folder_source import CorruptImageError
 
         return CorruptImageError
+    if name == "decode_crop":
+        from vit_jax.data.crop_decode import decode_crop
+
+        return decode_crop
     raise AttributeError(f"module 'vit_jax.data' has no attribute {name!r}")

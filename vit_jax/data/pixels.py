@@ -26,8 +26,9 @@ Two resize methods, a property of a checkpoint (it is trained and evaluated with
 Measured (BENCHMARKS.md, "Decoders"): none of the pip-installable decoders that bundle
 their native code decodes a JPEG crop window faster than simplejpeg decodes the whole
 file, and DCT-scaled decoding changes the pixels of both methods, so the whole file is
-decoded and the window is a view. PIL, simplejpeg and OpenCV release the GIL: threads
-run all of this in parallel.
+decoded and the window is a view (crop_decode.py decodes a training window alone, with
+a native module of its own, where a config asks: the AugReg presets). PIL, simplejpeg and
+OpenCV release the GIL: threads run all of this in parallel.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
 # EXIF orientation -> the array operation that makes the image upright (as PIL's
 # ImageOps.exif_transpose: 2 mirror, 3 rotate 180, 4 flip, 5 transpose, 6 rotate 270,
 # 7 transverse, 8 rotate 90 counter-clockwise).
-_UPRIGHT = {
+UPRIGHT = {
     2: lambda a: a[:, ::-1],
     3: lambda a: a[::-1, ::-1],
     4: lambda a: a[::-1],
@@ -116,7 +117,7 @@ _UPRIGHT = {
 }
 
 
-def _orientation(data: bytes) -> int:
+def orientation(data: bytes) -> int:
     """The EXIF orientation of a JPEG (1 without one): the first APP1 Exif segment's IFD0
     tag 0x0112, as PIL's getexif reads it, without opening the image (a tenth of the
     decode's time, in PIL)."""
@@ -152,14 +153,14 @@ def _jpeg(data: bytes, method: str) -> np.ndarray | None:
         if colorspace not in ("Gray", "YCbCr", "RGB"):  # CMYK, YCCK: PIL's conversion
             return None
         gray = colorspace == "Gray"
-        orientation = _orientation(data)
+        turn = orientation(data)
         out = simplejpeg.decode_jpeg(
             data, colorspace="GRAY" if gray else "RGB", fastdct=method == "tf_bilinear"
         )
     except (ValueError, IndexError, RuntimeError):  # PIL's path names what is wrong
         return None
     out = np.repeat(out, 3, -1) if gray else out
-    upright = _UPRIGHT.get(orientation)
+    upright = UPRIGHT.get(turn)
     return out if upright is None else np.ascontiguousarray(upright(out))
 
 
