@@ -34,6 +34,8 @@ Point by point, big_vision's value and this preset's:
     mixup                one Beta(a, a) weight per      same, without the fold
                          batch, folded to max(w, 1-w),  (equal in distribution: see
                          partner = the batch rolled     data/augment.py's mixup)
+    training crop        decode_and_crop_jpeg: only     same, bit-exact (tests;
+                         the window is decoded          dataset.decode='crop')
     RandAugment          2 layers, magnitude 0-20       same ops, bit-exact (tests)
     Posterize above 22.5 1 bit (TF's shift wraps)       same
     pooling (i21k)       'gap' in vit_i21k.py           class token, as the released
@@ -102,6 +104,7 @@ def _augreg(c, setting: str, reg: float, head_bias: float):
     mixup, randaug = SETTINGS[setting]
     c.dataset.mixup = mixup
     c.dataset.randaugment = randaug
+    c.dataset.decode = "crop"  # big_vision's decode_jpeg_and_inception_crop
     c.model.dropout = c.model.stochastic_depth = reg
     c.loss = "sigmoid_xent"
     c.model.head_bias_init = head_bias

@@ -24,6 +24,11 @@ The fields (`default_config` sets their defaults: Fashion-MNIST from idx files):
         published checkpoints were trained and evaluated) or 'pil_antialias' (PIL's
         antialiased bilinear rounded to uint8; what HF's and timm's processors
         compute). Checkpoints the run writes record it (vit_jax/data/pixels.py).
+    decode: How a training crop comes out of a JPEG (folder and tfds sources): 'full'
+        (the whole file decoded, the Inception window sliced from it: the original
+        vit_jax, the paper's presets) or 'crop' (the window alone, as big_vision's
+        tf.image.decode_and_crop_jpeg: the AugReg presets; in 4:2:0 files its first and
+        last columns differ). Evaluation decodes whole files (vit_jax/data/crop_decode.py).
     crop_min_area: Smallest crop area (fraction of the image) of the Inception crop.
     flip: Random horizontal flips in training.
     mixup: Beta(alpha, alpha) mixup within the local batch; 0 turns it off.
@@ -33,7 +38,8 @@ The fields (`default_config` sets their defaults: Fashion-MNIST from idx files):
     label_smoothing: One-hot targets become (1 - s) * onehot + s / num_classes.
     skip_corrupt: Skip images that do not decode (folder source; counted and
         logged) instead of raising an error that names the file.
-    cache: Keep decoded images in memory (folder and tfds sources; idx always is).
+    cache: Keep decoded images in memory (folder and tfds sources; idx always is); with
+        decode='crop' the files' bytes, so that the pixels do not depend on it.
     threads: Threads that prepare batches ahead of the loop in this process; 0 means
         one per CPU core.
     workers: Grain worker processes that prepare batches (each with one thread);
@@ -57,7 +63,7 @@ from vit_jax.base.problems import (
     raise_if_any,
     table_problems,
 )
-from vit_jax.data import pixels, randaugment, splits
+from vit_jax.data import crop_decode, pixels, randaugment, splits
 
 SOURCES = ("idx", "folder", "tfds")
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
@@ -79,6 +85,7 @@ def default_config() -> ml_collections.ConfigDict:
             examples_per_class=config_dict.placeholder(int),
             subset_seed=0,
             preprocessing="tf_bilinear",
+            decode="full",
             crop_min_area=0.05,
             flip=True,
             mixup=0.0,
@@ -113,6 +120,7 @@ def _randaugment(args: Any) -> str | None:
 FIELDS = {
     "source": one_of(SOURCES),
     "preprocessing": one_of(pixels.METHODS),
+    "decode": one_of(crop_decode.DECODES),
     "train_split": splits.spec_rule,
     "test_split": splits.spec_rule,
     "classes": optional(_classes),
@@ -139,6 +147,8 @@ def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[P
             "DIR/test/<class>/*.jpg"
         )
         out.append(Problem(f"{prefix}data_dir", cfg.data_dir, why))
+    if cfg.decode == "crop" and cfg.source != "idx" and crop_decode.native() is None:
+        out.append(Problem(f"{prefix}decode", cfg.decode, crop_decode.MISSING))
     return out
 
 

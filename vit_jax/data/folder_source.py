@@ -115,23 +115,28 @@ def read(path: str) -> bytes:
     return store.path(path).read_bytes()
 
 
-def decode_all(paths: np.ndarray, keep_images: bool, method: str) -> tuple[np.ndarray, list, list]:
+def decode_all(
+    paths: np.ndarray, keep_images: bool, method: str, encoded: bool = False
+) -> tuple[np.ndarray, list, list]:
     """Decodes every file once, by threads (the decoders release the GIL).
 
     Args:
         paths: Files to decode.  # [N]
         keep_images: Return the decoded images (for the in-memory cache).
         method: The preprocessing, whose JPEG decode is used (pixels.decode).
+        encoded: Keep each file's bytes instead of its pixels (a crop-decoding cache).
 
     Returns:
         (ok, images, failures): positions of the files that decode, ascending  # [M]
-        with keep_images their uint8 images [h, w, 3] (else an empty list), and
+        with keep_images their uint8 images [h, w, 3] or bytes (else an empty list), and
         [(path, reason)] of those that do not.
     """
 
     def one(path):
         try:
-            return pixels.decode(read(path), method), None
+            data = read(path)
+            image = pixels.decode(data, method)
+            return data if encoded else image, None
         except (ValueError, OSError) as e:
             return None, str(e)
 

@@ -120,9 +120,11 @@ class TrainBatch:
             dtype = pixels.dtype_of(method)
             hot = dtype == np.float32 and cfg.randaugment is None
             images, labels = np.empty([len(index), *self.size, 3], dtype), []
+            crop = cfg.decode == "crop"
             for j, (i, u) in enumerate(zip(index, draws, strict=True)):
                 window = functools.partial(augment.crop_window, u=u, min_area=area)
-                labels.append(tables.load(table, int(i), self.size, method, window, images[j])[1])
+                image = tables.load(table, int(i), self.size, method, window, images[j], crop)
+                labels.append(image[1])
                 if cfg.flip and u[-1] < 0.5:
                     pixels.mirror(images[j])
                 if hot:

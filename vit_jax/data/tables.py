@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax.data import config as config_lib
-from vit_jax.data import folder_source, idx_source, pixels, splits, subsets
+from vit_jax.data import crop_decode, folder_source, idx_source, pixels, splits, subsets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,15 +54,18 @@ class Table:
         return self.size
 
 
-def load(table: Table, i: int, size, method: str, window=None, out=None) -> tuple[np.ndarray, int]:
+def load(table: Table, i: int, size, method: str, window=None, out=None, crop=False):
     """Example i as pixels (`pixels.decode_crop_resize`: window, size, method; written into
-    `out` when given) and its label.
+    `out` when given) and its label. With `crop`, a file decodes its window alone
+    (`crop_decode`: big_vision's pixels).
 
     Raises:
         The table's `corrupt` error, naming the example, for an image that does not decode.
     """
     try:
         image, label = table.example(i)
+        if crop and window is not None and not isinstance(image, np.ndarray):
+            image, window = crop_decode.decode_crop(image, window, method), None
         return pixels.decode_crop_resize(image, size, method, window, out), label
     except (ValueError, OSError) as e:
         raise table.corrupt(i, str(e)) from None
@@ -99,8 +102,8 @@ def open_table(cfg: ml_collections.ConfigDict, spec: str) -> Table:
         key += (cfg.skip_corrupt, cfg.cache, cfg.train_split, cfg.test_split)
     if cfg.source == "tfds":
         key += (cfg.name, cfg.cache)
-    if cfg.cache:  # decoded as the preprocessing decodes JPEGs
-        key += (cfg.preprocessing,)
+    if cfg.cache:  # decoded as the preprocessing decodes JPEGs, or kept encoded
+        key += (cfg.preprocessing, cfg.decode)
     if key not in _TABLES:
         opener = {"idx": _open_idx, "folder": _open_folder, "tfds": _open_tfds}[cfg.source]
         _TABLES[key] = opener(cfg, spec, classes, epc)
@@ -138,7 +141,10 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     num_classes = len(classes) if classes else len(class_names)
     failures = []
     if cfg.skip_corrupt or cfg.cache:  # every file decoded once, up front
-        ok, images, failures = folder_source.decode_all(paths, cfg.cache, cfg.preprocessing)
+        encoded = cfg.decode == "crop"
+        ok, images, failures = folder_source.decode_all(
+            paths, cfg.cache, cfg.preprocessing, encoded
+        )
         if failures and not cfg.skip_corrupt:
             raise folder_source.corrupt_error(*failures[0])
         if failures:
@@ -190,10 +196,11 @@ def _open_tfds(cfg, spec: str, classes, epc) -> Table:
         examples = []
         for i in range(len(kept)):
             image, label = example(i)
-            try:
-                examples.append((pixels.decode(image, cfg.preprocessing), label))
+            try:  # each decoded once; a crop-decoding config keeps the bytes
+                decoded = pixels.decode(image, cfg.preprocessing)
             except ValueError as e:
                 raise corrupt(i, str(e)) from None
+            examples.append((image if cfg.decode == "crop" else decoded, label))
         example = examples.__getitem__
     names = _kept(tfds_source.class_names(builder), classes)
     num_classes = len(classes) if classes else total
