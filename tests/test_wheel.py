@@ -13,7 +13,9 @@ import sys
 import zipfile
 
 import pytest
-from helpers import ROOT, TF_NOISE, needs_embedded_data
+from helpers import MISSING, ROOT, TF_NOISE, needs_embedded_data
+
+from vit_jax.data import crop_decode
 
 
 def sh(*cmd: str, cwd: str, env: dict | None = None) -> str:
@@ -43,9 +45,10 @@ def venv_python(tmp_path_factory):
     pytest.importorskip("setuptools")
     build = tmp_path_factory.mktemp("wheel")
     # From a copy: setuptools builds in the source's build/, where modules since removed
-    # would still be found and shipped.
+    # would still be found and shipped; the native module an editable install built in
+    # place is left behind too, so that the wheel ships one built for it.
     source = build / "source"
-    skip = shutil.ignore_patterns(".git", "build", "workdirs", "*.egg-info", "__pycache__")
+    skip = shutil.ignore_patterns(".git", "build", "workdirs", "*.egg-info", "__pycache__", "*.so")
     shutil.copytree(ROOT, source, ignore=skip)
     sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
        "-w", str(build), str(source), cwd=str(build))  # fmt: skip
@@ -110,3 +113,25 @@ def test_wheel_runs_a_preset_from_an_empty_directory(venv_python, tmp_path):
     out = sh(python, "-m", "vit_jax.infer", f"--checkpoint={work}/final.npz", f"--image={image}",
              "--top_k=2", cwd=str(empty), env=env)  # fmt: skip
     assert out.splitlines()[0] == str(image) and len(out.splitlines()) == 3
+
+
+CROP = """
+import io, numpy as np
+from PIL import Image
+from vit_jax.data import crop_decode
+out = io.BytesIO()
+Image.fromarray(np.full((20, 30, 3), 90, np.uint8)).save(out, "JPEG")
+print(crop_decode.native().__file__, crop_decode.decode_crop(out.getvalue(), (2, 3, 4, 5)).shape)
+"""
+
+
+def test_wheel_builds_and_ships_the_native_crop_decoder(venv_python, tmp_path):
+    """setup.py's extension, built where libjpeg-turbo's headers are (setup.sh installs
+    them), is in the wheel and decodes there."""
+    if crop_decode.native() is None:
+        pytest.skip(f"{MISSING} {crop_decode.MISSING}")
+    python, purelib = venv_python
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = sh(python, "-c", CROP, cwd=str(tmp_path), env=env).split()
+    assert out[0].startswith(os.path.join(purelib, "vit_jax", "data", "_crop_decode.")), out
+    assert out[1:] == ["(4,", "5,", "3)"]
