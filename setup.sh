@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs vit_jax with everything the main job, the tests and the notebooks need, and
 # the embedded default dataset: Fashion-MNIST from Debian's dataset-fashion-mnist.
+# With libjpeg-turbo's headers first, which the native crop decoder is built against.
 # ".[all]" is the core (~450 MB: jax, flax, optax, orbax, grain, ...: all the main job
 # needs) + data (TFDS datasets without TensorFlow, ~50 MB) + tf (TensorFlow, ~1.3 GB,
 # for the tests alone: test_tfds, test_fewshot and test_inspect prepare TFDS datasets
@@ -17,6 +18,21 @@ missing() {
   echo "setup.sh: $1" >&2
   if [ "${CI:-}" = true ] || [ "${CI:-}" = 1 ]; then exit 1; fi
 }
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+APT_UPDATED=""
+apt_install() {  # Debian packages, where there is apt-get (the package lists updated once)
+  command -v apt-get >/dev/null 2>&1 || return 1
+  [ -n "$APT_UPDATED" ] || $SUDO apt-get update -qq >/dev/null
+  APT_UPDATED=1
+  $SUDO apt-get install -y -qq "$@" >/dev/null
+}
+# libjpeg-turbo's headers, before pip builds the package: setup.py compiles the native crop
+# decoder against them (vit_jax/data/_crop_decode.c, the AugReg presets' training crops).
+# Without them pip installs the package without it, and only dataset.decode='crop' refuses.
+if [ ! -f /usr/include/jpeglib.h ]; then
+  apt_install libjpeg62-turbo-dev 2>/dev/null || apt_install libjpeg-turbo8-dev 2>/dev/null ||
+    missing "libjpeg-turbo's headers not installed (apt-get install libjpeg62-turbo-dev, or libjpeg-turbo8-dev on Ubuntu); the crop decoder and its tests will skip"
+fi
 # PyTorch and torchvision for the format tests and for the lines `convert --format=timm`
 # prints (timm imports torchvision at start-up), installed before ".[all]" so that pip
 # keeps them. The CPU builds come from PyTorch's own index (~1 GB); where it cannot be
@@ -31,6 +47,8 @@ if ! pair; then
   pair || missing "no torch/torchvision pair imports; the torch, transformers and timm tests will skip"
 fi
 $PIP -e ".[all]"
+python3 -c "import vit_jax.data._crop_decode" 2>/dev/null ||
+  missing "vit_jax's native crop decoder was not built (libjpeg-turbo's headers?); its tests will skip"
 # timm for the format tests and the printed timm lines; with torch and torchvision in
 # place its other dependencies are light (pyyaml, huggingface_hub, safetensors).
 $PIP timm || missing "timm not installed; the timm format tests will skip"
@@ -61,9 +79,7 @@ FMNIST=/usr/share/datasets/fashion-mnist
 if [ -f "$FMNIST/train-images-idx3-ubyte.gz" ]; then
   :
 elif command -v apt-get >/dev/null 2>&1; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq >/dev/null
-  $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null
+  apt_install dataset-fashion-mnist
 else
   cat >&2 <<MSG
 setup.sh: no apt-get here, so the embedded Fashion-MNIST was not installed. Download the
