@@ -1,36 +1,44 @@
-"""Input-pipeline throughput: Grain against the tf.data pipeline it replaced, against the
-Grain pipeline of an earlier commit, and against the bound of its own per-image work.
+"""Input-pipeline throughput: Grain against tf.data doing the same work, and against the
+bound of its own per-image work; the training crop's decode alone against a whole decode.
 
     python benchmarks/input_pipeline.py                       # every case, 1 and 2 cores
-    python benchmarks/input_pipeline.py --cases=idx32 --cores=1 --batches=20
-    python benchmarks/input_pipeline.py --baseline=none --before=none  # this tree only
+    python benchmarks/input_pipeline.py --cases=jpeg224 --jpeg_size=480x640
+    python benchmarks/input_pipeline.py --baseline=none       # this tree only
     python benchmarks/input_pipeline.py --preprocessing=pil_antialias  # the other resize
     python benchmarks/input_pipeline.py --augreg --cases=jpeg224,idx32 --cores=1
-                                    # each AugReg setting (mixup + RandAugment) per core
+                                    # each AugReg preset's setting (mixup + RandAugment) per core
 
 Cases: the embedded Fashion-MNIST idx files (in memory, 28x28 gray) at 32 and 56 px,
 global batch 256; a folder of JPEGs (300x400, generated) at 224 px with Inception crop
 and flip, batch 32 (training); the same JPEGs resized whole to 384 px, batch 32
 (evaluation). Each (pipeline, case, cores) runs in its own process pinned to that many
 cores (os.sched_setaffinity): Grain with that many threads ('threads'), or that many
-worker processes ('workers'); tf.data with its own autotuning on those cores.
+worker processes ('workers'), or a hand-written thread pool in Grain's place ('pool');
+tf.data with its own autotuning on those cores.
 
-tf.data is the pipeline of commit --baseline (default c6b96ae, the last one that had it),
-and 'before' the Grain pipeline of commit --before (default 37b897f, PIL's decode and
-resize), each taken from git into a temporary directory and imported from there.
-The bound: the per-image work alone (idx: the batched crop + resize + flip; JPEG: read
-+ decode + crop + resize + flip), timed on one core, times the cores.
+The training case runs once per `dataset.decode` of --decodes, and tf.data does the same
+work in each: the pipeline of commit --baseline (default c6b96ae, the last one that had
+it, taken from git into a temporary directory) decodes the window alone for 'crop'
+(tf.image.decode_and_crop_jpeg, as big_vision's decode_jpeg_and_inception_crop), and for
+'full' decodes the whole file and slices the window (tf.io.decode_image, tf.slice: the
+original vit_jax's input_pipeline.py). The bound: the per-image work alone (idx: the
+batched crop + resize + flip; JPEG: read + decode + crop + resize + flip), timed on one
+core, times the cores. The decode alone: on one core, `decode_crop` of an Inception window
+of each file against simplejpeg's decode of the whole file (the integer-fast DCT of both).
 
---augreg times Grain (threads) with each AugReg setting of vit_jax/configs/augreg.py
-instead, and prints images/s per core against no augmentation and the cores needed
-per 1,000 images/s.
+--augreg times Grain (threads) with each setting of the AugReg presets (their mixup,
+RandAugment and decode, vit_jax/configs/augreg.py) and prints images/s per core against
+no augmentation and the cores needed per 1,000 images/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -62,14 +70,16 @@ def make_jpeg_folder(root: str, num_images: int, size=(300, 400), num_classes: i
             image.save(os.path.join(class_dir, f"{i:05d}.jpg"), quality=90)
 
 
-def config(case: str, folder: str, preprocessing: str = ""):
+def config(case: str, folder: str, preprocessing: str = "", decode: str = "full"):
     from vit_jax import data
 
     cfg = data.default_config()
     if CASES[case][0] == "folder":
         cfg.source, cfg.data_dir = "folder", folder
-    if preprocessing and "preprocessing" in cfg:  # trees before it have PIL's only
+    if preprocessing:
         cfg.preprocessing = preprocessing
+    if "decode" in cfg:  # the tf.data tree has none
+        cfg.decode = decode
     return cfg
 
 
@@ -91,18 +101,21 @@ def worker(args) -> None:
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cores]))
 
     _, size, batch = CASES[args.case]
-    cfg = config(args.case, args.folder, args.preprocessing)
-    if args.impl in ("grain", "before"):
+    cfg = config(args.case, args.folder, args.preprocessing, args.decode)
+    if args.impl == "grain":
         cfg.threads = args.cores if args.mode in ("threads", "pool") else 1
         cfg.workers = args.cores if args.mode == "workers" else 0
+    elif args.decode == "full":
+        slice_whole_decode()
     if args.mode == "pool":  # a hand-written thread pool in place of Grain's prefetch
         from vit_jax.data import pipeline
 
         pipeline.Batches = HandPool
-    if args.setting:
+    if args.setting:  # the preset's own dataset fields, not copies of them
         from vit_jax.configs import augreg
 
-        cfg.mixup, cfg.randaugment = augreg.SETTINGS[args.setting]
+        preset = augreg.get_config(f"b16,imagenet2012,{args.setting}").dataset
+        cfg.mixup, cfg.randaugment, cfg.decode = preset.mixup, preset.randaugment, preset.decode
     it = batches(cfg, args.case)
     for _ in range(args.warmup):
         next(it)
@@ -112,6 +125,16 @@ def worker(args) -> None:
     elapsed = time.perf_counter() - start
     assert out["image"].shape == (batch, size, size, 3)
     print(json.dumps({"ips": args.batches * batch / elapsed}))
+
+
+def slice_whole_decode() -> None:
+    """The baseline tf.data pipeline's training crop sliced from the whole decoded file (the
+    original vit_jax's tf.io.decode_jpeg + tf.slice), not decoded alone
+    (tf.image.decode_and_crop_jpeg): what dataset.decode='full' does."""
+    from vit_jax.data import preprocess  # the baseline tree's (PYTHONPATH)
+
+    crop = preprocess.random_crop
+    preprocess.random_crop = lambda image, seed, area: crop(preprocess.decode(image), seed, area)
 
 
 class HandPool:
@@ -152,60 +175,90 @@ class HandPool:
         self.close()
 
 
-def bound(case: str, folder: str, preprocessing: str, repeats: int = 3) -> float:
-    """Images/s of the per-image work alone, on one core (this process, pinned for the
-    time it takes: the workers started after it inherit the process's cores)."""
+@contextlib.contextmanager
+def one_core():
+    """This process pinned to one core for the block (the workers started after it inherit
+    the process's cores)."""
     cores = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {sorted(cores)[0]})
     try:
-        return _bound(case, folder, preprocessing, repeats)
+        yield
     finally:
         os.sched_setaffinity(0, cores)
 
 
-def _bound(case: str, folder: str, preprocessing: str, repeats: int) -> float:
-    import functools
-
+def bound(case: str, folder: str, preprocessing: str, decode: str, repeats: int = 3) -> float:
+    """Images/s of the per-image work alone, on one core (the best of `repeats`)."""
     from vit_jax.data import augment, pixels, tables
 
     _, size, batch = CASES[case]
-    cfg = config(case, folder, preprocessing)
+    cfg = config(case, folder, preprocessing, decode)
     table = tables.open_table(cfg, cfg.train_split)
     draws = augment.step_draws(0, 0, batch)
     index = np.arange(batch) % len(table)
     best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        if table.images is not None:  # what the pipeline does for in-memory images
-            h, w = table.images.shape[1:3]
-            boxes = [augment.crop_window(h, w, u, cfg.crop_min_area) for u in draws]
-            out = pixels.resize_batch(table.images[index], boxes, (size, size), cfg.preprocessing)
-            mirror = draws[:, -1] < 0.5
-            out[mirror] = out[mirror, :, ::-1]
-        for i, u in zip(index, draws, strict=True) if table.images is None else ():
-            crop = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
-            window = None if case == "eval384" else crop
-            image, _ = tables.load(table, int(i), (size, size), cfg.preprocessing, window)
-            if case != "eval384" and u[-1] < 0.5:
-                image = image[:, ::-1]
-        best = min(best, time.perf_counter() - start)
+    with one_core():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            if table.images is not None:  # what the pipeline does for in-memory images
+                h, w = table.images.shape[1:3]
+                boxes = [augment.crop_window(h, w, u, cfg.crop_min_area) for u in draws]
+                out = pixels.resize_batch(table.images[index], boxes, (size, size), preprocessing)
+                mirror = draws[:, -1] < 0.5
+                out[mirror] = out[mirror, :, ::-1]
+            for i, u in zip(index, draws, strict=True) if table.images is None else ():
+                crop = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
+                window = None if case == "eval384" else crop
+                load = (table, int(i), (size, size), preprocessing, window)
+                image, _ = tables.load(*load, crop=decode == "crop")
+                if case != "eval384" and u[-1] < 0.5:
+                    image = image[:, ::-1]
+            best = min(best, time.perf_counter() - start)
     return batch / best
 
 
-def run_worker(args, impl: str, case: str, cores: int, mode: str, pythonpath: str) -> float:
+def decode_alone(folder: str, repeats: int) -> dict[str, float]:
+    """Images/s on one core (the median of `repeats` passes over the training files) of
+    the training crop's decode: `decode_crop` of an Inception window of each file, and
+    simplejpeg's decode of the whole file, both with the integer-fast DCT."""
+    import simplejpeg
+
+    from vit_jax.data import augment, crop_decode
+
+    files = [entry.read_bytes() for entry in sorted(pathlib.Path(folder, "train").glob("*/*.jpg"))]
+    draws = augment.step_draws(0, 0, len(files))
+    windows = [functools.partial(augment.crop_window, u=u, min_area=0.05) for u in draws]
+    timed = {  # each result dropped at once, as in the pipeline
+        "crop": crop_decode.decode_crop,
+        "whole": lambda data, _: simplejpeg.decode_jpeg(data, fastdct=True),
+    }
+    out = {}
+    with one_core():
+        for name, decode in timed.items():
+            runs = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for data, window in zip(files, windows, strict=True):
+                    decode(data, window)
+                runs.append(len(files) / (time.perf_counter() - start))
+            out[name] = float(np.median(runs))
+    return out
+
+
+def run_worker(args, impl: str, case: str, cores: int, mode: str, path: str, decode="full"):
     """Median images/s of --repeats runs, each in a fresh process (one run varies by up to
     2x on a shared virtual machine)."""
-    runs = [_run_once(args, impl, case, cores, mode, pythonpath) for _ in range(args.repeats)]
+    runs = [_run_once(args, impl, case, cores, mode, path, decode) for _ in range(args.repeats)]
     return float(np.median(runs))
 
 
-def _run_once(args, impl: str, case: str, cores: int, mode: str, pythonpath: str) -> float:
+def _run_once(args, impl: str, case: str, cores: int, mode: str, path: str, decode: str):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"--impl={impl}"]
     cmd += [f"--case={case}", f"--cores={cores}", f"--mode={mode}", f"--folder={args.folder}"]
-    cmd += [f"--batches={args.batches}", f"--warmup={args.warmup}"]
+    cmd += [f"--batches={args.batches}", f"--warmup={args.warmup}", f"--decodes={decode}"]
     cmd += [f"--preprocessing={args.preprocessing}"]
     cmd += [f"--setting={setting}"] if (setting := getattr(args, "setting", "")) else []
-    env = dict(os.environ, PYTHONPATH=pythonpath, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/")
     if proc.returncode:
         raise RuntimeError(f"{impl} {case} on {cores} cores failed:\n{proc.stderr[-3000:]}")
@@ -229,13 +282,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"subset of {list(CASES)}")
     parser.add_argument("--cores", default="1,2", help="core counts to pin to")
+    parser.add_argument("--decodes", default="full,crop", help="dataset.decode of jpeg224")
     parser.add_argument("--batches", type=int, default=40, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=8, help="untimed batches per run")
     parser.add_argument("--jpegs", type=int, default=256, help="JPEGs in the generated folder")
     parser.add_argument("--jpeg_size", default="300x400", help="their HxW, e.g. 375x500")
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell (median)")
     parser.add_argument("--baseline", default="c6b96ae", help="commit with tf.data, or none")
-    parser.add_argument("--before", default="37b897f", help="an earlier Grain commit, or none")
     parser.add_argument(
         "--preprocessing", default="tf_bilinear", help="tf_bilinear or pil_antialias"
     )
@@ -248,13 +301,15 @@ def main() -> None:
     parser.add_argument("--folder", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        args.cores = int(args.cores)
+        args.cores, args.decode = int(args.cores), args.decodes
         return worker(args)
 
     cases, cores = args.cases.split(","), [int(c) for c in args.cores.split(",")]
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         parser.error(f"--cases: unknown {unknown}; expected some of {list(CASES)}")
+    if set(args.decodes.split(",")) - {"full", "crop"}:
+        parser.error(f"--decodes: {args.decodes!r} is not a subset of full,crop")
     here = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
     if args.augreg:
         return augreg_costs(args, cases, cores, here)
@@ -262,41 +317,56 @@ def main() -> None:
         args.folder = os.path.join(tmp, "jpegs")
         make_jpeg_folder(args.folder, args.jpegs, map(int, args.jpeg_size.split("x")))
         old = None if args.baseline == "none" else baseline_tree(args.baseline, tmp + "/old")
-        before = None if args.before == "none" else baseline_tree(args.before, tmp + "/before")
-        rows = []
-        for case in cases:
-            one_core = bound(case, args.folder, args.preprocessing)
+        rows = timings(args, cases, cores, here, old)
+        alone = decode_alone(args.folder, args.repeats) if "jpeg224" in cases else None
+    print_table(args, rows, alone)
+
+
+def timings(args, cases: list[str], cores: list[int], here: str, old: str | None) -> list:
+    """A row per (case, decode, cores): Grain's modes, tf.data, the bound."""
+    rows = []
+    for case in cases:
+        for decode in args.decodes.split(",") if case == "jpeg224" else ["full"]:
+            one_core = bound(case, args.folder, args.preprocessing, decode)
             for n in cores:
-                row = dict(case=case, cores=n, bound=one_core * n)
+                row = dict(case=case, decode=decode if case == "jpeg224" else "-", cores=n)
+                row["bound"] = one_core * n
                 for mode in ("threads", "workers", "pool"):
-                    row[mode] = run_worker(args, "grain", case, n, mode, here)
-                if before:
-                    row["before"] = run_worker(args, "before", case, n, "threads", before)
+                    row[mode] = run_worker(args, "grain", case, n, mode, here, decode)
                 if old:
-                    row["tfdata"] = run_worker(args, "tfdata", case, n, "-", old)
+                    row["tfdata"] = run_worker(args, "tfdata", case, n, "-", old, decode)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    return rows
+
+
+def print_table(args, rows: list[dict], alone: dict | None) -> None:
     print(
         f"\nimages/s, median of {args.repeats} runs of {args.batches} batches after {args.warmup}"
     )
     print("bound = the per-image work alone on one core x cores")
-    print(f"preprocessing {args.preprocessing}; before = Grain at {args.before} (threads)")
+    print(f"preprocessing {args.preprocessing}; tf.data = commit {args.baseline}'s, same decode")
     print("ratios: Grain (the better of threads and workers) over tf.data and over the bound;")
     print("pool = a hand-written thread pool in place of Grain's ReadOptions threads")
     header = (
-        f"{'case':<8} {'cores':>5} {'tf.data':>8} {'before':>8} {'threads':>8} {'workers':>8} "
+        f"{'case':<8} {'decode':>6} {'cores':>5} {'tf.data':>8} {'threads':>8} {'workers':>8} "
         f"{'pool':>9} {'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"
     )
     print(header + "\n" + "-" * len(header))
     for r in rows:
         best = max(r["threads"], r["workers"])
         tf_cell = f"{r['tfdata']:>8.0f}" if "tfdata" in r else f"{'-':>8}"
-        before = f"{r['before']:>8.0f}" if "before" in r else f"{'-':>8}"
         ratio = f"{best / r['tfdata']:>10.2f}" if "tfdata" in r else f"{'-':>10}"
         print(
-            f"{r['case']:<8} {r['cores']:>5} {tf_cell} {before} {r['threads']:>8.0f} "
+            f"{r['case']:<8} {r['decode']:>6} {r['cores']:>5} {tf_cell} {r['threads']:>8.0f} "
             f"{r['workers']:>8.0f} {r['pool']:>9.0f} {r['bound']:>8.0f} {ratio} "
             f"{best / r['bound']:>9.2f}"
+        )
+    if alone:
+        print(
+            f"\ndecode alone ({args.jpeg_size} JPEGs, one core, images/s): decode_crop of "
+            f"Inception windows {alone['crop']:.0f}, simplejpeg whole {alone['whole']:.0f}, "
+            f"ratio {alone['crop'] / alone['whole']:.2f}"
         )
 
 

@@ -7,6 +7,7 @@ keeps the scripts from rotting as the package changes.
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -169,29 +170,33 @@ def test_inference_and_train_step_share_one_flag_block():
     assert "--optimizer" in run("train_step.py", "--help")
 
 
-@pytest.mark.slow  # 15 fresh pinned processes: ~2 minutes
+@pytest.mark.slow  # 16 fresh pinned processes: ~1 minute
 @pytest.mark.skipif(
     not os.path.isdir("/usr/share/datasets/fashion-mnist"), reason="no embedded dataset"
 )
-def test_input_pipeline_prints_grain_bound_and_augreg_costs():
+def test_input_pipeline_prints_grain_bound_decode_and_augreg_costs():
     out = run(
         "input_pipeline.py",
-        "--cases=idx32,eval384",
+        "--cases=idx32,jpeg224,eval384",
+        "--decodes=crop",
         "--cores=1",
         "--batches=2",
         "--warmup=1",
         "--baseline=none",
-        "--before=none",
         "--jpegs=8",
         "--repeats=1",
     )
-    # case cores tf.data before threads workers pool bound vs-tf.data vs-bound
-    for case in ("idx32", "eval384"):
+    # case decode cores tf.data threads workers pool bound vs-tf.data vs-bound
+    for case, decode in (("idx32", "-"), ("jpeg224", "crop"), ("eval384", "-")):
         cells = row(out, case)
-        assert cells[1] == "1" and cells[2] == "-" and cells[3] == "-" and cells[8] == "-"
+        assert cells[1:4] == [decode, "1", "-"] and cells[8] == "-"
         threads, workers, pool, bound = (float(c) for c in cells[4:8])
         assert min(threads, workers, pool, bound) > 0
         assert float(cells[9]) == pytest.approx(max(threads, workers) / bound, abs=0.01)
+    # decode alone: crop images/s, whole images/s, their ratio
+    alone = re.search(r"Inception windows (\d+), simplejpeg whole (\d+), ratio ([\d.]+)", out)
+    crop, whole, ratio = (float(x) for x in alone.groups())
+    assert ratio == pytest.approx(crop / whole, abs=0.01)
     assert "preprocessing tf_bilinear" in out
     out = run(
         "input_pipeline.py",
