@@ -4,11 +4,15 @@ attention kernel pads them to; and benchmarks/naflex_forward.py in its smoke mod
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import helpers
 import jax
 import numpy as np
 import pytest
-from helpers import python_m, random_params, tiny_config
+from helpers import ROOT, python_m, random_params, tiny_config
 from test_plan import SMALL, WITH_LIBTPU, needs_libtpu, plan_json
 
 from vit_jax.models import naflex
@@ -84,3 +88,47 @@ def test_a_naflex_plan_on_v5e_says_what_splash_pads_and_counts_its_flops():
     assert proc.returncode == 1 and proc.stderr.splitlines()[0] == (
         "error: --seq_len plans one step: leave out --fit and --compare"
     )
+
+
+def benchmark(*args: str, env: dict) -> str:
+    """benchmarks/naflex_forward.py's output, run as a user runs it (from /, without the
+    suite's float32 matmul precision, which the splash kernel refuses in bfloat16)."""
+    env = {**os.environ, **env}
+    env.pop("JAX_DEFAULT_MATMUL_PRECISION", None)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "naflex_forward.py"), *args],
+        capture_output=True, text=True, cwd="/", env=env, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def cells(out: str, first: str) -> list[str]:
+    """The cells of the Markdown row starting with `| first |`."""
+    line = next(x for x in out.splitlines() if x.startswith(f"| {first} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_the_benchmark_prints_both_forward_passes_and_their_ratio():
+    """--smoke: a tiny model at N = 16 and 36 on this CPU; the grids of the four aspect ratios
+    fill 86% and 89% of N (by hand: 4x4, 3x4, 4x3, 3x5 of 16; 6x6, 5x6, 6x5, 4x8 of 36)."""
+    out = benchmark("--smoke", "--no-plan", env={})
+    for n, px, fill in [("16", "16", "86%"), ("36", "24", "89%")]:
+        row = cells(out, n)
+        (size, square_ms), (filled, flex_ms) = row[1].split(", "), row[2].split(", ")
+        assert (size, filled) == (px, fill), row
+        assert float(row[3]) == pytest.approx(float(flex_ms) / float(square_ms), rel=0.05)
+    assert "planner" not in out
+
+
+@needs_libtpu
+def test_the_benchmark_plans_both_for_v5e_with_splash():
+    """With libtpu: one planned row per N, the tokens and splash's 128, the two FLOPs and
+    their ratio (NaFlex's a few percent more: the position table's resize)."""
+    out = benchmark("--smoke", "--seq_lens=16", "--repeats=1", env=WITH_LIBTPU)
+    row = cells(out.split("train step planned")[1], "16")
+    assert row[1] == "17, 128", row
+    square, flex = (float(row[i].split(", ")[0]) for i in (2, 3))
+    ratio = float(row[4].split(", ")[0])
+    assert square > 0 and ratio == pytest.approx(flex / square, rel=0.01), row
+    assert 1.0 <= ratio < 1.1, row

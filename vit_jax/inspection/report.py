@@ -53,7 +53,8 @@ class Inspection:
         attention_distance [L, H] (mean over images, pixels),
         attention_distance_per_image [L, B, H], rollout [B, gh, gw]; with `explain`,
         relevance [B, K, gh, gw], relevance_classes [B, K] (the head's indices) and
-        relevance_probabilities [B, K].
+        relevance_probabilities [B, K]. A NaFlex batch's rollout and relevance: lists
+        of each image's [gh, gw] and [K, gh, gw].
       info: sizes and definitions (saved in inspect.json).
       skipped: figure -> why it does not apply to this model.
     """
