@@ -1,5 +1,5 @@
-"""A GCS server on loopback for the tests: gcp-storage-emulator, with the two parts of
-the GCS JSON API that it leaves out and that the package's clients rely on:
+"""A GCS server on loopback for the tests: gcp-storage-emulator, with the parts of the
+GCS JSON API that it leaves out and that the package's clients rely on:
 
 - a media download carries the object's generation in `x-goog-generation` (TensorStore
   reads it back there; without it, Orbax's OCDBT writes fail with "Malformed
@@ -13,7 +13,11 @@ the GCS JSON API that it leaves out and that the package's clients rely on:
 - a request that stalls times out after 10 s (the server is single-threaded: one cut
   halfway by tests/relay.py would otherwise hold it, and every client after it);
 - `moveTo`, which gcsfs tries first for a rename within a bucket (a checkpoint set
-  aside); without it gcsfs logs a 501 traceback per file before copying and deleting.
+  aside); without it gcsfs logs a 501 traceback per file before copying and deleting;
+- a resumable upload's session outlives its last chunk: a request to a finished session
+  is answered with the object it made (200), as GCS answers for a week, not 404. gcsfs
+  sends a chunk whose answer was lost (tests/relay.py's cut) again, and a 404 there
+  read as no such object: Orbax's write of `_CHECKPOINT_METADATA` failed the save.
 
     python tests/gcs_emulator.py PORT BUCKET [DATA_DIR]  # serves until killed; 'ready'
 
@@ -59,6 +63,8 @@ def patch() -> None:
     # would hold it, and every client after it, forever. GCS itself times such a one out.
     server.RequestHandler.timeout = 10
     original = {"download": objects.download, "insert": objects.insert, "delete": objects.delete}
+    original["upload_partial"] = objects.upload_partial
+    finished: dict[str, dict] = {}  # upload_id: the object its session made
 
     def download(request, response, storage, *args, **kwargs):
         original["download"](request, response, storage, *args, **kwargs)
@@ -67,7 +73,20 @@ def patch() -> None:
             response["x-goog-generation"] = _generation(storage, bucket, name)
             response["x-goog-metageneration"] = "1"
 
+    def upload_partial(request, response, storage, *args, **kwargs):
+        upload_id = request.query["upload_id"][0]
+        if upload_id in finished:  # a chunk sent again: GCS answers with the object
+            response.json(finished[upload_id])
+            return None
+        session = storage.resumable.get(upload_id)
+        out = original["upload_partial"](request, response, storage, *args, **kwargs)
+        if session is not None and upload_id not in storage.resumable:  # this chunk ended it
+            finished[upload_id] = storage.get_file_obj(session["bucket"], session["name"])
+        return out
+
     def insert(request, response, storage, *args, **kwargs):
+        if (request.query.get("upload_id") or [None])[0] in finished:  # before a precondition
+            return upload_partial(request, response, storage, *args, **kwargs)
         if request.params["bucket_name"].startswith(DENIED):  # as GCS answers a reader
             response.status = HTTPStatus.FORBIDDEN
             response.json({"error": {"code": 403, "message": "does not have "
@@ -99,8 +118,10 @@ def patch() -> None:
         response.json(moved)
 
     pairs = ((objects.download, download), (objects.insert, insert), (objects.delete, delete))
+    pairs += ((objects.upload_partial, upload_partial),)  # a POST with upload_id calls it too
     replace = {id(f): new for f, new in pairs}
     objects.download, objects.insert, objects.delete = download, insert, delete
+    objects.upload_partial = upload_partial
     moves = tuple(
         (rf"^{prefix}/b/(?P<bucket_name>[-.\w]+)/o/(?P<object_id>.*[^/]+)/moveTo/o/"
          r"(?P<dest_object_id>.*[^/]+)$", {"POST": move})
