@@ -413,6 +413,57 @@ def test_s3_create_if_absent_and_whole_files(monkeypatch):
         s3fs.S3FileSystem.clear_instance_cache()
 
 
+@needs_embedded_data
+def test_a_workdir_on_s3_is_refused_in_one_line_before_any_work(tmp_path):
+    """Orbax 0.12.8 saves arrays to gs:// or a local path only (an s3:// run failed at its
+    first checkpoint): refused before anything is written, naming what works; the commands
+    that read a run's workdir refuse it alike."""
+    pytest.importorskip("s3fs", reason=f"{MISSING} s3fs (pip install -e '.[s3]')")
+    from vit_jax.workdir.workdir import Workdir
+
+    with moto_server() as url:
+        env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+        env.update(AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=url, PYTHONPATH=ROOT)
+        s3 = [sys.executable, "-c", "import s3fs, sys; fs = s3fs.S3FileSystem(); "
+              "fs.mkdir('bkt') if sys.argv[1] == 'make' else print(fs.find('bkt'))"]  # fmt: skip
+        subprocess.run([*s3, "make"], env={**os.environ, **env}, check=True, timeout=60)
+        done = python_m(
+            "vit_jax.main", "--config=fashion_mnist:tiny", "--workdir=s3://bkt/run", env=env
+        )
+        listed = subprocess.run([*s3, "list"], env={**os.environ, **env}, timeout=60,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+    line = store.NO_S3_WORKDIR.format(p="s3://bkt/run")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {line}",
+        "(for the Python traceback, set VIT_JAX_DEBUG=1)",
+    ]
+    assert "use a gs:// workdir or a local or NFS path" in line
+    assert listed.stdout.strip() == "[]"  # nothing written: no lock, no probe
+    assert not os.path.exists(os.path.join(ROOT, "s3:"))
+    for opened in (Workdir.at, lambda p: Checkpoints(f"{p}/checkpoints", read_only=True)):
+        with pytest.raises(ValueError, match="^workdir s3://bkt/run"):
+            opened("s3://bkt/run")
+
+
+def test_a_save_failing_not_by_the_store_does_not_blame_it(gcs, tmp_path):
+    """A save that failed on a bad path or a format's limit (an s3:// path once met Orbax's
+    'should be absolute') says to fix it, not to wait for the store; a denied write still
+    waits for the store to let the account write."""
+    limit = ValueError("Checkpoint path should be absolute. Got s3:/bkt/run/checkpoints/4")
+    denied = PermissionError("403 Forbidden")
+    for directory in (f"gs://{BUCKET}/blame/checkpoints", str(tmp_path)):
+        saver = Checkpoints(directory, read_only=True)
+        for error, stores in ((limit, False), (denied, True)):
+            with pytest.raises(OSError) as raised:
+                saver.failed(4, error)
+            line = str(raised.value)
+            assert line.startswith(f"could not save checkpoint step 4 in {directory}: "), line
+            assert ("once the store answers" in line) is (stores and directory[:5] == "gs://")
+            assert ("not the store's failure: fix it" in line) is not stores, line
+        saver.close()
+
+
 # ---------------------------------------------------------------- slow: kills, two hosts
 
 # 4 devices, FSDP over 2 (the MLP kernels split), dropout on, a checkpoint every 4.

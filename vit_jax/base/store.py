@@ -2,7 +2,8 @@
 URLs (gs://, s3://) alike, as `etils.epath.Path` (the type Orbax uses).
 
   path(p)            a str or path -> epath.Path: a URL stays a URL, '~' is expanded
-  absolute(p)        the same, a local path made absolute (a workdir, checkpoints)
+  absolute(p)        the same, a local path made absolute (a workdir, checkpoints); an
+                     s3:// one refused (NO_S3_WORKDIR)
   is_remote(p)       whether it names an object in a store
   Store(window)      the operations (create_new for locks, read_text, write_text,
                      exists, makedirs, remove, upload, walk_files, remove_tree, move;
@@ -11,6 +12,8 @@ URLs (gs://, s3://) alike, as `etils.epath.Path` (the type Orbax uses).
                      tries each once
   transient(error)   whether a store's failure may pass
   explain(error, p)  what a store's failure means, in a line with the way out
+  stores_own(error)  whether a failure is the store's (or disk's), which waiting or access
+                     fixes, not a bad path's or a format's
 
 Object stores reach the package through fsspec (gcsfs, s3fs), with or without
 TensorFlow: etils would route gs:// through TensorFlow's filesystem where TensorFlow is
@@ -75,8 +78,24 @@ def path(p: str | os.PathLike) -> epath.Path:
     return epath.Path(text if text.startswith(SCHEMES) else os.path.expanduser(text))
 
 
+# Orbax (0.12.8, the newest) builds the TensorStore spec of a checkpoint's arrays for gs://
+# or a local path only: an s3:// checkpoint failed at its first save. TensorStore's s3 driver
+# works, but Orbax offers no public way to hand it one; until it does, refused up front.
+NO_S3_WORKDIR = (
+    "workdir {p}: Orbax writes checkpoint arrays only to gs:// or a local path, not s3:// "
+    "(TensorStore's s3 driver is not one it offers): use a gs:// workdir or a local or NFS "
+    "path (weights and data files on s3:// still work)"
+)
+
+
 def absolute(p: str | os.PathLike) -> epath.Path:
-    """`path(p)`, a local one made absolute (Orbax refuses relative checkpoint paths)."""
+    """`path(p)`, a local one made absolute (Orbax refuses relative checkpoint paths).
+
+    Raises:
+        ValueError: `p` is on s3://, where Orbax cannot save (NO_S3_WORKDIR), before any work.
+    """
+    if os.fspath(p).startswith("s3://"):
+        raise ValueError(NO_S3_WORKDIR.format(p=os.fspath(p)))
     return path(p) if is_remote(p) else epath.Path(os.path.abspath(path(p)))
 
 
@@ -285,6 +304,19 @@ def status_of(error: BaseException, lowered: str) -> int | None:
             return value
     found = _STATUS.search(lowered)
     return int(found[1] or found[2]) if found else None
+
+
+def stores_own(error: BaseException) -> bool:
+    """Whether `error` is the store's (or the disk's) own failure: it did not answer, refused
+    this account, has no such bucket, or is full, which a rerun outlives once the store
+    answers or access is given; not a bad path or a format's limit, which no waiting fixes."""
+    text = f"{type(error).__name__}: {error}"
+    lowered = text.lower()
+    if isinstance(error, OSError) and error.errno or any(r in text for r in REASONS):
+        return True
+    words = ("credential", "unauthorized", "forbidden", "nosuchbucket", "access denied")
+    refused = status_of(error, lowered) in (401, 403, 404) or any(w in lowered for w in words)
+    return refused or transient(error) or isinstance(error, (PermissionError, FileNotFoundError))
 
 
 def explain(error: BaseException, p: str | os.PathLike) -> str:

@@ -186,7 +186,9 @@ class Checkpoints:
             newest = "A rerun resumes from the newest intact checkpoint"
         why = store.explain(error, self.directory)
         way_out = WAY_OUT
-        if store.is_remote(self.directory):
+        if not store.stores_own(error):  # no waiting, access or room fixes it
+            way_out = "what it names is not the store's failure: fix it, then run the same command"
+        elif store.is_remote(self.directory):
             way_out = "once the store answers (and lets this account write), run the same command"
         raise OSError(
             f"could not save checkpoint step {step} in {self.directory}: {why}. "

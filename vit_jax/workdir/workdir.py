@@ -93,8 +93,9 @@ def content_hash(path: str | os.PathLike) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Workdir:
-    """The files of one run, under `root` (a local path or a gs:// / s3:// URL), and the
-    store that reads and writes them (a run's: retried through its outages)."""
+    """The files of one run, under `root` (a local path or a gs:// URL; s3://: refused, see
+    `store.absolute`), and the store that reads and writes them (a run's: retried through
+    its outages)."""
 
     root: store.Path
     store: store.Store = store.PLAIN
