@@ -97,7 +97,9 @@ def test_splash_agrees_with_xla_with_padding():
 def test_cudnn_is_refused_on_a_cpu_as_for_images():
     model, params = model_and_params(dtype="bfloat16")
     with pytest.raises(ValueError, match="needs an NVIDIA GPU"):
-        model.clone(attention="cudnn").apply({"params": params}, naflex.patchify(images(1, 16, 16), 4, 20))
+        model.clone(attention="cudnn").apply(
+            {"params": params}, naflex.patchify(images(1, 16, 16), 4, 20)
+        )
 
 
 def test_the_position_resize_is_the_identity_at_its_grid_and_scale_and_translate_elsewhere():
@@ -148,3 +150,18 @@ def test_bad_input_is_named_with_the_way_out():
         hybrid.init(jax.random.key(0), naflex.patchify(images(1, 32, 32), 16, 4))
     with pytest.raises(ValueError, match="4 patches, more than seq_len=3"):
         naflex.patchify(images(1, 8, 8), 4, 3)
+
+
+@pytest.mark.parametrize("posemb", ["learned", "learned_2d"])
+def test_a_model_initialised_from_patches_makes_its_table_on_the_square_of_n(posemb):
+    """40 patches a row: a fresh 6 x 6 table (the largest square grid), resized per image."""
+    model = get_model(None, 5, **SIZES, posemb=posemb)
+    x = mixed(naflex.patchify(images(1, 20, 32), 4, 40), naflex.patchify(images(1, 8, 8), 4, 40))
+    params = model.init(jax.random.key(0), x)["params"]
+    table = params["Transformer"]["posembed_input"]
+    shapes = {k: v.shape for k, v in table.items()}
+    want = {"learned": {"pos_embedding": (1, 37, 32)}}.get(
+        posemb, {"pos_embedding_row": (1, 6, 16), "pos_embedding_col": (1, 6, 16)}
+    )
+    assert shapes == want
+    assert np.isfinite(model.apply({"params": params}, x)).all()

@@ -135,7 +135,8 @@ def advice(p) -> str:
         levers.append(f"--config.mesh.fsdp={p.devices} (shards parameters and Adam's state)")
     levers.append("a smaller --config.batch_size, or --config.accum_steps=2 (same batch)")
     tries = "; ".join(levers)
-    return f"{console.size(over)} over the device's HBM; try {tries} (--fit searches)"
+    search = "" if getattr(p, "seq_len", None) else " (--fit searches)"
+    return f"{console.size(over)} over the device's HBM; try {tries}{search}"
 
 
 # The paper's Table 2 (TPUv3-core-days) and the runs behind it (Sections 4.1-4.2, B.1).

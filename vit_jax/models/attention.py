@@ -121,6 +121,7 @@ def cudnn(q, k, v, impl: str = "cudnn", fill=0.0, valid=None):
     n = q.shape[1]
     q, k, v = padded(n + n % 2, fill, q, k, v)
     n_ = jnp.full(q.shape[:1], n, jnp.int32) if valid is None else valid.sum(-1, dtype=jnp.int32)
+    n_ = jnp.maximum(n_, 1)  # a row of padding alone: one key, not a division by zero
     y = jax.nn.dot_product_attention(
         q, k, v, scale=1.0, query_seq_lengths=n_, key_value_seq_lengths=n_, implementation=impl
     )

@@ -62,7 +62,9 @@ class PositionEmbedding(nn.Module):
         if self.kind == "none":
             return x
         if self.kind == "learned":
-            pe = self._table("pos_embedding", (1, n, d), coords is None)  # [1, prefix + n, D]
+            gh, gw = self.grid  # NaFlex: a fresh table's grid, the square of N
+            shape = (1, self.num_prefix + gh * gw, d)
+            pe = self._table("pos_embedding", shape, coords is None)  # [1, prefix + gh*gw, D]
             if coords is None:
                 return x + pe.astype(x.dtype)
             prefix, rows = pe[0, : self.num_prefix], pe[0, self.num_prefix :]
