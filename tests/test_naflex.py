@@ -165,3 +165,16 @@ def test_a_model_initialised_from_patches_makes_its_table_on_the_square_of_n(pos
     )
     assert shapes == want
     assert np.isfinite(model.apply({"params": params}, x)).all()
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's attention: an NVIDIA GPU only")
+@pytest.mark.parametrize("classifier", ["token", "gap"])
+def test_cudnn_agrees_with_xla_with_padding_on_a_gpu(classifier):
+    """Lengths for cuDNN, a dense mask for XLA, in bfloat16; a last row of padding alone."""
+    model, params = model_and_params(dtype="bfloat16", classifier=classifier, patch_size=2)
+    x = mixed(naflex.patchify(images(2, 20, 12), 2, 70), naflex.patchify(images(1, 14, 14), 2, 70))
+    x["valid"][-1] = False
+    xla = model.apply({"params": params}, x)
+    fused = model.clone(attention="cudnn").apply({"params": params}, x)
+    assert np.isfinite(fused).all()
+    np.testing.assert_allclose(fused[:2], xla[:2], atol=3e-2)
