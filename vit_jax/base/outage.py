@@ -34,13 +34,15 @@ EX_TEMPFAIL = 75
 PROBE_SECONDS = 5.0
 
 
-def give_up(message: str) -> None:
+def give_up(message: str, together: bool = True) -> None:
     """Ends the process at once with `error: message` and status 75: Orbax's and
-    TensorStore's threads may be waiting on the store, and nothing may wait for them."""
+    TensorStore's threads may be waiting on the store, and nothing may wait for them.
+    `together=False`: a process is lost (parallel/distributed.py), nobody to wait for."""
     sys.stdout.flush()
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
-    _with_the_others()
+    if together:
+        _with_the_others()
     os._exit(EX_TEMPFAIL)
 
 

@@ -147,10 +147,16 @@ def base(model: str) -> ml_collections.ConfigDict:
     # Parameters and optimizer state are replicated, or split over `fsdp` devices
     # (vit_jax/parallel/sharding.py); the batch is split over all data x fsdp devices.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))  # -1: all devices left
-    # Multi-host: see vit_jax/parallel/distributed.py. Nothing set: one process.
+    # Multi-host: see vit_jax/parallel/distributed.py. Nothing set: one process. A process
+    # that sends no heartbeat for peer_timeout_seconds is lost: the others stop with 75.
     c.distributed = ml_collections.ConfigDict(
         dict(
-            coordinator_address="", num_processes=0, process_id=-1, auto=False, timeout_seconds=300
+            coordinator_address="",
+            num_processes=0,
+            process_id=-1,
+            auto=False,
+            timeout_seconds=300,
+            peer_timeout_seconds=60,
         )
     )
     # A workdir on gs:// or s3:// that stops answering: every call is retried for at most

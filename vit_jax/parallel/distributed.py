@@ -10,6 +10,8 @@ also hosts the coordinator that the others connect to. `initialize` joins them f
     auto                 let JAX detect what is not set (Slurm, Open MPI, Cloud TPU,
                          Kubernetes, or the JAX_COORDINATOR_ADDRESS variable)
     timeout_seconds      how long to wait for every process to join
+    peer_timeout_seconds how long a process may go without a heartbeat before the
+                         others count it lost and stop with exit status 75 (`peers_watched`)
 
 Nothing set and `auto` off: a single process. After `initialize`, `jax.devices()` is
 every process's devices and `jax.local_devices()` this process's; each process feeds
@@ -20,11 +22,19 @@ On CPU the processes exchange data with Gloo (JAX's default CPU collectives).
 
 from __future__ import annotations
 
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
+from jax._src import distributed as jax_distributed  # its client, as Orbax reaches it
 from jax.experimental import multihost_utils
+
+from vit_jax.base import outage
 
 
 def wanted(cfg: Any) -> bool:
@@ -62,6 +72,8 @@ def initialize(cfg: Any) -> None:
             num_processes=cfg.num_processes or None,
             process_id=cfg.process_id if cfg.process_id >= 0 else None,
             initialization_timeout=cfg.timeout_seconds,
+            # JAX's own verdict (an abort, a crash dump) comes later than `peers_watched`'s.
+            heartbeat_timeout_seconds=math.ceil(cfg.peer_timeout_seconds) + 30,
         )
     except (ValueError, RuntimeError) as e:
         raise RuntimeError(
@@ -74,6 +86,64 @@ def initialize(cfg: Any) -> None:
         f"{jax.local_device_count()} of {jax.device_count()} devices",
         flush=True,
     )
+
+
+@contextlib.contextmanager
+def peers_watched(cfg: Any) -> Iterator[None]:
+    """While the block runs, each process bumps its key in JAX's coordination service every
+    few seconds and reads the others'. A process whose key stood still for
+    cfg.peer_timeout_seconds (killed, frozen, its host gone) ends this one at once with one
+    `error:` line and status 75, before JAX's own heartbeat timeout would abort it with a
+    crash dump; so does one that gave up on the store (`outage.give_up`). A collective that
+    failed on a lost peer (Gloo's 'Connection closed by peer') waits for that verdict."""
+    n, me, client = jax.process_count(), jax.process_index(), jax_distributed.global_state.client
+    if n == 1 or client is None:
+        yield
+        return
+    done, beat = threading.Event(), min(5.0, cfg.peer_timeout_seconds / 4)
+    args = (client, n, me, cfg.peer_timeout_seconds, beat, done)
+    threading.Thread(target=_watch, args=args, name="vit_jax-peers", daemon=True).start()
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, jax.errors.JaxRuntimeError) or "Gloo" in str(e):
+            done.wait(cfg.peer_timeout_seconds + 30)  # `_watch` ends the process meanwhile
+        raise
+    finally:
+        done.set()
+        with contextlib.suppress(Exception):  # ended: not lost when it leaves before the others
+            client.key_value_set(f"vit_jax/beat/{me}", "ended", allow_overwrite=True)
+
+
+def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any) -> None:
+    rerun = "run the same command on every host: it resumes from the newest complete checkpoint"
+    seen, since, count = {}, dict.fromkeys(range(n), time.monotonic()), 0
+    while not done.wait(beat):
+        count += 1
+        try:
+            client.key_value_set(f"vit_jax/beat/{me}", str(count), allow_overwrite=True)
+            keys = dict(client.key_value_dir_get("vit_jax/"))  # and outage.py's gave_up/
+        except Exception:  # noqa: BLE001 (the service, process 0's, is gone: nothing moves)
+            keys = {f"vit_jax/beat/{i}": seen.get(i) for i in range(n)}
+        if done.is_set():
+            return
+        if gave_up := [i for i in range(n) if i != me and f"vit_jax/gave_up/{i}" in keys]:
+            outage.give_up(
+                f"process {gave_up[0]} of {n} gave up on the store; once it answers, {rerun}"
+            )
+        now = time.monotonic()
+        for i in range(n):
+            if keys.get(f"vit_jax/beat/{i}") != seen.get(i):
+                seen[i], since[i] = keys.get(f"vit_jax/beat/{i}"), now
+        if lost := [
+            i for i in range(n) if i != me and now - since[i] >= seconds and seen[i] != "ended"
+        ]:
+            name = f"process {lost[0]} of {n}" + (" (the coordinator)" if lost[0] == 0 else "")
+            outage.give_up(
+                f"lost {name}: no heartbeat for {seconds:g} s (distributed.peer_timeout_seconds); "
+                f"{rerun} (exit status 75)",
+                together=False,
+            )
 
 
 def is_lead() -> bool:

@@ -105,7 +105,7 @@ LORA = {
 }
 DISTRIBUTED = {
     "num_processes": integer(0, " (0: not set)"), "process_id": integer(-1, " (-1: not set)"),
-    "timeout_seconds": number(0, low_open=True),
+    "timeout_seconds": number(0, low_open=True), "peer_timeout_seconds": number(0, low_open=True),
 }  # fmt: skip
 
 

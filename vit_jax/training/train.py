@@ -61,7 +61,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
     anything removes the directories it created. The lead process holds the workdir's
     lock. SIGTERM or Ctrl-C saves the step reached and raises `stopping.Stopped`; a
     second Ctrl-C raises `stopping.Interrupted`. A store that stops answering for longer
-    than config.store.retry_seconds ends the process with status 75 (base/outage.py).
+    than config.store.retry_seconds ends the process with status 75 (base/outage.py), as
+    does a lost process of a multi-process run (parallel/distributed.py).
 
     Raises:
         ConfigError: every field of `config` that cannot make sense, before anything is
@@ -74,7 +75,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
     """
     check.check(config)  # every field that cannot make sense, before the workdir is touched
     plan, stop = Plan.of(config), stopping.StopRequest()
-    with Workdir.open(workdir, config.store.retry_seconds) as wd:
+    watched = distributed.peers_watched(config.distributed)  # a lost process: exit 75
+    with watched, Workdir.open(workdir, config.store.retry_seconds) as wd:
         if (done := wd.finished(plan)) is not None:
             report.say(report.finished_lines(wd, done))
             return done

@@ -1,0 +1,67 @@
+"""A process of a two-process run lost (SIGKILL, SIGSTOP): the survivor stops within
+distributed.peer_timeout_seconds + 30 s with one `error:` line naming the process lost,
+exit status 75 and no crash dump; the same command on both then resumes to the
+final.npz an uninterrupted pair writes, bit for bit. Real processes on loopback
+(test_multihost.py's), a short peer timeout so that each test takes about a minute."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from helpers import assert_trees_equal, flat, needs_embedded_data
+from test_multihost import RUN, finish_pair, launch_pair
+
+from vit_jax import weights
+
+PEER_TIMEOUT = 10
+PAIR = {**RUN, "checkpoint_every": 4, "distributed.peer_timeout_seconds": PEER_TIMEOUT}
+CRASH = re.compile(r"Extension modules|Fatal Python error|Check failure stack trace")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The final.npz of an uninterrupted pair, and the compilation cache the tests share."""
+    root = tmp_path_factory.mktemp("reference")
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(root / "jax_cache")}
+    finish_pair(launch_pair(str(root / "pair"), cache, overrides=PAIR))
+    return flat(weights.load_npz(root / "pair" / "final.npz")), cache
+
+
+def lose_one(workdir, cache, victim: int, how: signal.Signals) -> tuple[int, str, float]:
+    """Starts a pair, sends `how` to process `victim` once process 0 logged step 6; the
+    survivor's status, its output and the seconds from the signal to its exit."""
+    runs = launch_pair(workdir, cache, overrides=PAIR)
+    survivor = runs[1 - victim]
+    try:
+        runs[0].wait_for(lambda line: line.startswith("step 6/8"), timeout=300)
+        os.kill(runs[victim].proc.pid, how)
+        sent = time.monotonic()
+        status = survivor.finish(timeout=PEER_TIMEOUT + 120)
+        return status, "\n".join(survivor.log), time.monotonic() - sent
+    finally:
+        for run in runs:
+            run.kill()
+
+
+@pytest.mark.slow
+@needs_embedded_data
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_a_lost_worker_stops_the_coordinator_with_75_and_the_pair_resumes(tmp_path, reference, how):
+    want, cache = reference
+    workdir = str(tmp_path / "pair")
+    status, log, seconds = lose_one(workdir, cache, 1, how)
+    print(f"{how.name}: the coordinator exited {status} after {seconds:.1f} s")
+    assert status == 75, log
+    assert seconds < PEER_TIMEOUT + 30, (seconds, log)
+    last = log.splitlines()[-1]
+    assert re.fullmatch(
+        r"error: lost process 1 of 2: no heartbeat for 10 s \(distributed\.peer_timeout_"
+        r"seconds\); run the same command on every host: .* \(exit status 75\)",
+        last,
+    ), log
+    assert not CRASH.search(log), log
+    logs = finish_pair(launch_pair(workdir, cache, overrides=PAIR))
+    assert "resuming from step 4 " in logs[0] and "step 8/8" in logs[0], logs[0]
+    assert_trees_equal(flat(weights.load_npz(f"{workdir}/final.npz")), want)
