@@ -1,8 +1,9 @@
 """A process of a two-process run lost (SIGKILL, SIGSTOP): the survivor stops within
 distributed.peer_timeout_seconds + 30 s with one `error:` line naming the process lost,
 exit status 75 and no crash dump; the same command on both then resumes to the
-final.npz an uninterrupted pair writes, bit for bit. Real processes on loopback
-(test_multihost.py's), a short peer timeout so that each test takes about a minute."""
+final.npz an uninterrupted pair writes, bit for bit. A store outage only one process sees stops
+both with 75. Real processes on loopback (test_multihost.py's), a short peer timeout so
+that each test takes about a minute."""
 
 import os
 import re
@@ -65,3 +66,47 @@ def test_a_lost_worker_stops_the_coordinator_with_75_and_the_pair_resumes(tmp_pa
     logs = finish_pair(launch_pair(workdir, cache, overrides=PAIR))
     assert "resuming from step 4 " in logs[0] and "step 8/8" in logs[0], logs[0]
     assert_trees_equal(flat(weights.load_npz(f"{workdir}/final.npz")), want)
+
+
+@pytest.mark.slow
+@needs_embedded_data
+def test_an_outage_only_one_process_sees_stops_both_with_75(tmp_path, reference):
+    """Process 1 reaches the bucket through a relay that goes down, process 0 straight:
+    process 1 gives up after store.retry_seconds, and process 0 follows it with 75."""
+    pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator")
+    import gcs_emulator
+    from relay import Relay
+    from subprocesses import Run, tiny_flags
+    from test_multihost import free_port
+
+    _, cache = reference
+    port = free_port()
+    server, relay, runs = gcs_emulator.serve(port, "bkt"), None, []
+    try:
+        relay = Relay(port)
+        address, window = f"127.0.0.1:{free_port()}", 15
+        for i, store_port in enumerate([port, relay.port]):
+            flags = tiny_flags("gs://bkt/pair", **PAIR, **{"store.retry_seconds": window})
+            flags += [
+                f"--config.distributed.coordinator_address={address}",
+                "--config.distributed.num_processes=2",
+                f"--config.distributed.process_id={i}",
+            ]
+            runs.append(Run(flags, 4, {**cache, **gcs_emulator.env(store_port)}))
+        runs[0].wait_for(lambda line: line.startswith("step 6/8"), timeout=300)
+        relay.down()
+        statuses = [run.finish(timeout=window + 120) for run in runs]
+    finally:
+        for run in runs:
+            run.kill()
+        if relay is not None:
+            relay.close()
+        server.kill()
+        server.wait()
+    assert statuses == [75, 75], [run.tail() for run in runs]
+    last = [run.log[-1] for run in runs]
+    assert last[0].startswith("error: process 1 of 2 gave up on the store; "), runs[0].tail()
+    assert last[1].startswith("error: the store at gs://bkt/pair did not answer"), runs[1].tail()
+    for run in runs:
+        assert sum(line.startswith("error:") for line in run.log) == 1, run.tail()
+        assert not CRASH.search("\n".join(run.log)), run.tail()
