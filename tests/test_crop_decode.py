@@ -256,3 +256,21 @@ def test_without_the_native_module_a_crop_config_refuses_in_one_line(tmp_path, m
     assert err[0].startswith("error: --config.dataset.decode='crop': decoding only the crop"), err
     assert "apt-get install libjpeg62-turbo-dev" in err[0] and len(err) == 2, err
     assert not (tmp_path / "run").exists()
+
+
+def test_bytes_after_the_end_marker_are_ignored_as_every_decoder_ignores_them():
+    """A motion photo appends its video: its window is the window of the file without it
+    (big_vision's pixels, not a whole decode's); a file cut before its end marker, even with
+    such bytes in it, is still decoded whole, with its error."""
+    rng = np.random.default_rng(5)
+    video = b"\xff\xda\x00\x02" + rng.integers(0, 256, 5000, np.uint8).tobytes() + b"\xff\xd9"
+    for data in (jpeg(40, 48), jpeg(33, 50, progressive=True)):
+        for box in edge_windows(*pixels.decode(data, "tf_bilinear").shape[:2], rng):
+            want = crop_decode.decode_crop(data, box)
+            np.testing.assert_array_equal(crop_decode.decode_crop(data + video, box), want)
+        assert crop_decode._whole(data + video) and not crop_decode._whole(data[:-2] + video[:9])
+        with pytest.raises(ValueError) as full:
+            pixels.decode(data[: len(data) // 2], "tf_bilinear")
+        with pytest.raises(ValueError) as crop:
+            crop_decode.decode_crop(data[: len(data) // 2], (0, 0, 1, 1))
+        assert str(crop.value) == str(full.value)

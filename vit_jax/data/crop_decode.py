@@ -11,7 +11,8 @@ below the window cost nothing. Built where libjpeg-turbo's headers were at insta
 (setup.py); `dataset.decode='crop'` refuses to start without it (`MISSING`).
 
 Everything else decodes as `pixels.decode` does, then is sliced, with its errors: another
-format, a JPEG without its end marker (a truncated file), one libjpeg finds corrupt or
+format, a JPEG that does not reach its end marker (a truncated file; bytes after the
+marker are ignored, as by every decoder), one libjpeg finds corrupt or
 warns about. An EXIF orientation is applied as there: the upright window is mapped to the
 stored image, decoded, then turned upright. TensorFlow ignores EXIF; the window of an
 unrotated file is its window.
@@ -61,10 +62,38 @@ def _stored(box: pixels.Window, turn: int, h: int, w: int) -> pixels.Window:
     return (x0, y0, cw, ch) if turn >= 5 else (y0, x0, ch, cw)
 
 
+def _whole(data: bytes) -> bool:
+    """Whether a JPEG's segments and scans run whole to its end marker (EOI): a truncated
+    file's do not. Bytes after the marker are allowed, as every decoder ignores them (a
+    motion photo appends its video), so the end marker is found by walking the markers."""
+    i = 2
+    while i + 2 <= len(data) and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xD9:
+            return True
+        if marker == 0xFF or 0xD0 <= marker <= 0xD7:  # a fill byte; a restart marker
+            i += 1 if marker == 0xFF else 2
+            continue
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+        if marker == 0xDA:  # a scan: its entropy-coded data runs to the next marker
+            i = _next_marker(data, i)
+    return False
+
+
+def _next_marker(data: bytes, i: int) -> int:
+    """Where the first marker from `i` starts (len(data) if none): in entropy-coded data
+    0xFF is followed by a stuffed 0 or a restart marker, which are not the end."""
+    while (i := data.find(b"\xff", i)) >= 0 and i + 1 < len(data):
+        if data[i + 1] != 0 and not 0xD0 <= data[i + 1] <= 0xD7:
+            return i
+        i += 2
+    return len(data)
+
+
 def _header(data: bytes) -> tuple[int, int, int] | None:
-    """(height, width, EXIF orientation) of a JPEG that ends in its end marker; None for
-    anything else (a truncated JPEG lacks it)."""
-    if data[:2] != b"\xff\xd8" or data[-2:] != b"\xff\xd9":
+    """(height, width, EXIF orientation) of a whole JPEG; None for anything else (a
+    truncated JPEG lacks its end marker)."""
+    if data[:2] != b"\xff\xd8" or (data[-2:] != b"\xff\xd9" and not _whole(data)):
         return None
     import simplejpeg  # noqa: PLC0415 -- loaded with the first JPEG, as in pixels
 
