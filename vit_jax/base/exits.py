@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 from typing import NoReturn
 
 DEBUG_ENV = "VIT_JAX_DEBUG"
+# Set when a thread ends the process with its own line (outage.give_up): what the main
+# thread fails with meanwhile (the distributed runtime shut under it) is not said.
+leaving = threading.Event()
 
 
 def debug() -> bool:
@@ -96,6 +100,8 @@ def _last_word(text: str) -> None:
     and unraisable reports are silenced first; VIT_JAX_DEBUG=1 keeps them (and the traceback)."""
     import logging
 
+    if leaving.is_set():
+        threading.Event().wait()  # the thread that set it exits the process
     sys.stdout.flush()
     logging.disable(logging.CRITICAL)  # absl's logs go through the standard logging
     warnings.simplefilter("ignore")  # at exit: 'coroutine ... was never awaited' (Orbax's)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from vit_jax.base import store
+from vit_jax.base import exits, store
 from vit_jax.base.console import every
 
 EX_TEMPFAIL = 75
@@ -38,6 +38,7 @@ def give_up(message: str, together: bool = True) -> None:
     """Ends the process at once with `error: message` and status 75: Orbax's and
     TensorStore's threads may be waiting on the store, and nothing may wait for them.
     `together=False`: a process is lost (parallel/distributed.py), nobody to wait for."""
+    exits.leaving.set()
     sys.stdout.flush()
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()

@@ -23,7 +23,9 @@ On CPU the processes exchange data with Gloo (JAX's default CPU collectives).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -95,7 +97,8 @@ def peers_watched(cfg: Any) -> Iterator[None]:
     cfg.peer_timeout_seconds (killed, frozen, its host gone) ends this one at once with one
     `error:` line and status 75, before JAX's own heartbeat timeout would abort it with a
     crash dump; so does one that gave up on the store (`outage.give_up`). A collective that
-    failed on a lost peer (Gloo's 'Connection closed by peer') waits for that verdict."""
+    failed on a lost peer (Gloo's 'Connection closed by peer') waits for that verdict.
+    Process 0 lost makes JAX abort the others at once: they catch it (`_coordinator_lost`)."""
     n, me, client = jax.process_count(), jax.process_index(), jax_distributed.global_state.client
     if n == 1 or client is None:
         yield
@@ -103,6 +106,9 @@ def peers_watched(cfg: Any) -> Iterator[None]:
     done, beat = threading.Event(), min(5.0, cfg.peer_timeout_seconds / 4)
     args = (client, n, me, cfg.peer_timeout_seconds, beat, done)
     threading.Thread(target=_watch, args=args, name="vit_jax-peers", daemon=True).start()
+    libc, on_abort = ctypes.CDLL(None), _COORDINATOR_LOST(lambda _: _coordinator_lost(n))
+    libc.signal.restype = ctypes.c_void_p
+    before = libc.signal(signal.SIGABRT, on_abort) if me else None
     try:
         yield
     except Exception as e:
@@ -111,12 +117,28 @@ def peers_watched(cfg: Any) -> Iterator[None]:
         raise
     finally:
         done.set()
+        if me:
+            libc.signal(signal.SIGABRT, ctypes.c_void_p(before))
         with contextlib.suppress(Exception):  # ended: not lost when it leaves before the others
             client.key_value_set(f"vit_jax/beat/{me}", "ended", allow_overwrite=True)
 
 
+_COORDINATOR_LOST = ctypes.CFUNCTYPE(None, ctypes.c_int)
+RERUN = "run the same command on every host: it resumes from the newest complete checkpoint"
+
+
+def _coordinator_lost(n: int) -> None:
+    """SIGABRT in a process other than 0: JAX's client aborts at once when the coordination
+    service (process 0) stops answering, before any Python code could learn of it, and
+    offers no Python hook (its missed_heartbeat_callback cannot take one: std::bad_cast)."""
+    outage.give_up(
+        f"lost process 0 of {n} (the coordinator): JAX's distributed runtime stopped this "
+        f"process (its words above); {RERUN} (exit status 75)",
+        together=False,
+    )
+
+
 def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any) -> None:
-    rerun = "run the same command on every host: it resumes from the newest complete checkpoint"
     seen, since, count = {}, dict.fromkeys(range(n), time.monotonic()), 0
     while not done.wait(beat):
         count += 1
@@ -129,7 +151,7 @@ def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any)
             return
         if gave_up := [i for i in range(n) if i != me and f"vit_jax/gave_up/{i}" in keys]:
             outage.give_up(
-                f"process {gave_up[0]} of {n} gave up on the store; once it answers, {rerun}"
+                f"process {gave_up[0]} of {n} gave up on the store; once it answers, {RERUN}"
             )
         now = time.monotonic()
         for i in range(n):
@@ -141,7 +163,7 @@ def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any)
             name = f"process {lost[0]} of {n}" + (" (the coordinator)" if lost[0] == 0 else "")
             outage.give_up(
                 f"lost {name}: no heartbeat for {seconds:g} s (distributed.peer_timeout_seconds); "
-                f"{rerun} (exit status 75)",
+                f"{RERUN} (exit status 75)",
                 together=False,
             )
 
