@@ -245,11 +245,17 @@ def decode_alone(folder: str, repeats: int) -> dict[str, float]:
     return out
 
 
-def run_worker(args, impl: str, case: str, cores: int, mode: str, path: str, decode="full"):
-    """Median images/s of --repeats runs, each in a fresh process (one run varies by up to
-    2x on a shared virtual machine)."""
-    runs = [_run_once(args, impl, case, cores, mode, path, decode) for _ in range(args.repeats)]
-    return float(np.median(runs))
+def cell(args, columns: list[tuple], case: str, cores: int, decode: str) -> dict:
+    """Median images/s of each (name, impl, mode, PYTHONPATH) column over --repeats runs,
+    each in a fresh process (one run varies by up to 2x on a shared virtual machine), the
+    columns taking turns run by run so that a burst of other work falls on all alike; and
+    the highest 1-minute load average seen after a run ('load')."""
+    runs, loads = {name: [] for name, *_ in columns}, []
+    for _ in range(args.repeats):
+        for name, impl, mode, path in columns:
+            runs[name].append(_run_once(args, impl, case, cores, mode, path, decode))
+            loads.append(os.getloadavg()[0])
+    return {name: float(np.median(ips)) for name, ips in runs.items()} | {"load": max(loads)}
 
 
 def _run_once(args, impl: str, case: str, cores: int, mode: str, path: str, decode: str):
@@ -323,18 +329,16 @@ def main() -> None:
 
 
 def timings(args, cases: list[str], cores: list[int], here: str, old: str | None) -> list:
-    """A row per (case, decode, cores): Grain's modes, tf.data, the bound."""
+    """A row per (case, decode, cores): Grain's modes, tf.data, the bound, the load."""
+    columns = [(mode, "grain", mode, here) for mode in ("threads", "workers", "pool")]
+    columns += [("tfdata", "tfdata", "-", old)] if old else []
     rows = []
     for case in cases:
         for decode in args.decodes.split(",") if case == "jpeg224" else ["full"]:
             one_core = bound(case, args.folder, args.preprocessing, decode)
             for n in cores:
                 row = dict(case=case, decode=decode if case == "jpeg224" else "-", cores=n)
-                row["bound"] = one_core * n
-                for mode in ("threads", "workers", "pool"):
-                    row[mode] = run_worker(args, "grain", case, n, mode, here, decode)
-                if old:
-                    row["tfdata"] = run_worker(args, "tfdata", case, n, "-", old, decode)
+                row |= cell(args, columns, case, n, decode) | {"bound": one_core * n}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     return rows
@@ -347,10 +351,11 @@ def print_table(args, rows: list[dict], alone: dict | None) -> None:
     print("bound = the per-image work alone on one core x cores")
     print(f"preprocessing {args.preprocessing}; tf.data = commit {args.baseline}'s, same decode")
     print("ratios: Grain (the better of threads and workers) over tf.data and over the bound;")
-    print("pool = a hand-written thread pool in place of Grain's ReadOptions threads")
+    print("pool = a hand-written thread pool in place of Grain's ReadOptions threads;")
+    print("load = the highest 1-minute load average after a run of the cell (its own add ~cores)")
     header = (
         f"{'case':<8} {'decode':>6} {'cores':>5} {'tf.data':>8} {'threads':>8} {'workers':>8} "
-        f"{'pool':>9} {'bound':>8} {'vs tf.data':>10} {'vs bound':>9}"
+        f"{'pool':>9} {'bound':>8} {'vs tf.data':>10} {'vs bound':>9} {'load':>5}"
     )
     print(header + "\n" + "-" * len(header))
     for r in rows:
@@ -360,7 +365,7 @@ def print_table(args, rows: list[dict], alone: dict | None) -> None:
         print(
             f"{r['case']:<8} {r['decode']:>6} {r['cores']:>5} {tf_cell} {r['threads']:>8.0f} "
             f"{r['workers']:>8.0f} {r['pool']:>9.0f} {r['bound']:>8.0f} {ratio} "
-            f"{best / r['bound']:>9.2f}"
+            f"{best / r['bound']:>9.2f} {r['load']:>5.1f}"
         )
     if alone:
         print(
@@ -382,7 +387,8 @@ def augreg_costs(args, cases: list[str], cores: list[int], pythonpath: str) -> N
             for n in cores:
                 for setting in augreg.SETTINGS:
                     args.setting = setting
-                    ips = run_worker(args, "grain", case, n, "threads", pythonpath)
+                    column = ("ips", "grain", "threads", pythonpath)
+                    ips = cell(args, [column], case, n, "full")["ips"]  # decode: the preset's
                     rows.append(dict(case=case, cores=n, setting=setting, ips=ips))
                     print(json.dumps(rows[-1]), flush=True)
     print(f"\nGrain (threads) with each AugReg setting, {args.batches} timed batches")
