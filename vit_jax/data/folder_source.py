@@ -111,8 +111,8 @@ def scan_split(root: str, name: str, classes: list[str]) -> tuple[np.ndarray, np
 
 
 def read(path: str) -> bytes:
-    """The bytes of a local file or a store object. A local file is opened directly: an
-    epath.Path per read cost 4x the read itself, 6% of a 480x640 training crop's CPU."""
+    """The bytes of a local file or a store object. A local file is opened directly: going
+    through an epath.Path took 15 us more CPU an image, 2% of a 480x640 training crop's."""
     if store.is_remote(path):
         return store.path(path).read_bytes()
     with open(os.path.expanduser(path), "rb") as f:
