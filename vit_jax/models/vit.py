@@ -209,7 +209,7 @@ class VisionTransformer(nn.Module):
         mask = jnp.asarray(x["valid"], bool)
         patches = jnp.where(mask[..., None], x["patches"], 0).astype(self.dtype)
         coords = jnp.where(mask[..., None], x["coords"], 0).astype(jnp.int32)
-        shapes = jnp.maximum(coords.max(axis=1) + 1, 1)  # [B, 2]: each image's (gh, gw)
+        shapes = jnp.maximum(naflex.grids({"coords": coords, "valid": mask}), 1)  # [B, 2]
         side = max(math.isqrt(mask.shape[1]), 1)
         return embed(patches), mask, coords, shapes, (side, side)
 
