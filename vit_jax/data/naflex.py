@@ -1,0 +1,149 @@
+"""NaFlex examples, each image at its own aspect ratio, in NumPy (no TensorFlow, no jax):
+big_vision's `resize_to_sequence` + `patchify` (pp/proj/image_text/ops_naflex.py), and the
+length schedule of a NaFlex training run.
+
+  size_for_sequence  the largest scale of an h x w image whose grid, each side rounded up
+                     to whole patches (at least one), has at most `seq_len` patches:
+                     big_vision's binary search on the scale, in float32 as it runs
+  resize             tf.image.resize(..., antialias=True)'s numerics (TensorFlow's
+                     ScaleAndTranslate, triangle kernel widened by the scale when shrinking)
+  put                an image into row j of a batch: resized, [-1, 1], flipped if asked,
+                     cut into patches with their (row, column), padding last
+                     (models/naflex.py's layout: patches, coords, valid)
+  Lengths            step -> its length (drawn from `seq_lens`, the same on every process),
+                     its global batch (tokens_per_batch // length, rounded down to a
+                     multiple of devices x accum_steps) and the examples before it
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from vit_jax.data import augment, pixels
+
+LENGTH_SALT = 4  # after augment's salts: the length of each step
+BLOCK = 1024  # steps whose lengths one generator draws
+
+
+@functools.lru_cache(maxsize=4096)
+def size_for_sequence(h: int, w: int, patch: int, seq_len: int) -> tuple[int, int]:
+    """(H, W), multiples of `patch`, as big_vision's `_get_image_size_for_seq` finds them
+    (eps 1e-5; the aspect ratio bends only by the rounding up to whole patches)."""
+    hw, p, eps = np.array([h, w], np.float32), np.float32(patch), np.float32(1e-5)
+
+    def target(ratio: np.float32) -> np.ndarray:
+        return np.maximum(p * np.ceil(hw * ratio / p), p).astype(np.int32)
+
+    lo, hi = np.float32(1e-6), np.float32(100.0)
+    while hi - lo >= eps:
+        mid = (lo + hi) / np.float32(2)
+        if np.prod(target(mid) // patch) <= seq_len:
+            lo = mid
+        else:
+            hi = mid
+    th, tw = target(lo)
+    return int(th), int(tw)
+
+
+@functools.lru_cache(maxsize=1024)
+def _band(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first source row [n_out], weights [n_out, span]) of one axis's resize: TensorFlow's
+    spans (scale_and_translate_op.cc), the kernel max(0, 1 - |x|) widened by the scale."""
+    inv = np.float32(n_in) / np.float32(n_out)
+    widen = max(inv, np.float32(1))
+    span = min(2 * int(np.ceil(widen)) + 1, n_in)
+    centre = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * inv  # [n_out]
+    first = np.clip(np.ceil(centre - widen - 0.5).astype(np.int64), 0, n_in - span)
+    source = first[:, None] + np.arange(span)  # [n_out, span]
+    w = np.maximum(0, 1 - np.abs((source + np.float32(0.5) - centre[:, None]) / widen))
+    w = w.astype(np.float32)
+    return first, w * (np.float32(1) / w.sum(1, keepdims=True, dtype=np.float32))
+
+
+def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 or float [h, w, c] -> float32 [H, W, c] in the input's range, as
+    tf.image.resize(image, size, antialias=True) (bilinear)."""
+    x = np.asarray(image, np.float32)
+    for axis, n_out in reversed(list(enumerate(size))):  # columns first, as TensorFlow
+        if x.shape[axis] == n_out:
+            continue
+        first, w = _band(x.shape[axis], n_out)
+        shape = [-1, 1, 1] if axis == 0 else [1, -1, 1]
+        out = np.zeros(
+            [n_out, *x.shape[1:]] if axis == 0 else [x.shape[0], n_out, x.shape[2]], np.float32
+        )
+        for k in range(w.shape[1]):  # the span's k-th source row (column) of each output
+            out += np.take(x, first + k, axis=axis) * w[:, k].reshape(shape)
+        x = out
+    return x
+
+
+def empty(batch: int, seq_len: int, patch: int) -> dict[str, np.ndarray]:
+    """A NaFlex batch of padding: patches zero, coords zero, valid False."""
+    return {
+        "patches": np.zeros([batch, seq_len, patch * patch * 3], np.float32),
+        "coords": np.zeros([batch, seq_len, 2], np.int32),
+        "valid": np.zeros([batch, seq_len], bool),
+    }
+
+
+def put(out: dict[str, np.ndarray], j: int, image: np.ndarray, patch: int, flip=False) -> tuple:
+    """Row j of `out` (`empty`) := uint8 [h, w, c] resized to its sequence, mirrored with
+    `flip`, in [-1, 1], as patches; the image's (gh, gw)."""
+    seq_len = out["valid"].shape[1]
+    size = size_for_sequence(image.shape[0], image.shape[1], patch, seq_len)
+    x = resize(image, size)  # [H, W, c] in [0, 255]
+    x = pixels.normalize(x[:, ::-1] if flip else x, in_place=x.shape[-1] == 3)  # [H, W, 3]
+    gh, gw = size[0] // patch, size[1] // patch
+    rows = x.reshape(gh, patch, gw, patch, 3).transpose(0, 2, 1, 3, 4).reshape(gh * gw, -1)
+    out["patches"][j, : gh * gw] = rows  # [gh*gw, P*P*3], row-major over the grid
+    out["coords"][j, : gh * gw] = np.stack(np.divmod(np.arange(gh * gw), gw), axis=-1)
+    out["valid"][j, : gh * gw] = True
+    return gh, gw
+
+
+@functools.lru_cache(maxsize=8)
+def _block(seed: int, choices: int, block: int) -> np.ndarray:
+    """The length indices of steps block*BLOCK ... (block+1)*BLOCK - 1."""
+    return augment.generator(seed, LENGTH_SALT, block).integers(choices, size=BLOCK)
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+    """The length schedule of a NaFlex training run (a pure function of its fields)."""
+
+    seq_lens: tuple[int, ...]  # patches a row, not counting a class token
+    tokens_per_batch: int
+    multiple: int  # devices x accum_steps: every batch splits over them
+    seed: int
+
+    def length(self, step: int) -> int:
+        """Patches a row at `step` (one of seq_lens, uniformly)."""
+        if len(self.seq_lens) == 1:
+            return self.seq_lens[0]
+        return self.seq_lens[_block(self.seed, len(self.seq_lens), step // BLOCK)[step % BLOCK]]
+
+    def batch(self, length: int) -> int:
+        """The global batch of a step of `length` patches a row."""
+        return self.tokens_per_batch // length // self.multiple * self.multiple
+
+    def batch_at(self, step: int) -> int:
+        return self.batch(self.length(step))
+
+    @functools.cached_property
+    def _block_sums(self) -> dict[int, int]:
+        return {}
+
+    def offset(self, step: int) -> int:
+        """Examples drawn before `step` (the position of its first example)."""
+        whole, total = step // BLOCK, 0
+        for b in range(whole):
+            if b not in self._block_sums:
+                self._block_sums[b] = sum(
+                    self.batch_at(s) for s in range(b * BLOCK, b * BLOCK + BLOCK)
+                )
+            total += self._block_sums[b]
+        return total + sum(self.batch_at(s) for s in range(whole * BLOCK, step))
