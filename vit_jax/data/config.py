@@ -44,6 +44,13 @@ The fields (`default_config` sets their defaults: Fashion-MNIST from idx files):
         one per CPU core.
     workers: Grain worker processes that prepare batches (each with one thread);
         0 prepares them in this process, on `threads` threads.
+    naflex: Each image at its own aspect ratio, as patches (vit_jax/data/naflex.py):
+        `seq_lens` None (square images of config.image_size) or the lengths in
+        patches, not counting a class token (training draws one per step; evaluation
+        takes the largest); `tokens_per_batch` the patches of a step's batch (its global
+        batch is tokens_per_batch // length, rounded down to a multiple of devices x
+        accum_steps; 0: config.batch_size x the largest length). `preprocessing` then
+        names only the JPEG decode: the resize is big_vision's (antialiased bilinear).
 """
 
 from __future__ import annotations
@@ -95,6 +102,9 @@ def default_config() -> ml_collections.ConfigDict:
             cache=False,
             threads=0,
             workers=0,
+            naflex=ml_collections.ConfigDict(
+                dict(seq_lens=config_dict.placeholder(tuple), tokens_per_batch=0)
+            ),
         )
     )
 
@@ -104,6 +114,12 @@ def _classes(ids: Any) -> str | None:
     if ok and all(is_int(c) and c >= 0 for c in ids):
         return None
     return "expected None (all) or distinct class ids >= 0, e.g. (5, 6, 7, 8, 9)"
+
+
+def _seq_lens(lens: Any) -> str | None:
+    if isinstance(lens, (tuple, list)) and lens and all(is_int(n) and n >= 1 for n in lens):
+        return None
+    return "expected None (square images) or patches a row >= 1, e.g. (64, 128, 256)"
 
 
 def _randaugment(args: Any) -> str | None:
@@ -135,10 +151,21 @@ FIELDS = {
 }
 
 
+NAFLEX = {
+    "seq_lens": optional(_seq_lens),
+    "tokens_per_batch": integer(0, " (0: batch_size x the largest length)"),
+}
+
+
 def problems(cfg: ml_collections.ConfigDict, prefix: str = "dataset.") -> list[Problem]:
     """Every field of a dataset config that cannot make sense (`FIELDS`, then what
     relates the source to its directory), from the config alone: nothing is read."""
     out = table_problems(cfg, FIELDS, prefix)
+    if flex := cfg.get("naflex"):
+        out += table_problems(flex, NAFLEX, f"{prefix}naflex.")
+        if flex.seq_lens is not None and cfg.mixup:
+            why = "mixup blends two images pixel by pixel; NaFlex images differ in shape: set 0"
+            out.append(Problem(f"{prefix}mixup", cfg.mixup, why))
     if cfg.source == "tfds" and remote_tfds(cfg.data_dir):
         out.append(Problem(f"{prefix}data_dir", cfg.data_dir, REMOTE_TFDS))
     if cfg.source == "folder" and not cfg.data_dir:

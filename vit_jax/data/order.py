@@ -25,16 +25,26 @@ def _permutation(n: int, seed: int, epoch: int) -> np.ndarray:
 
 
 def train_share(
-    n: int, step: int, *, global_batch: int, process_index: int, process_count: int, seed: int
+    n: int,
+    step: int,
+    *,
+    global_batch: int,
+    process_index: int,
+    process_count: int,
+    seed: int,
+    first: int | None = None,
 ) -> tuple[np.ndarray, slice]:
-    """This process's share of a train step.
+    """This process's share of a train step whose first example is at position `first`
+    (default step * global_batch; NaFlex steps differ in size: naflex.Lengths.offset).
 
     Returns:
         (table indices int64 [b], the slots of the global batch it holds).
     """
     b = global_batch // process_count
     slots = slice(process_index * b, (process_index + 1) * b)
-    positions = step * global_batch + np.arange(slots.start, slots.stop, dtype=np.int64)  # [b]
+    positions = (step * global_batch if first is None else first) + np.arange(
+        slots.start, slots.stop, dtype=np.int64
+    )  # [b]
     epochs = positions // n
     index = np.empty(b, np.int64)
     for epoch in np.unique(epochs):  # one epoch, or two where the step straddles a boundary

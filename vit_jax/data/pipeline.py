@@ -2,7 +2,9 @@
 
 Batches are numpy dicts holding this process's share of the global batch:
 ``{'image': float32 [b, H, W, 3] in [-1, 1], 'label': float32 [b, K]}`` (+ 'mask'
-float32 [b] in eval), b = global_batch // process_count.
+float32 [b] in eval), b = global_batch // process_count. With dataset.naflex, 'image' is
+a NaFlex dict (naflex.py: patches, coords, valid), each image at its own aspect ratio,
+and a training step's global batch depends on its length (naflex.Lengths).
 
 A function of the step number makes each step's whole batch (`TrainBatch`): the
 examples order.py assigns to this process, loaded, augmented (augment.py, and
@@ -26,7 +28,7 @@ import grain
 import ml_collections
 import numpy as np
 
-from vit_jax.data import augment, order, pixels, randaugment, splits, tables
+from vit_jax.data import augment, naflex, order, pixels, randaugment, splits, tables
 from vit_jax.data import config as config_lib
 
 Batch = dict[str, np.ndarray]
@@ -89,22 +91,52 @@ class TrainBatch:
     global_batch: int
     process_index: int
     process_count: int
+    lengths: naflex.Lengths | None = None  # NaFlex: each step's length and batch
+    patch: int = 0  # NaFlex: the model's patch size
 
     def share(self, step: int) -> tuple[tables.Table, np.ndarray, slice, np.ndarray]:
         """(the table, the table indices [b] of this process's examples, the slots of the
         global batch they fill, their augmentation uniforms float64 [b, DRAWS])."""
         table = tables.open_table(self.cfg, self.split)
+        g, first = self.global_batch, None
+        if self.lengths is not None:
+            g, first = self.lengths.batch_at(step), self.lengths.offset(step)
         index, slots = order.train_share(
             len(table),
             step,
-            global_batch=self.global_batch,
+            global_batch=g,
             process_index=self.process_index,
             process_count=self.process_count,
             seed=self.seed,
+            first=first,
         )
-        return table, index, slots, augment.step_draws(self.seed, step, self.global_batch)[slots]
+        return table, index, slots, augment.step_draws(self.seed, step, g)[slots]
+
+    def _naflex(self, step: int) -> Batch:
+        """Each image cropped (Inception), resized to the step's length, flipped, as patches."""
+        cfg, (table, index, slots, draws) = self.cfg, self.share(step)
+        x, labels = naflex.empty(len(index), self.lengths.length(step), self.patch), []
+        for j, (i, u) in enumerate(zip(index, draws, strict=True)):
+            window = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
+            image, label = tables.crop_of(
+                table, int(i), cfg.preprocessing, window, cfg.decode == "crop"
+            )
+            if cfg.randaugment is not None:  # on the resized image, as the square path
+                size = naflex.size_for_sequence(*image.shape[:2], self.patch, x["valid"].shape[1])
+                image = pixels.to_uint8(naflex.resize(image, size))
+                image = np.repeat(image, 3, -1) if image.shape[-1] == 1 else image
+                rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slots.start + j)
+                image = randaugment.randaugment(image, rng, *cfg.randaugment)
+            naflex.put(x, j, image, self.patch, flip=cfg.flip and u[-1] < 0.5)
+            labels.append(label)
+        return {
+            "image": x,
+            "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
+        }
 
     def __call__(self, step: int) -> Batch:
+        if self.lengths is not None:
+            return self._naflex(step)
         cfg = self.cfg
         table, index, slots, draws = self.share(step)
         method, area, hot = cfg.preprocessing, cfg.crop_min_area, False
@@ -154,6 +186,7 @@ class EvalBatch:
     lo: int
     hi: int
     batch_size: int
+    patch: int = 0  # NaFlex: the model's patch size
 
     def rows(self, number: int) -> tuple[tables.Table, int, int]:
         """(the table, the first and past-the-last example of batch `number`); the batch's
@@ -161,7 +194,22 @@ class EvalBatch:
         start = self.lo + number * self.batch_size
         return tables.open_table(self.cfg, self.split), start, min(start + self.batch_size, self.hi)
 
+    def _naflex(self, number: int) -> Batch:
+        """Each whole image resized to the largest of dataset.naflex.seq_lens, as patches."""
+        table, start, stop = self.rows(number)
+        x = naflex.empty(self.batch_size, max(self.cfg.naflex.seq_lens), self.patch)
+        x["valid"][:, 0] = True  # a padding row: one zero patch (no row is all padding)
+        labels = np.zeros([self.batch_size, table.num_classes], np.float32)
+        for j, i in enumerate(range(start, stop)):
+            image, label = tables.crop_of(table, i, self.cfg.preprocessing)
+            naflex.put(x, j, image, self.patch)
+            labels[j, label] = 1.0
+        mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)
+        return {"image": x, "label": labels, "mask": mask}
+
     def __call__(self, number: int) -> Batch:
+        if self.patch:
+            return self._naflex(number)
         table, start, stop = self.rows(number)
         method, n = self.cfg.preprocessing, max(stop - start, 0)
         images = np.zeros([self.batch_size, *self.size, 3], np.float32)  # the padding: 0
@@ -190,6 +238,8 @@ class Batches(Iterator[Batch]):
     `close()` (or the end of a `with` block) stops the work and, Grain's own close not
     waiting for them, waits for the batches in flight: no thread of the pipeline outlives it.
     """
+
+    lengths: naflex.Lengths | None = None  # a NaFlex run's: each step's length and batch
 
     def __init__(self, make: Callable[[int], Batch], indices: range, threads: int, workers: int):
         self._busy, self._ran, self._done = 0, set(), threading.Condition()
@@ -258,6 +308,8 @@ def train_iterator(
     start_step: int = 0,
     process_index: int | None = None,
     process_count: int | None = None,
+    patch_size: int = 0,
+    batch_multiple: int = 1,
 ) -> Batches:
     """Infinite training batches of this process's share, a pure function of (cfg, seed, step).
 
@@ -270,11 +322,14 @@ def train_iterator(
             batches the iterator started at 0 yields from step k on (exact resume).
         process_index: This process, default jax.process_index().
         process_count: Number of processes, default jax.process_count().
+        patch_size: With dataset.naflex: the model's patch size.
+        batch_multiple: With dataset.naflex: what every step's global batch is a multiple
+            of (devices x accum_steps).
 
     Yields:
         {'image': float32 [b, H, W, 3] in [-1, 1], 'label': float32 [b, K]} with
         b = global_batch // process_count; labels are one-hot, smoothed and mixed as
-        configured.
+        configured. With dataset.naflex, 'image' is a NaFlex dict and b varies by step.
     """
     config_lib.validate(cfg)
     index, count, _ = _processes(global_batch, process_index, process_count)
@@ -284,8 +339,29 @@ def train_iterator(
             "dataset.train_split, dataset.classes and dataset.examples_per_class."
         )
     size = splits.image_size_hw(image_size)
+    lengths = _lengths(cfg, global_batch, math.lcm(batch_multiple, count), seed, patch_size)
     make = TrainBatch(cfg, cfg.train_split, size, seed, global_batch, index, count)
-    return _batches(make, range(start_step, _FOREVER), cfg)
+    make = dataclasses.replace(make, lengths=lengths, patch=patch_size)
+    batches = _batches(make, range(start_step, _FOREVER), cfg)
+    batches.lengths = lengths
+    return batches
+
+
+def _lengths(cfg, global_batch: int, multiple: int, seed: int, patch: int) -> naflex.Lengths | None:
+    """The run's length schedule (None: square images); every length gets a batch."""
+    lens = cfg.naflex.seq_lens
+    if lens is None:
+        return None
+    if patch < 1:
+        raise ValueError("dataset.naflex needs the model's patch size: pass patch_size")
+    tokens = cfg.naflex.tokens_per_batch or global_batch * max(lens)
+    lengths = naflex.Lengths(tuple(lens), tokens, multiple, seed)
+    if lengths.batch(max(lens)) < multiple:
+        raise ValueError(
+            f"dataset.naflex.tokens_per_batch={tokens} gives length {max(lens)} no batch: "
+            f"use at least {max(lens) * multiple} (length x {multiple}, devices x accum_steps)"
+        )
+    return lengths
 
 
 def eval_iterator(
@@ -296,6 +372,7 @@ def eval_iterator(
     image_size: int | tuple[int, int],
     process_index: int | None = None,
     process_count: int | None = None,
+    patch_size: int = 0,
 ) -> Batches:
     """One pass over a split: each example exactly once over all processes.
 
@@ -309,6 +386,8 @@ def eval_iterator(
         image_size: Target size, int or (height, width); images are only resized.
         process_index: This process, default jax.process_index().
         process_count: Number of processes, default jax.process_count().
+        patch_size: With dataset.naflex: the model's patch size ('image' is then a NaFlex
+            dict at the largest of dataset.naflex.seq_lens).
 
     Yields:
         {'image': float32 [b, H, W, 3], 'label': float32 one-hot [b, K] (no smoothing),
@@ -319,5 +398,8 @@ def eval_iterator(
     n = num_examples(cfg, split)
     lo, hi = splits.process_range(n, index, count)
     num_batches = math.ceil(math.ceil(n / count) / b)
-    make = EvalBatch(cfg, split, splits.image_size_hw(image_size), lo, hi, b)
+    if cfg.naflex.seq_lens is not None and patch_size < 1:
+        raise ValueError("dataset.naflex needs the model's patch size: pass patch_size")
+    patch = patch_size if cfg.naflex.seq_lens is not None else 0
+    make = EvalBatch(cfg, split, splits.image_size_hw(image_size), lo, hi, b, patch)
     return _batches(make, range(num_batches), cfg)

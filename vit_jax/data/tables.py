@@ -55,18 +55,29 @@ class Table:
 
 
 def load(table: Table, i: int, size, method: str, window=None, out=None, crop=False):
-    """Example i as pixels (`pixels.decode_crop_resize`: window, size, method; written into
-    `out` when given) and its label. With `crop`, a file decodes its window alone
-    (`crop_decode`: big_vision's pixels).
+    """Example i as pixels (`crop_of`, resized to `size` by `method`: written into `out`
+    when given) and its label."""
+    image, label = crop_of(table, i, method, window, crop)
+    return pixels.resize(image, size, method, None, out), label
+
+
+def crop_of(table: Table, i: int, method: str, window=None, crop=False):
+    """Example i's pixels in `window` (a box, a function of the upright (h, w), or None:
+    the whole image), uint8 [h, w, c], and its label. With `crop`, a file decodes its
+    window alone (`crop_decode`: big_vision's pixels).
 
     Raises:
         The table's `corrupt` error, naming the example, for an image that does not decode.
     """
     try:
         image, label = table.example(i)
-        if crop and window is not None and not isinstance(image, np.ndarray):
-            image, window = crop_decode.decode_crop(image, window, method), None
-        return pixels.decode_crop_resize(image, size, method, window, out), label
+        if not isinstance(image, np.ndarray):
+            if crop and window is not None:
+                return crop_decode.decode_crop(image, window, method), label
+            image = pixels.decode(image, method)
+        box = window(*image.shape[:2]) if callable(window) else window
+        y0, x0, h, w = box or (0, 0, *image.shape[:2])
+        return image[y0 : y0 + h, x0 : x0 + w], label
     except (ValueError, OSError) as e:
         raise table.corrupt(i, str(e)) from None
 

@@ -43,7 +43,7 @@ def over_batches(
     """
     for batch in batches:
         images, onehot = batch["image"], batch["label"]
-        mask = np.asarray(batch.get("mask", np.ones(len(images), np.float32)))
+        mask = np.asarray(batch.get("mask", np.ones(len(onehot), np.float32)))
         label = np.argmax(onehot, -1).astype(np.int32)  # gathered: [b], not [b, K]
         if mesh is None:
             out = fn(params, {"image": images, "label": onehot})

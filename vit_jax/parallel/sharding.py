@@ -106,6 +106,7 @@ def bytes_per_device(tree: Any, shardings: Any) -> int:
 
 
 def global_batch(local: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
-    """This process's share of a batch (NumPy) -> global arrays split over the mesh."""
+    """This process's share of a batch (NumPy; a NaFlex 'image' is a dict) -> global arrays
+    split over the mesh."""
     sharding = batch_sharding(mesh)
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+    return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v), local)

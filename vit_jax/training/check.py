@@ -119,7 +119,7 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
             "that many micro-batches"
         )
         out.append(Problem("accum_steps", c.accum_steps, why))
-    out += _model_problems(c.model, c.image_size)
+    out += _model_problems(c.model, c.image_size, c.dataset.naflex.seq_lens)
     out += _optimizer_problems(c.optimizer, c.total_steps)
     out += data_config.problems(c.dataset, "dataset.")
     out += _fewshot_problems(c.fewshot)
@@ -135,7 +135,7 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
     return out
 
 
-def _model_problems(m: Any, image_size: Any) -> list[Problem]:
+def _model_problems(m: Any, image_size: Any, seq_lens: Any = None) -> list[Problem]:
     out: list[Problem] = []
     try:
         variant_config(m.name)
@@ -151,6 +151,9 @@ def _model_problems(m: Any, image_size: Any) -> list[Problem]:
     if model.width % model.num_heads:
         why = f"expected a divisor of the width ({model.width}): each head takes width / heads"
         out.append(Problem("model.num_heads", model.num_heads, why))
+    if seq_lens is not None and model.resnet_stages is not None:
+        why = "a hybrid's ResNet stem takes whole images: NaFlex needs a plain ViT (or None)"
+        out.append(Problem("dataset.naflex.seq_lens", seq_lens, why))
     s = model.token_stride
     if image_size % s:
         near = max(s, round(image_size / s) * s)

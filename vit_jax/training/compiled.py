@@ -70,12 +70,17 @@ def loop_of(config: Any) -> str | None:
     return "accum_steps" if config.accum_steps > 1 else None
 
 
-def kernel_flops(model: Any, image_size: int, per_device: float) -> float:
-    """A fused attention kernel's FLOPs per device per step, which XLA's cost analysis leaves
-    out (a splash forward and backward counts as thousands): 12 B H N² hd a block, the two
-    products forward and four backward (not the kernel's recomputation, as MFU counts);
-    0 where `model` computes attention with XLA on the compile target in context."""
-    n = math.prod(model.grid((image_size,) * 2)) + int(model.has_class_token)
+def tokens_of(model: Any, x: Any) -> int:
+    """The tokens a row of input `x` makes: images [B, H, W, C] or a NaFlex dict."""
+    n = x["patches"].shape[1] if isinstance(x, dict) else math.prod(model.grid(x.shape[1:3]))
+    return n + int(model.has_class_token)
+
+
+def kernel_flops(model: Any, n: int, per_device: float) -> float:
+    """A fused attention kernel's FLOPs per device per step at `n` tokens a row, which XLA's
+    cost analysis leaves out (a splash forward and backward counts as thousands): 12 B H N² hd
+    a block, the two products forward and four backward (not the kernel's recomputation, as
+    MFU counts); 0 where `model` computes attention with XLA on the compile target in context."""
     how = attention.choose(model.attention, n, model.dtype, model.attention_dropout)
     return 0.0 if how == "xla" else 12.0 * per_device * n * n * model.width * model.depth
 
@@ -96,9 +101,10 @@ def compiled_line(
         temp, total, flops, seconds = compiled_figures(step.lower(*abstract).compile())
     except Exception:  # noqa: BLE001 - a backend without the analyses: say nothing
         return None
-    kind, (b, size) = jax.devices()[0].device_kind, batch["image"].shape[:2]
+    kind, b = jax.devices()[0].device_kind, len(batch["label"])
     chip = CHIPS.get(kind, Chip(0, 0.0, 1))
-    kernel = kernel_flops(model, size, b / jax.device_count()) if model is not None else 0.0
+    per_device = b / jax.device_count()
+    kernel = kernel_flops(model, tokens_of(model, batch["image"]), per_device) if model else 0.0
     of = f" of {console.size(chip.hbm_bytes)}" if chip.hbm_bytes else ""
     line = f"compiled step: {console.size(total)} per device{of} ({console.size(temp)} temporaries)"
     if loop:

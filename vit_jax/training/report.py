@@ -45,7 +45,7 @@ class Throughput:
     def __init__(
         self,
         total_steps: int,
-        batch: int,
+        batch: int | Callable[[int], int],  # NaFlex: step -> its batch
         devices: int,
         start_step: int = 0,
         clock: Callable[[], float] = time.perf_counter,
@@ -71,8 +71,10 @@ class Throughput:
         self.last_step, self.last_time = step, now
         if steps <= 0:
             return {}
+        b = self.batch
+        images = steps * b if isinstance(b, int) else sum(map(b, range(step - steps + 1, step + 1)))
         return {
-            "img_per_sec_per_device": steps * self.batch / secs / self.devices,
+            "img_per_sec_per_device": images / secs / self.devices,
             "eta_seconds": secs / steps * (self.total - step),
         }
 
@@ -259,6 +261,19 @@ def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]
             for v in event.summary.value:
                 out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
     return {tag: sorted(rows) for tag, rows in out.items()}
+
+
+def naflex_line(lengths: Any, padded: list[int], has_class_token: bool) -> str:
+    """The NaFlex run's lengths, each with its batch and what attention pads it to."""
+    cls = " + class token" if has_class_token else ""
+    cells = []
+    for n, p in zip(lengths.seq_lens, padded, strict=True):
+        pad = f", padded to {p} tokens" if p > n + has_class_token else ""
+        cells.append(f"{n}{cls} ({lengths.batch(n)} images{pad})")
+    return (
+        f"NaFlex: {lengths.tokens_per_batch:,} patches a step at {', '.join(cells)}; the "
+        f"step compiles once for each of the {len(cells)} lengths"
+    )
 
 
 def starting(name: str, params: Any, frozen: Any, steps: int) -> str:

@@ -29,7 +29,7 @@ from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.evaluation.batched import over_batches
 from vit_jax.models import count_params
 from vit_jax.parallel import distributed, sharding
-from vit_jax.training import check, compiled, outputs, report, stopping
+from vit_jax.training import check, compiled, outputs, planner, report, stopping
 from vit_jax.training import state as state_lib
 from vit_jax.training.state import TrainState
 from vit_jax.training.step import jit_steps
@@ -116,6 +116,8 @@ def _run(config: Any, plan: Plan, wd: Workdir, stop: stopping.StopRequest) -> di
             image_size=config.image_size,
             seed=config.seed,
             start_step=stop.step,
+            patch_size=loop.model.patch_size,
+            batch_multiple=jax.device_count() * config.accum_steps,
         )
         state, metrics, evals = train_loop(loop, state, running.enter_context(batches))
         _stop_if_asked(loop, state, stopping.Agreement(loop.mesh))  # before evaluating, export
@@ -197,21 +199,29 @@ def train_loop(
     `batches` yields this process's share of each step's batch from the state's step on."""
     config, mesh, total = loop.config, loop.mesh, loop.config.total_steps
     start = int(jax.device_get(state.step))
-    speed = report.Throughput(total, config.batch_size, jax.device_count(), start)
+    lengths = getattr(batches, "lengths", None)  # NaFlex: each step's length and batch
+    size = config.batch_size if lengths is None else lengths.batch_at
+    speed = report.Throughput(total, size, jax.device_count(), start)
     skipped = int(jax.device_get(state_lib.skipped_steps(state.opt_state)))
     guard = stopping.FiniteGuard(loop.saver, config.skip_nonfinite, start, skipped)
     agree = stopping.Agreement(mesh)
     _stop_if_asked(loop, state, agree)  # a signal during start-up
     if start < total:
         report.say(report.starting(config.model.name, state.params, state.frozen, total - start))
-    metrics, evals = {}, {}
+        if lengths is not None:  # the padding of attention on the mesh's devices
+            pad = sharding.on_mesh(mesh, lambda n: planner.sequence(loop.model, 0, n)[1])
+            padded = [pad(n) for n in lengths.seq_lens]
+            report.say(report.naflex_line(lengths, padded, loop.model.has_class_token))
+    metrics, evals, compiled_for = {}, {}, set()
     for step in range(start + 1, total + 1):
         batch = sharding.global_batch(agree.into(next(batches), loop.stop.requested), mesh)
         state, m = loop.train_step(state, batch)
         loop.stop.step = step
         log = due(step, config.log_every, total) or step == 1
-        if step == start + 1:  # compiled: neither the speed nor the ETA counts that step
-            _compiled(loop, speed, step, (state, batch, m), said=log)
+        if (n := compiled.tokens_of(loop.model, batch["image"])) not in compiled_for:
+            # compiled (once a length): neither the speed nor the ETA counts that step
+            _compiled(loop, speed, step, (state, batch, m), said=log, first=not compiled_for)
+            compiled_for.add(n)
         del batch
         # A stop (the signal every process agrees on, lagged) saves now, evaluates nothing.
         stopping_on = agree.lagged(loop.stop.requested, m)
@@ -248,14 +258,23 @@ def train_loop(
     return state, metrics, evals
 
 
-def _compiled(loop: Loop, speed: report.Throughput, step: int, ran: tuple, said: bool) -> None:
-    """After the first step of the run (`ran`: its state, batch and metrics): the time it
-    took to compile and run (unless the step's log line says it), and what XLA made of it."""
+def _compiled(
+    loop: Loop, speed: report.Throughput, step: int, ran: tuple, said: bool, first: bool
+) -> None:
+    """After the first step of the run, or of a NaFlex length (`ran`: its state, batch and
+    metrics): the time it took to compile and run (unless the step's log line says it), and
+    after the first, what XLA made of it."""
     state, batch, metrics = ran
     jax.block_until_ready(metrics)
     took = speed.compiled(step)
-    if not said:
+    if isinstance(x := batch["image"], dict):
+        rows, n = x["patches"].shape[:2]
+        took = console.duration(took)
+        report.say(f"step {step}: compiled for {n} patches a row ({rows} images) in {took}")
+    elif not said:
         report.say(f"step {step}: compiled and ran in {console.duration(took)}")
+    if not first:
+        return
     looped = compiled.loop_of(loop.config)
     if line := compiled.compiled_line(loop.train_step, state, batch, looped, loop.model):
         report.say(line)
@@ -285,7 +304,11 @@ def evaluate(loop: Loop, params: Any) -> dict[str, float]:
     split = config.dataset.test_split
     n = data.num_examples(config.dataset, split)
     batches = data.eval_iterator(
-        config.dataset, split, global_batch=config.eval_batch_size, image_size=config.image_size
+        config.dataset,
+        split,
+        global_batch=config.eval_batch_size,
+        image_size=config.image_size,
+        patch_size=loop.model.patch_size,
     )
     show = distributed.is_lead() and config.progress_bars
     correct = loss = count = 0.0
