@@ -16,6 +16,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from vit_jax.base.exits import HeldErrors, debug, fail, interrupted
 
@@ -180,12 +181,21 @@ def in_flags(message: str) -> str:
 # ---------------------------------------------------------------- commands that load a checkpoint
 
 
-def define_model_flags() -> None:
+def define_model_flags(naflex: bool = False) -> None:
     """--checkpoint, --model, --override, --image_size, --patch_size, --numerics and
     --preprocessing, shared by the commands that load a checkpoint (classify, few-shot,
-    figures, evaluate, convert)."""
+    figures, evaluate, convert); with `naflex`, --seq_len too (the commands that apply the
+    model: convert writes the weights alone, so it has no input shape to take)."""
     from absl import flags
 
+    if naflex:
+        flags.DEFINE_integer(
+            "seq_len",
+            None,
+            "NaFlex: patches a row, each image at its own aspect ratio (resized to the most "
+            "patches that fit). Default: square images at --image_size. Not for hybrids.",
+            lower_bound=1,
+        )
     flags.DEFINE_string(
         "checkpoint",
         None,
@@ -267,6 +277,11 @@ def load_model(head: bool = True):
     from vit_jax.data import images
 
     f, overrides = flags.FLAGS, model_overrides()
+    if seq_len() and f.image_size:
+        raise ValueError(
+            f"--seq_len={f.seq_len} and --image_size={f.image_size} both set the input's "
+            "shape: --seq_len keeps each image's aspect ratio, --image_size squares it; pass one"
+        )
     size = images.parse_image_size(f.image_size)
     try:
         if is_run(f.checkpoint):
@@ -277,7 +292,38 @@ def load_model(head: bool = True):
             loaded = weights.load(f.checkpoint, f.model, size, head, f.patch_size, **overrides)
     except TypeError as e:  # an override that is no model option
         raise ValueError(f"--override: {e}") from None
+    if seq_len() and loaded.model.resnet_stages is not None:
+        raise ValueError(
+            f"--seq_len={f.seq_len}: {f.checkpoint} is a hybrid (ResNet + ViT), whose tokens "
+            "come from the ResNet's feature map of a whole image, not patches: drop --seq_len"
+        )
     return dataclasses.replace(loaded, preprocessing=f.preprocessing or loaded.preprocessing)
+
+
+def seq_len() -> int | None:
+    """--seq_len where the command defines it, else None (square images)."""
+    from absl import flags
+
+    return flags.FLAGS["seq_len"].value if "seq_len" in flags.FLAGS else None
+
+
+def naflex_note(loaded: Any) -> str | None:
+    """Says on stderr (stdout is the command's results) what --seq_len does to the loaded
+    model, and returns that line: which position table it resizes to each image's grid.
+    None without --seq_len or without a stored table."""
+    from absl import flags
+
+    n, model, path = seq_len(), loaded.model, flags.FLAGS.checkpoint
+    if not n or model.posemb not in ("learned", "learned_2d"):
+        return None  # sincos_2d is made for each grid; none has nothing to resize
+    gh, gw = model.grid(loaded.image_size)  # the grid the table was stored for
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    note = (
+        f"NaFlex at {n} patches: the {gh}x{gw} position embeddings of {name} are resized to "
+        "each image's own grid"
+    )
+    print(note, file=sys.stderr)
+    return note
 
 
 def is_run(checkpoint: str) -> bool:
@@ -289,5 +335,7 @@ def is_run(checkpoint: str) -> bool:
 
 
 def model_title(model_name: str | None, path: str, size: tuple[int, int]) -> str:
-    """'ViT-B_16 (ViT-B_16.npz) at 384x384', for the commands' first line."""
-    return f"{model_name or 'the model'} ({path}) at {size[0]}x{size[1]}"
+    """'ViT-B_16 (ViT-B_16.npz) at 384x384' ('... at NaFlex 256 patches' with --seq_len),
+    for the commands' first line."""
+    at = f"NaFlex {seq_len()} patches" if seq_len() else f"{size[0]}x{size[1]}"
+    return f"{model_name or 'the model'} ({path}) at {at}"

@@ -1,7 +1,7 @@
 """Top-1 and top-5 accuracy of a classifier checkpoint on a dataset split.
 
     python -m vit_jax.evaluate --checkpoint=PATH --dataset=NAME [--model=NAME] \\
-        [--source=tfds|idx] [--data_dir=DIR] [--split=test] [--image_size=N] \\
+        [--source=tfds|idx] [--data_dir=DIR] [--split=test] [--image_size=N | --seq_len=N] \\
         [--classes=5,6,7,8,9] [--labels=MAP] [--batch_size=64]
     python -m vit_jax.evaluate --checkpoint=PATH --source=folder --data_dir=DIR [--split=test]
 
@@ -33,6 +33,11 @@ main job's fine-tuned checkpoint on fashion_mnist keeps classes 5-9 by itself). 
 --source, 'fashion_mnist' is read from the Debian idx files, any other name from TFDS;
 --source=folder reads DIR/<split>/<class>/*.jpg (--data_dir=DIR, no --dataset), only
 the evaluated split. Top-k is reported for k below the head's classes.
+
+--seq_len=N evaluates each image at its own aspect ratio (NaFlex, plain ViTs): resized to
+the most patches that fit N (the dataset config's naflex.seq_lens = (N,)), the
+checkpoint's position embeddings resized to each image's grid; the JSON line says
+"seq_len" (null without it).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from vit_jax import cli
 
 
 def define_flags() -> None:
-    cli.define_model_flags()
+    cli.define_model_flags(naflex=True)
     flags.DEFINE_string(
         "dataset", None, "Dataset name, e.g. cifar10 (with --source=folder: the folder's name)."
     )
@@ -116,8 +121,11 @@ def main() -> None:
         dataset["data_dir"] = f.data_dir
     if f.classes:
         dataset["classes"] = parse_classes(f.classes)
+    if f.seq_len:  # each image at its own aspect ratio, as patches (vit_jax/data/naflex.py)
+        dataset["naflex"] = {"seq_lens": (f.seq_len,)}
     label_map = parse_labels(f.labels) if f.labels else None
     loaded = cli.load_model(head=True)
+    cli.naflex_note(loaded)
     dataset["preprocessing"] = loaded.preprocessing
     model, params, size = loaded.model, loaded.params, loaded.image_size
     if not model.num_classes:
@@ -146,7 +154,8 @@ def main() -> None:
         f"top-{k} {100 * result[f'top{k}']:.2f}%" for k in classify.TOP_K if f"top{k}" in result
     )
     print(f"{title} on {name} {f.split}{subset} ({result['examples']} images): {scores}")
-    print(json.dumps({"checkpoint": f.checkpoint, "image_size": list(size), **result}))
+    shape = {"image_size": None if f.seq_len else list(size), "seq_len": f.seq_len}
+    print(json.dumps({"checkpoint": f.checkpoint, **shape, **result}))
 
 
 if __name__ == "__main__":

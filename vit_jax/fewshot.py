@@ -2,7 +2,7 @@
 
     python -m vit_jax.fewshot --checkpoint=ViT-B_16.npz --dataset=fashion_mnist \\
         [--model=ViT-B_16] [--source=idx|tfds|folder --data_dir=DIR] [--shots=1,5,10,25] \\
-        [--l2=1024] [--seed=0] [--image_size=224] [--train_split=train] \\
+        [--l2=1024] [--seed=0] [--image_size=224 | --seq_len=256] [--train_split=train] \\
         [--test_split=test] [--batch_size=64]
 
 For each dataset (comma-separated), max(shots) training images per class and the whole
@@ -11,7 +11,8 @@ to {-1, 1}^K targets classifies the test images (see vit_jax/evaluation/linear.p
 --source, 'fashion_mnist' is read from the idx files of the Debian package
 dataset-fashion-mnist (offline), any other name from TFDS. Without --model the
 architecture is read from the checkpoint; without --image_size the images are resized
-to the resolution the checkpoint was made for.
+to the resolution the checkpoint was made for; --seq_len=N keeps each image's aspect ratio
+instead (NaFlex: N patches a row, the position embeddings resized to each image's grid).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vit_jax.evaluation import fewshot
 
 
 def define_flags() -> None:
-    cli.define_model_flags()
+    cli.define_model_flags(naflex=True)
     flags.DEFINE_list("dataset", ["fashion_mnist"], "Dataset name(s), comma-separated.")
     flags.DEFINE_enum(
         "source", None, ["idx", "tfds", "folder"], "Default: idx for fashion_mnist, else tfds."
@@ -67,8 +68,11 @@ def main() -> None:
     datasets = fewshot.dataset_configs(
         f.dataset, f.source, f.data_dir, f.train_split, f.test_split, loaded.preprocessing
     )
+    cli.naflex_note(loaded)
     model, params, size = loaded.model, loaded.params, loaded.image_size
-    evaluator = fewshot.FewShotEvaluator(datasets, shots, f.l2, f.seed, size, f.batch_size)
+    evaluator = fewshot.FewShotEvaluator(
+        datasets, shots, f.l2, f.seed, size, f.batch_size, seq_len=f.seq_len
+    )
     results = fewshot.by_dataset(evaluator.run(model, params))
     title = cli.model_title(f.model, f.checkpoint, size)
     print(f"linear few-shot accuracy of {title}, l2={f.l2:g}, seed {f.seed}")

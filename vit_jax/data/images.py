@@ -3,7 +3,8 @@
 Every command that takes image files (classify, few-shot on folders, figures) reads
 them here, through the input pipeline's own preprocessing (pixels.py): EXIF
 orientation, any PIL mode to RGB, resize to the model's resolution by the checkpoint's
-method (tf_bilinear or pil_antialias), scaled to [-1, 1].
+method (tf_bilinear or pil_antialias), scaled to [-1, 1]; or, with `load_naflex`, each
+image at its own aspect ratio as NaFlex patches (naflex.py).
 
 Where ``vit_jax/data/imagenet_classes.txt`` came from: line i is the first WordNet
 lemma (underscores as spaces) of the i-th ImageNet-1k synset in the order of
@@ -19,12 +20,13 @@ suit`` (the second lemma of that synset; 638 stays ``maillot``).
 from __future__ import annotations
 
 import importlib.resources
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from vit_jax.base import store
-from vit_jax.data import pixels
+from vit_jax.data import naflex, pixels
 
 IMAGENET_CLASSES_FILE = "imagenet_classes.txt"
 
@@ -79,9 +81,14 @@ def load_image(path: str, image_size: tuple[int, int], method: str) -> np.ndarra
       FileNotFoundError: If ``path`` does not exist.
       ValueError: If ``path`` is not a readable image.
     """
+    return _read(path, lambda s: pixels.normalize(pixels.decode_crop_resize(s, image_size, method)))
+
+
+def _read(path: str, decode: Callable[[Any], np.ndarray]) -> np.ndarray:
+    """`decode(path or its bytes)`, a remote file read first; its errors name the file."""
     source = store.path(path).read_bytes() if store.is_remote(path) else path
     try:
-        return pixels.normalize(pixels.decode_crop_resize(source, image_size, method))
+        return decode(source)
     except ValueError as e:
         raise ValueError(f"cannot read image {path}: {e}") from None
 
@@ -105,6 +112,29 @@ def load_images(paths: Sequence[str], image_size: tuple[int, int], method: str) 
     for i, path in enumerate(paths):
         images[i] = load_image(path, image_size, method)
     return images
+
+
+def load_naflex(
+    paths: Sequence[str], patch_size: int, seq_len: int, method: str
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Reads image files as one NaFlex batch, each at its own aspect ratio (naflex.put: the
+    largest size whose grid of `patch_size` patches fits `seq_len`, antialiased).
+
+    Args:
+      paths: Image files, decoded as `load_image` does.
+      patch_size: The model's patch side in pixels.
+      seq_len: Patches a row.
+      method: The checkpoint's preprocessing: with NaFlex it chooses only the JPEG decode.
+
+    Returns:
+      (the batch {'patches' [N, seq_len, P*P*3], 'coords' [N, seq_len, 2], 'valid'
+      [N, seq_len]}, each image's grid (rows, columns) [N, 2]).
+    """
+    batch = naflex.empty(len(paths), seq_len, patch_size)
+    grids = np.zeros((len(paths), 2), np.int64)
+    for i, path in enumerate(paths):
+        grids[i] = naflex.put(batch, i, _read(path, lambda s: pixels.decode(s, method)), patch_size)
+    return batch, grids
 
 
 def check_images_exist(paths: Sequence[str]) -> None:

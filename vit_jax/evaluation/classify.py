@@ -67,7 +67,8 @@ def evaluate(
     head_labels: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Top-1/top-5 accuracy of `model` on `split` of `dataset` (fields of
-    `vit_jax.data.default_config()`, e.g. {'source': 'tfds', 'name': 'cifar10'}).
+    `vit_jax.data.default_config()`, e.g. {'source': 'tfds', 'name': 'cifar10'}; with
+    {'naflex': {'seq_lens': (N,)}} each image at its own aspect ratio, in N patches).
 
     Only `split` is read (an image folder needs no train/ directory). `dataset['classes']`
     keeps those classes, relabelled 0..K-1 in their order (as training does). With
@@ -92,7 +93,13 @@ def evaluate(
     label_map, matched = head_classes(cfg, k_head, label_map, head_labels)
     n = data.num_examples(cfg, split)
     batches = data.eval_iterator(
-        cfg, split, global_batch=batch_size, image_size=image_size, process_index=0, process_count=1
+        cfg,
+        split,
+        global_batch=batch_size,
+        image_size=image_size,
+        patch_size=model.patch_size,  # NaFlex cuts patches (cfg.naflex.seq_lens)
+        process_index=0,
+        process_count=1,
     )
     ks = [k for k in TOP_K if k == 1 or k < k_head]
     with batches:

@@ -86,7 +86,11 @@ def evaluator_of(config: Any) -> FewShotEvaluator | None:
         f.test_split,
         config.dataset.preprocessing,
     )
-    return FewShotEvaluator(datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size)
+    flex = config.dataset.get("naflex")  # the run's NaFlex lengths: probe at the longest
+    seq_len = max(flex.seq_lens) if flex and flex.seq_lens else None
+    return FewShotEvaluator(
+        datasets, f.shots, f.l2, f.seed, config.image_size, f.batch_size, seq_len
+    )
 
 
 def extract_features(
@@ -100,7 +104,7 @@ def extract_features(
     Args:
       model: the (frozen) model; its head is not used.
       params: its parameters (any sharding).
-      batches: dicts {'image': [b, H, W, C], 'label': one-hot [b, K], 'mask': [b]}
+      batches: dicts {'image': [b, H, W, C] or NaFlex, 'label': one-hot [b, K], 'mask': [b]}
         as `vit_jax.data.eval_iterator` yields them; examples with mask 0 (padding)
         are dropped. Without a 'mask' every example counts.
       mesh: if given, each batch is this process's share of a global batch, and the
@@ -137,6 +141,7 @@ class FewShotEvaluator:
         seed: int = 0,
         image_size: int | tuple[int, int] = 224,
         batch_size: int = 256,
+        seq_len: int | None = None,
     ):
         """Checks the dataset configs; nothing is read until `run`.
 
@@ -151,6 +156,8 @@ class FewShotEvaluator:
           image_size: resolution the images are resized to (the model's).
           batch_size: images per forward pass (global; a multiple of the device count
             when `run` is given a mesh).
+          seq_len: NaFlex patches a row, each image at its own aspect ratio (the datasets'
+            naflex.seq_lens); None: square images of `image_size`.
         """
         from vit_jax import data  # the input pipeline: only needed by the evaluator
 
@@ -169,6 +176,8 @@ class FewShotEvaluator:
                     f"{sorted(cfg.keys())} (vit_jax.data.default_config())"
                 )
             cfg.update(dict(fields))
+            if seq_len:
+                cfg.naflex.seq_lens = (seq_len,)
             cfg.examples_per_class = max(shots)  # the pool of training examples
             cfg.subset_seed = seed
             self.configs.append(cfg)
@@ -198,6 +207,7 @@ class FewShotEvaluator:
             split,
             global_batch=self.batch_size,
             image_size=self.image_size,
+            patch_size=model.patch_size,  # NaFlex cuts patches (cfg.naflex.seq_lens)
             process_index=index,
             process_count=count,
         ) as batches:

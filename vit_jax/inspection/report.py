@@ -113,12 +113,15 @@ def sample_images(
     image_size: tuple[int, int],
     data_dir: str | None = None,
     method: str = "tf_bilinear",
-) -> np.ndarray:
+    seq_len: int | None = None,
+    patch_size: int = 0,
+) -> Any:
     """The first `num_images` test images of the idx dataset (Fashion-MNIST by default),
-    through the evaluation preprocessing (vit_jax/data/pixels.py) by `method`.
+    through the evaluation preprocessing (vit_jax/data/pixels.py) by `method`; with
+    `seq_len`, as a NaFlex batch of `patch_size` patches (vit_jax/data/naflex.py).
 
     Returns:
-      images in [-1, 1].  # [num_images, H, W, 3]
+      images in [-1, 1].  # [num_images, H, W, 3], or NaFlex [num_images, seq_len, ...]
     """
     from vit_jax import data
 
@@ -126,17 +129,20 @@ def sample_images(
     cfg.preprocessing = method
     if data_dir:
         cfg.data_dir = data_dir
+    if seq_len:
+        cfg.naflex.seq_lens = (seq_len,)
     cfg.test_split = f"test[:{num_images}]"
     with data.eval_iterator(
         cfg,
         cfg.test_split,
         global_batch=num_images,
         image_size=image_size,
+        patch_size=patch_size,
         process_index=0,
         process_count=1,
     ) as batches:
         batch = next(batches)
-    return batch["image"][batch["mask"] > 0]
+    return jax.tree.map(lambda x: x[batch["mask"] > 0], batch["image"])
 
 
 def compute(

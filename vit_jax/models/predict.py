@@ -2,8 +2,8 @@
 
 `logits` is the one inference call (no dropout): the training loop's jitted eval step,
 classification, probabilities and features all go through it. `map_batches` runs a
-jitted function over an [N, ...] array in batches of one shape (the tail padded, so it
-compiles once) and drops the padding. The jitted functions are cached per model
+jitted function over an [N, ...] array or a NaFlex batch in batches of one shape (the tail
+padded, so it compiles once) and drops the padding. The jitted functions are cached per model
 (`logits_fn`, `probabilities_fn`, `features_fn`), so a command, the evaluators and the
 figures compile each once per shape, not per call.
 """
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models import apply_with_intermediates
+from vit_jax.models import apply_with_intermediates, naflex
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -47,14 +47,14 @@ def features_fn(model: VisionTransformer) -> Callable:
     return jax.jit(features)  # the unused intermediates are pruned by XLA
 
 
-def map_batches(fn: Callable, params: Any, images: np.ndarray, batch_size: int = 32) -> Any:
+def map_batches(fn: Callable, params: Any, images: Any, batch_size: int = 32) -> Any:
     """`fn(params, batch)` over `images` in batches of min(batch_size, N).
 
     Args:
       fn: a jitted function of (params, [b, ...]) whose outputs (any tree of arrays)
         have the batch as their leading axis.
       params: passed through.
-      images: [N, ...] inputs.
+      images: [N, ...] inputs, or a NaFlex batch (a dict of [N, ...] arrays).
       batch_size: most examples per call.
 
     Returns:
@@ -62,26 +62,24 @@ def map_batches(fn: Callable, params: Any, images: np.ndarray, batch_size: int =
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    images = np.asarray(images, np.float32)
-    n = len(images)
+    x = images if naflex.is_naflex(images) else np.asarray(images, np.float32)
+    n = len(jax.tree.leaves(x)[0])
     if n == 0:
         raise ValueError("no images to process")
     b = min(batch_size, n)
+    # One compiled shape: the tail is padded with copies of the last example, so a NaFlex
+    # padding row has real patches (a row with none would attend over nothing: 0/0).
+    x = jax.tree.map(lambda a: np.concatenate([a, np.repeat(a[-1:], -n % b, axis=0)]), x)
     outputs = []
     for start in range(0, n, b):
-        chunk = images[start : start + b]
-        valid = len(chunk)
-        if valid < b:  # one compiled shape: the tail is padded with zeros
-            chunk = np.concatenate([chunk, np.zeros((b - valid, *chunk.shape[1:]), chunk.dtype)])
-        out = jax.device_get(fn(params, chunk))
-        outputs.append(jax.tree.map(lambda x, v=valid: np.asarray(x)[:v], out))
-    return jax.tree.map(lambda *xs: np.concatenate(xs), *outputs)
+        out = jax.device_get(fn(params, jax.tree.map(lambda a, s=start: a[s : s + b], x)))
+        outputs.append(jax.tree.map(np.asarray, out))
+    return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outputs)
 
 
-def predict(
-    model: VisionTransformer, params: Any, images: np.ndarray, batch_size: int = 32
-) -> np.ndarray:
-    """Class probabilities [N, K] (float32, rows sum to 1) for images [N, H, W, 3] in [-1, 1]."""
+def predict(model: VisionTransformer, params: Any, images: Any, batch_size: int = 32) -> np.ndarray:
+    """Class probabilities [N, K] (float32, rows sum to 1) for images [N, H, W, 3] in [-1, 1]
+    or a NaFlex batch of N rows."""
     return map_batches(probabilities_fn(model), params, images, batch_size)
 
 
