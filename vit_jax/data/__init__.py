@@ -18,8 +18,11 @@ process reads only its share. Layout:
   crop_decode.py    a JPEG's training crop decoded alone, as big_vision (_crop_decode.c)
   augment.py        Inception crop, flip, mixup, label smoothing, seeded per step
   randaugment.py    big_vision's RandAugment (the AugReg recipes), NumPy and PIL
+  naflex.py         each image at its own aspect ratio: big_vision's resize_to_sequence,
+                    patches; a NaFlex run's length per step
   order.py          which example sits at each position of a process's share
-  pipeline.py       Grain datasets: the public iterators and counts
+  pipeline.py       the public iterators and counts
+  batches.py        Grain running them ahead of the loop
   images.py         image files for the commands (infer, figures), class names
 
 Training, evaluation, few-shot, `infer`, `evaluate` and the figures read pixels through

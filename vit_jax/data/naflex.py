@@ -21,6 +21,7 @@ import dataclasses
 import functools
 
 import numpy as np
+import scipy.sparse
 
 from vit_jax.data import augment, pixels
 
@@ -32,26 +33,25 @@ BLOCK = 1024  # steps whose lengths one generator draws
 def size_for_sequence(h: int, w: int, patch: int, seq_len: int) -> tuple[int, int]:
     """(H, W), multiples of `patch`, as big_vision's `_get_image_size_for_seq` finds them
     (eps 1e-5; the aspect ratio bends only by the rounding up to whole patches)."""
-    hw, p, eps = np.array([h, w], np.float32), np.float32(patch), np.float32(1e-5)
+    f, p, eps = np.float32, np.float32(patch), np.float32(1e-5)
 
-    def target(ratio: np.float32) -> np.ndarray:
-        return np.maximum(p * np.ceil(hw * ratio / p), p).astype(np.int32)
+    def grid(ratio: np.float32) -> tuple[int, int]:  # patches a side at `ratio`
+        return max(int(np.ceil(f(h) * ratio / p)), 1), max(int(np.ceil(f(w) * ratio / p)), 1)
 
-    lo, hi = np.float32(1e-6), np.float32(100.0)
+    lo, hi = f(1e-6), f(100.0)
     while hi - lo >= eps:
-        mid = (lo + hi) / np.float32(2)
-        if np.prod(target(mid) // patch) <= seq_len:
-            lo = mid
-        else:
-            hi = mid
-    th, tw = target(lo)
-    return int(th), int(tw)
+        mid = (lo + hi) / f(2)
+        gh, gw = grid(mid)
+        lo, hi = (mid, hi) if gh * gw <= seq_len else (lo, mid)
+    gh, gw = grid(lo)
+    return gh * patch, gw * patch
 
 
 @functools.lru_cache(maxsize=1024)
-def _band(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
-    """(first source row [n_out], weights [n_out, span]) of one axis's resize: TensorFlow's
-    spans (scale_and_translate_op.cc), the kernel max(0, 1 - |x|) widened by the scale."""
+def _weights(n_in: int, n_out: int, channels: int) -> scipy.sparse.csc_matrix:
+    """The sparse [n_out * c, n_in * c] resize of one axis with `channels` interleaved:
+    TensorFlow's spans (scale_and_translate_op.cc), the kernel max(0, 1 - |x|) widened by
+    the scale when shrinking, each output's weights summing to 1."""
     inv = np.float32(n_in) / np.float32(n_out)
     widen = max(inv, np.float32(1))
     span = min(2 * int(np.ceil(widen)) + 1, n_in)
@@ -60,25 +60,22 @@ def _band(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray]:
     source = first[:, None] + np.arange(span)  # [n_out, span]
     w = np.maximum(0, 1 - np.abs((source + np.float32(0.5) - centre[:, None]) / widen))
     w = w.astype(np.float32)
-    return first, w * (np.float32(1) / w.sum(1, keepdims=True, dtype=np.float32))
+    w *= np.float32(1) / w.sum(1, keepdims=True, dtype=np.float32)
+    rows = np.repeat(np.arange(n_out), span)
+    axis = scipy.sparse.csr_matrix((w.ravel(), (rows, source.ravel())), (n_out, n_in))
+    return scipy.sparse.kron(axis, scipy.sparse.identity(channels, np.float32), "csc")
 
 
 def resize(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """uint8 or float [h, w, c] -> float32 [H, W, c] in the input's range, as
-    tf.image.resize(image, size, antialias=True) (bilinear)."""
-    x = np.asarray(image, np.float32)
-    for axis, n_out in reversed(list(enumerate(size))):  # columns first, as TensorFlow
-        if x.shape[axis] == n_out:
-            continue
-        first, w = _band(x.shape[axis], n_out)
-        shape = [-1, 1, 1] if axis == 0 else [1, -1, 1]
-        out = np.zeros(
-            [n_out, *x.shape[1:]] if axis == 0 else [x.shape[0], n_out, x.shape[2]], np.float32
-        )
-        for k in range(w.shape[1]):  # the span's k-th source row (column) of each output
-            out += np.take(x, first + k, axis=axis) * w[:, k].reshape(shape)
-        x = out
-    return x
+    """uint8 or float [h, w, c] -> a new float32 [H, W, c] in the input's range, as
+    tf.image.resize(image, size, antialias=True) (bilinear): columns, then rows."""
+    x = np.array(image, np.float32)  # a copy: the caller's image is never written
+    (h, w, c), (out_h, out_w) = x.shape, size
+    if w != out_w:
+        x = (_weights(w, out_w, c) @ x.reshape(h, w * c).T).T  # [h, W*c]
+    if h != out_h:
+        x = _weights(h, out_h, 1) @ x.reshape(h, -1)  # [H, W*c]
+    return np.ascontiguousarray(x, np.float32).reshape(out_h, out_w, c)
 
 
 def empty(batch: int, seq_len: int, patch: int) -> dict[str, np.ndarray]:

@@ -268,11 +268,11 @@ def naflex_line(lengths: Any, padded: list[int], has_class_token: bool) -> str:
     cls = " + class token" if has_class_token else ""
     cells = []
     for n, p in zip(lengths.seq_lens, padded, strict=True):
-        pad = f", padded to {p} tokens" if p > n + has_class_token else ""
-        cells.append(f"{n}{cls} ({lengths.batch(n)} images{pad})")
+        pad = f" (padded to {p} tokens)" if p > n + has_class_token else ""
+        cells.append(f"{n} patches{cls} x {lengths.batch(n)} images{pad}")
     return (
-        f"NaFlex: {lengths.tokens_per_batch:,} patches a step at {', '.join(cells)}; the "
-        f"step compiles once for each of the {len(cells)} lengths"
+        f"NaFlex, {lengths.tokens_per_batch:,} patches a step: {', '.join(cells)}; the step "
+        f"compiles once for each of the {len(cells)} lengths"
     )
 
 

@@ -199,19 +199,11 @@ def train_loop(
     `batches` yields this process's share of each step's batch from the state's step on."""
     config, mesh, total = loop.config, loop.mesh, loop.config.total_steps
     start = int(jax.device_get(state.step))
-    lengths = getattr(batches, "lengths", None)  # NaFlex: each step's length and batch
-    size = config.batch_size if lengths is None else lengths.batch_at
-    speed = report.Throughput(total, size, jax.device_count(), start)
     skipped = int(jax.device_get(state_lib.skipped_steps(state.opt_state)))
     guard = stopping.FiniteGuard(loop.saver, config.skip_nonfinite, start, skipped)
     agree = stopping.Agreement(mesh)
     _stop_if_asked(loop, state, agree)  # a signal during start-up
-    if start < total:
-        report.say(report.starting(config.model.name, state.params, state.frozen, total - start))
-        if lengths is not None:  # the padding of attention on the mesh's devices
-            pad = sharding.on_mesh(mesh, lambda n: planner.sequence(loop.model, 0, n)[1])
-            padded = [pad(n) for n in lengths.seq_lens]
-            report.say(report.naflex_line(lengths, padded, loop.model.has_class_token))
+    speed = _starting(loop, state, getattr(batches, "lengths", None))
     metrics, evals, compiled_for = {}, {}, set()
     for step in range(start + 1, total + 1):
         batch = sharding.global_batch(agree.into(next(batches), loop.stop.requested), mesh)
@@ -256,6 +248,21 @@ def train_loop(
             _stop(loop, step, stopping_on, saved=True)
     loop.saver.wait()
     return state, metrics, evals
+
+
+def _starting(loop: Loop, state: TrainState, lengths: Any) -> report.Throughput:
+    """Says what the run is about to do (with NaFlex, its lengths: `lengths`, and what
+    attention pads each to on the mesh's devices); the throughput clock, started."""
+    config, start = loop.config, int(jax.device_get(state.step))
+    size = config.batch_size if lengths is None else lengths.batch_at  # NaFlex: by step
+    if start < config.total_steps:
+        steps = config.total_steps - start
+        report.say(report.starting(config.model.name, state.params, state.frozen, steps))
+        if lengths is not None:
+            pad = sharding.on_mesh(loop.mesh, lambda n: planner.sequence(loop.model, 0, n)[1])
+            padded = [pad(n) for n in lengths.seq_lens]
+            report.say(report.naflex_line(lengths, padded, loop.model.has_class_token))
+    return report.Throughput(config.total_steps, size, jax.device_count(), start)
 
 
 def _compiled(
