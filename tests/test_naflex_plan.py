@@ -132,3 +132,19 @@ def test_the_benchmark_plans_both_for_v5e_with_splash():
     ratio = float(row[4].split(", ")[0])
     assert square > 0 and ratio == pytest.approx(flex / square, rel=0.01), row
     assert 1.0 <= ratio < 1.1, row
+
+
+@needs_libtpu
+def test_a_naflex_config_is_planned_at_its_longest_length_and_that_lengths_batch():
+    """A config with dataset.naflex plans its longest length (the attention that holds the
+    most) at the batch the loop gives it: 1,536 patches // 64 = 24, a multiple of 4 devices
+    -> 24 images, 6 a device (the loop's rounding, naflex.Lengths)."""
+    at = ["--topology=v5e:2x2", "--config.dataset.naflex.seq_lens=(16,64)"]
+    flex = plan_json(*SMALL, *at, "--config.dataset.naflex.tokens_per_batch=1536")
+    assert (flex["seq_len"], flex["tokens"], flex["batch_size"]) == (64, 65, 24)
+    assert flex["batch_bytes"] == 6 * (64 * 48 * 4 + 64 * 2 * 4 + 64 + 10 * 4)
+    proc = python_m("vit_jax.plan", *SMALL, *at, env=WITH_LIBTPU, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("NaFlex lengths 16, 64: planning the longest"), proc.stdout
+    # Without tokens_per_batch: batch_size x the longest length, so the longest keeps 64.
+    assert "batch             64 global, 16 per device" in proc.stdout, proc.stdout

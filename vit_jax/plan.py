@@ -12,7 +12,9 @@ utilisation that estimate implies, and the TPU-core-days of config.total_steps.
 parallel and fully sharded (FSDP over every device); --compare sets the estimate beside
 the paper's Table 2 pretraining compute. --seq_len=N plans NaFlex batches of N patches a
 row (+ the class token) instead of images, and says what the attention kernel pads the
-sequence to (splash: a multiple of 128). Needs libtpu: pip install "jax[tpu]" (or the [plan] extra).
+sequence to (splash: a multiple of 128); a config with dataset.naflex plans its longest
+length at the batch the loop gives it (tokens_per_batch // length). Needs libtpu: pip
+install "jax[tpu]" (or the [plan] extra).
 Topologies: v3-8 ... v3-512, v4-8 ... v4-128, v5p-8 ..., v5e-1 ... v5e-256, v6e-..., or a
 chip grid like v5e:4x4.
 """
@@ -157,6 +159,11 @@ def main() -> None:
     if seq_len and (flags.FLAGS.fit or flags.FLAGS.compare):
         raise ValueError("--seq_len plans one step: leave out --fit and --compare")
     devices = planner.topology_devices(topology)
+    if (lens := config.dataset.naflex.seq_lens) and not seq_len:  # a NaFlex run
+        config, seq_len = planner.at_longest(config, len(devices)), max(lens)
+        longest = "planning the longest, whose attention holds the most"
+        if not flags.FLAGS.json:
+            print(f"NaFlex lengths {', '.join(map(str, lens))}: {longest} (--seq_len=N: another)")
     if flags.FLAGS.compare:
         compare(devices, topology)
     elif flags.FLAGS.fit:
