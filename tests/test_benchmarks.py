@@ -305,3 +305,49 @@ def test_attention_plans_search_finds_the_largest_batch_on_a_byte_curve(
     best = 40 if rematerialises else 14
     assert found.startswith(f"**{8 * best}** ({best}; {best + 1} a device does not fit")
     assert len(asked) == compiles and max(asked) < 2 * best, asked
+
+
+def cells_of(out, first):
+    """The cells of the Markdown row starting with `| first |`, stripped."""
+    line = next(x for x in out.splitlines() if x.startswith(f"| {first} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("%"))
+
+
+def test_naflex_train_prints_both_steps_their_ratio_compiles_and_padding():
+    """--smoke: a tiny ViT at N = 16 and 36, 576 patches a step (batches 36 and 16); each row's
+    columns agree with one another, the one NaFlex step compiled once per length. Padding at
+    16 patches of 4 px, by hand: 28x84 and 84x28 are 2x6 (25%), 28x28 4x4 (0), the four
+    others 3x5 or 5x3 (1/16): 75/7 = 10.7% over the study's seven canvases."""
+    out, padding = run("naflex_train.py", "--smoke").split("\npadding of a row")
+    for n, batch, grid in (("16", 36, "4x4"), ("36", 16, "6x6")):
+        c = cells_of(out, n)
+        assert int(c[1]) == batch and c[2].split(", ")[0] == grid, c
+        sq_ms, (sq_ips, sq_pps) = number(c[2].split(", ")[1]), map(number, c[3].split(", "))
+        fill, grids, fx_ms = c[4].split(", ")
+        fx_ips, rest = c[5].split(", ")
+        fx_ips = number(fx_ips)
+        fx_pps, real = (number(x.strip("()")) for x in rest.split())
+        assert sq_ips == pytest.approx(batch * 1e3 / sq_ms, rel=0.02)
+        assert fx_ips == pytest.approx(batch * 1e3 / number(fx_ms), rel=0.02)
+        assert sq_pps == pytest.approx(sq_ips * int(n), rel=0.02)
+        assert fx_pps == pytest.approx(fx_ips * int(n), rel=0.02)
+        assert 80 <= number(fill) <= 100 and int(grids) > 1  # mixed grids, mostly filled
+        assert real == pytest.approx(fx_pps * number(fill) / 100, rel=0.02)
+        assert number(c[6]) == pytest.approx(number(fx_ms) / sq_ms, rel=0.05)
+    assert "one jitted step, 2 compiled versions for 2 lengths" in out
+    c = cells_of(padding, "16")
+    assert c[1:4] == ["10.7%", "0.0% - 25.0%", "2x6, 4x4, 6x2"], c
+    assert cells_of(padding, "147")[3] == "7x21, 12x12, 21x7"  # 28x84 at its own size: no padding
+
+
+def test_naflex_input_prints_both_pipelines_and_their_ratio():
+    """--smoke: 4 images a kind, one pass; NaFlex / square is the ratio of the rates."""
+    out = run("naflex_input.py", "--smoke")
+    for kind in ("jpeg 375x500", "jpeg 480x640", "array 28x84"):
+        c = next(line for line in out.splitlines() if line.startswith(f"| {kind}"))
+        square, flex, ratio = (float(x) for x in c.strip("|").split("|")[1:4])
+        assert ratio == pytest.approx(flex / square, abs=0.01) and min(square, flex) > 0
