@@ -21,6 +21,7 @@ chip grid like v5e:4x4.
 
 from __future__ import annotations
 
+import copy
 import json
 
 import ml_collections
@@ -29,6 +30,7 @@ from ml_collections import config_flags
 
 from vit_jax import cli, configs
 from vit_jax.base import console, problems
+from vit_jax.data import naflex
 from vit_jax.training import check, planner
 
 
@@ -160,7 +162,7 @@ def main() -> None:
         raise ValueError("--seq_len plans one step: leave out --fit and --compare")
     devices = planner.topology_devices(topology)
     if (lens := config.dataset.naflex.seq_lens) and not seq_len:  # a NaFlex run
-        config, seq_len = planner.at_longest(config, len(devices)), max(lens)
+        config, seq_len = at_longest(config, len(devices)), max(lens)
         longest = "planning the longest, whose attention holds the most"
         if not flags.FLAGS.json:
             print(f"NaFlex lengths {', '.join(map(str, lens))}: {longest} (--seq_len=N: another)")
@@ -176,6 +178,14 @@ def main() -> None:
         print(table(p))
         if not p.fits:
             print(advice(p))
+
+
+def at_longest(config: ml_collections.ConfigDict, devices: int) -> ml_collections.ConfigDict:
+    """A NaFlex run's config with the batch the loop gives its longest length."""
+    c = copy.deepcopy(config)
+    lengths = naflex.Lengths.of(c.dataset.naflex, c.batch_size, devices * c.accum_steps, c.seed)
+    c.batch_size = lengths.batch(max(lengths.seq_lens))
+    return c
 
 
 def compare(devices: list, topology: str) -> None:

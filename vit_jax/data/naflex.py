@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 import scipy.sparse
@@ -116,6 +117,12 @@ class Lengths:
     tokens_per_batch: int
     multiple: int  # devices x accum_steps: every batch splits over them
     seed: int
+
+    @classmethod
+    def of(cls, cfg: Any, batch_size: int, multiple: int, seed: int) -> Lengths:
+        """The schedule of `cfg` (dataset.naflex; tokens_per_batch 0: batch_size x the longest)."""
+        lens = tuple(cfg.seq_lens)
+        return cls(lens, cfg.tokens_per_batch or batch_size * max(lens), multiple, seed)
 
     def length(self, step: int) -> int:
         """Patches a row at `step` (one of seq_lens, uniformly)."""

@@ -287,8 +287,8 @@ def _lengths(cfg, global_batch: int, multiple: int, seed: int, patch: int) -> na
         return None
     if patch < 1:
         raise ValueError("dataset.naflex needs the model's patch size: pass patch_size")
-    tokens = cfg.naflex.tokens_per_batch or global_batch * max(lens)
-    lengths = naflex.Lengths(tuple(lens), tokens, multiple, seed)
+    lengths = naflex.Lengths.of(cfg.naflex, global_batch, multiple, seed)
+    tokens = lengths.tokens_per_batch
     if lengths.batch(max(lens)) < multiple:
         raise ValueError(
             f"dataset.naflex.tokens_per_batch={tokens} gives length {max(lens)} no batch: "

@@ -16,7 +16,6 @@ uses the default platforms, so keep it out of an environment that also trains on
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib.util
 import math
@@ -30,7 +29,6 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.base import console
-from vit_jax.data import naflex
 from vit_jax.models import attention
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
@@ -217,14 +215,6 @@ def plan(
     """Compiles `config`'s train step for `topology` and reads the compiler's figures; with
     `seq_len`, for NaFlex batches of that many patches a row."""
     return plan_on(config, topology_devices(topology), topology, num_classes, seq_len)
-
-
-def at_longest(config: ml_collections.ConfigDict, devices: int) -> ml_collections.ConfigDict:
-    """A NaFlex run's config (dataset.naflex) with the batch the loop gives its longest length."""
-    c, lens = copy.deepcopy(config), tuple(config.dataset.naflex.seq_lens)
-    tokens = c.dataset.naflex.tokens_per_batch or c.batch_size * max(lens)
-    c.batch_size = naflex.Lengths(lens, tokens, devices * c.accum_steps, c.seed).batch(max(lens))
-    return c
 
 
 def sequence(model: Any, image_size: int, seq_len: int | None) -> tuple[int, int, str]:
