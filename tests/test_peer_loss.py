@@ -13,6 +13,7 @@ import time
 import pytest
 from helpers import assert_trees_equal, flat, needs_embedded_data
 from test_multihost import RUN, finish_pair, launch_pair
+from test_resume import complete_steps, partial_saves
 
 from vit_jax import weights
 
@@ -76,6 +77,41 @@ def test_the_survivor_of_a_lost_process_exits_75_and_the_pair_resumes(
     assert not (CRASH if victim else PYTHON_CRASH).search(log), log
     logs = finish_pair(launch_pair(workdir, cache, overrides=PAIR))
     assert "resuming from step 4 " in logs[0] and "step 8/8" in logs[0], logs[0]
+    assert_trees_equal(flat(weights.load_npz(f"{workdir}/final.npz")), want)
+
+
+@pytest.mark.slow
+@needs_embedded_data
+def test_a_worker_killed_during_a_save_leaves_no_step_that_counts(tmp_path, reference):
+    """Process 1 killed while step 4's save is being written (its directory there, Orbax's
+    commit file not): process 0 exits 75 within the bound, the step never counts as
+    complete, and the same command resumes without a manual step to the reference."""
+    want, cache = reference
+    workdir, tries = str(tmp_path / "pair"), 0
+    while True:  # a save that completes in the microseconds before the kill: again
+        tries += 1
+        runs = launch_pair(workdir, cache, overrides=PAIR)
+        try:
+            runs[0].wait_for(lambda line: line.startswith("step 1/8"), timeout=300)
+            runs[0].wait_until(lambda: partial_saves(workdir))
+            os.kill(runs[1].proc.pid, signal.SIGKILL)
+            sent, writing = time.monotonic(), partial_saves(workdir)
+            status = runs[0].finish(timeout=PEER_TIMEOUT + 120)
+            seconds, log = time.monotonic() - sent, "\n".join(runs[0].log)
+        finally:
+            for run in runs:
+                run.kill()
+        complete = {str(step) for step in complete_steps(workdir)}
+        if not writing & complete or tries == 3:
+            break
+    assert not writing & complete, (writing, complete)  # the interrupted save never counts
+    assert status == 75 and seconds < PEER_TIMEOUT + 30, (status, seconds, log)
+    assert re.search(f"^error: {LOST_WORKER}", log.splitlines()[-1]), log
+    assert not CRASH.search(log), log
+    logs = finish_pair(launch_pair(workdir, cache, overrides=PAIR))  # no manual step first
+    resumed = re.search(r"resuming from step (\d+) ", logs[0])
+    assert resumed is None or resumed[1] not in writing, logs[0]  # a complete step, or none
+    assert "step 8/8" in logs[0], logs[0]
     assert_trees_equal(flat(weights.load_npz(f"{workdir}/final.npz")), want)
 
 
