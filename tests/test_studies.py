@@ -8,9 +8,11 @@ import math
 import os
 import re
 
+import numpy as np
 import pytest
+from helpers import needs_embedded_data
 
-from studies import augreg, classifier, common, datasize, lora, posemb
+from studies import augreg, classifier, common, datasize, lora, naflex, posemb
 
 
 def table_rows(text: str) -> dict[str, list[str]]:
@@ -52,8 +54,9 @@ def check_table(text: str, records: list[dict], settings, metrics) -> None:
         ),
         pytest.param(augreg, (0,), ("accuracy", "train_accuracy", "gap"), marks=pytest.mark.slow),
         pytest.param(lora, (0,), ("accuracy", "step_ms", "mib"), marks=pytest.mark.slow),
+        pytest.param(naflex, (0,), ("accuracy", "squareish", "elongated"), marks=pytest.mark.slow),
     ],
-    ids=["posemb", "classifier", "datasize", "augreg", "lora"],
+    ids=["posemb", "classifier", "datasize", "augreg", "lora", "naflex"],
 )
 def test_quick_study_runs_every_cell(study, seeds, metrics, tmp_path, capsys):
     argv = ["--quick", f"--seeds={','.join(map(str, seeds))}", f"--workdir={tmp_path}"]
@@ -69,8 +72,9 @@ def test_quick_study_runs_every_cell(study, seeds, metrics, tmp_path, capsys):
             high = math.inf if m in common.PLAIN else 1.0
             assert math.isfinite(r[m]) and low <= r[m] <= high, r
         assert r["quick"] and r["wall_seconds"] > 0
-    check_table(out, records, study.SETTINGS, metrics)
-    assert (tmp_path / "table.txt").read_text().strip() in out
+    table = (tmp_path / "table.txt").read_text().strip()  # a summary may print other tables
+    check_table(table, records, study.SETTINGS, metrics)
+    assert table in out
     assert os.path.getsize(tmp_path / f"{study.NAME}.png") > 1000
 
 
@@ -162,3 +166,50 @@ def test_augreg_summary_pairs_seeds_and_prices_the_gain():
         "below none at every size of the grid"
     )
     assert len(lines) == 3  # cells without their none pair are left out
+
+
+@needs_embedded_data
+def test_naflex_canvases_hold_one_item_and_crops_are_their_centres(tmp_path):
+    from PIL import Image
+
+    naflex.write_data(str(tmp_path), quick=True)
+    for split, n in zip(("train", "test"), naflex.QUICK_IMAGES, strict=True):
+        files = sorted((tmp_path / "canvas" / split).glob("*/*.png"))
+        assert len(files) == n
+        shapes = set()
+        for f in files:
+            canvas = np.asarray(Image.open(f))
+            crop = np.asarray(Image.open(tmp_path / "cropped" / split / f.parent.name / f.name))
+            h, w = canvas.shape
+            assert f.stem.split("_")[1] == naflex.shape_name(h, w) and (h, w) in naflex.SHAPES
+            shapes.add((h, w))
+            rows, cols = np.nonzero(canvas.any(1))[0], np.nonzero(canvas.any(0))[0]
+            assert rows[-1] - rows[0] < 28 and cols[-1] - cols[0] < 28  # one 28x28 item
+            s = min(h, w)
+            top, left = (h - s) // 2, (w - s) // 2
+            np.testing.assert_array_equal(crop, canvas[top : top + s, left : left + s])
+        assert shapes == set(naflex.SHAPES)
+    assert naflex.write_data(str(tmp_path), quick=True) == str(tmp_path)  # written once
+
+
+def test_naflex_summary_pairs_seeds_by_canvas():
+    def record(setting, seed, acc, square, long):
+        shapes = {"28x28": square, "28x84": long}
+        budgets = {f"acc_{n}": acc for n in naflex.BUDGETS}
+        metrics = dict(accuracy=acc, squareish=square, elongated=long, by_shape=shapes)
+        return dict(setting=setting, seed=seed, **metrics, **budgets)
+
+    records = [
+        record("naflex_64", 0, 0.60, 0.60, 0.60),
+        record("naflex_64", 1, 0.64, 0.58, 0.70),
+        record("squash_32", 0, 0.50, 0.62, 0.40),
+        record("squash_32", 1, 0.50, 0.60, 0.42),
+    ]
+    lines = naflex.summary(records).splitlines()
+    assert lines[0] == "naflex_64 - squash_32, all canvases: +12.00 ± 2.83 points"
+    assert lines[1] == "naflex_64 - squash_32, squareish canvases: -2.00 ± 0.00 points"
+    assert lines[2] == "naflex_64 - squash_32, elongated canvases: +24.00 ± 5.66 points"
+    assert lines[4] == "| patches (square models' side) | naflex_64 | squash_32 |"
+    assert lines[6] == "| 16 (16 px) | 62.00 ± 2.83 | 50.00 ± 0.00 |"
+    assert "| 28x84 | 65.0 | 41.0 |" in lines and "| 28x28 | 59.0 | 61.0 |" in lines
+    assert "| 56x28 | - | - |" in lines  # no test image of that shape

@@ -35,6 +35,7 @@ CELLS = [
     ("classifier", "gap_lr3e-3", 1),
     pytest.param("datasize", "hybrid_1k", 0, marks=LONG, id="datasize"),
     pytest.param("augreg", "medium2_1k", 0, marks=LONG, id="augreg"),
+    ("naflex", "naflex_64", 1),  # writes its canvases first (DIR/data), then 400 NaFlex steps
 ]
 SAME_PROCESSOR = 1e-6  # measured: 0 (reruns equal to every digit); a float's repr error
 
@@ -52,8 +53,9 @@ def user_env() -> dict[str, str]:
 
 @pytest.mark.slow
 @needs_embedded_data
-@pytest.mark.parametrize("name, setting, seed", CELLS, ids=["posemb", "classifier", "datasize",
-                                                             "augreg"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, setting, seed", CELLS, ids=["posemb", "classifier", "datasize", "augreg", "naflex"]
+)
 def test_a_reported_cell_reruns_to_its_figure(name, setting, seed, tmp_path):
     script = os.path.join(ROOT, "studies", f"{name}.py")
     argv = [f"--only={setting}", f"--seeds={seed}", f"--workdir={tmp_path}"]
