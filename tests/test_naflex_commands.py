@@ -71,6 +71,7 @@ def test_infer_classifies_each_image_on_its_own_grid(checkpoint, tmp_path, capsy
     assert lines[0]["grid"] == [4, 12] and lines[0]["image_size"] == [16, 48]  # 1:3 kept
     assert lines[1]["grid"] == [9, 5]  # 36x20 px: the sides rounded up to whole patches
     assert lines[2]["grid"] == [6, 6] and [line["seq_len"] for line in lines] == [48] * 3
+    assert {line["resize"] for line in lines} == {"naflex"}  # preprocessing: only the decode
     assert err.strip() == (
         "NaFlex at 48 patches: the 8x8 position embeddings of testing.npz are resized to "
         "each image's own grid"

@@ -148,3 +148,6 @@ def test_a_naflex_config_is_planned_at_its_longest_length_and_that_lengths_batch
     assert proc.stdout.startswith("NaFlex lengths 16, 64: planning the longest"), proc.stdout
     # Without tokens_per_batch: batch_size x the longest length, so the longest keeps 64.
     assert "batch             64 global, 16 per device" in proc.stdout, proc.stdout
+    # --seq_len plans another length of the run, at the batch the loop gives it (1536 // 16).
+    short = plan_json(*SMALL, *at, "--config.dataset.naflex.tokens_per_batch=1536", "--seq_len=16")
+    assert (short["seq_len"], short["batch_size"]) == (16, 96)

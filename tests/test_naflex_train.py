@@ -9,7 +9,7 @@ from subprocesses import Run, tiny_flags
 
 from vit_jax import data
 from vit_jax.base.problems import ConfigError
-from vit_jax.data import naflex, pipeline
+from vit_jax.data import augment, naflex, pipeline
 from vit_jax.training import check, train
 
 PATCH = 7
@@ -92,6 +92,20 @@ def test_eval_batches_hold_each_whole_image_at_the_largest_length():
     np.testing.assert_array_equal(x["patches"][:1], want["patches"])
 
 
+def test_a_naflex_crop_keeps_the_image_shape_up_to_the_inception_jitter():
+    """A 30 x 120 image (4:1): the square path's crops are 3:4 to 4:3 wherever they fit;
+    NaFlex's (own_aspect) are 4:1 times that jitter, so the shape survives the crop."""
+    rng = np.random.default_rng(0)
+    draws = rng.random((300, augment.DRAWS))
+    flex = [augment.crop_window(30, 120, u, 0.3, own_aspect=True) for u in draws]
+    ratios = np.array([cw / ch for _, _, ch, cw in flex])
+    assert ratios.min() > 4 * 3 / 4 * 0.9 and ratios.max() < 4 * 4 / 3 * 1.1, ratios
+    assert 3.7 < np.median(ratios) < 4.3 and len({w[2:] for w in flex}) > 50
+    square = [augment.crop_window(30, 120, u, 0.3) for u in draws]
+    fitted = [cw / ch for _, _, ch, cw in square if (ch, cw) != (30, 120)]
+    assert fitted and max(fitted) < 4 / 3 * 1.1  # where a square-ish window fits at all
+
+
 def test_naflex_fields_that_cannot_work_are_refused_in_one_line(tmp_path):
     config = tiny_config(**{"dataset.naflex.seq_lens": (16,), "dataset.mixup": 0.2})
     assert [p.field for p in check.problems(config)] == ["dataset.mixup"]
@@ -105,6 +119,14 @@ def test_naflex_fields_that_cannot_work_are_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"tokens_per_batch=20 gives length 16 no batch: .* 64"):
         data.train_iterator(cfg, global_batch=8, image_size=28, seed=0, patch_size=7,
                             batch_multiple=4, process_index=0, process_count=1)  # fmt: skip
+    # The run says it before it touches the workdir: 8 devices, accum_steps 2 -> 16 a batch.
+    config = tiny_config(accum_steps=2, **{"dataset.naflex.seq_lens": (9, 16)})
+    config.dataset.naflex.tokens_per_batch = 200
+    (problem,) = check.device_problems(config, 8, 1)
+    assert problem.line() == (
+        "dataset.naflex.tokens_per_batch=200: gives length 16 no batch of 16 (devices x "
+        "accum_steps); set dataset.naflex.tokens_per_batch=N >= 256"
+    )
     with pytest.raises(ConfigError, match="dataset.mixup"):
         train.run(tiny_config(**{"dataset.naflex.seq_lens": (9,), "dataset.mixup": 0.5}), tmp_path)
 
@@ -116,7 +138,12 @@ def test_a_square_checkpoint_fine_tunes_as_naflex(tmp_path, capsys):
     flex = {"dataset.naflex.seq_lens": (9, 16), "init_from": str(tmp_path / "square/final.npz")}
     summary = train.run(tiny_config(total_steps=4, **flex), str(tmp_path / "flex"))
     out = capsys.readouterr().out
-    assert "fine-tuning from" in out and "the step compiles once for each of the 2 lengths" in out
+    assert "fine-tuning from" in out
+    # tokens_per_batch 0: batch_size 64 x 16 patches; 1,024 // 9 = 113 -> 112, 8 devices
+    assert (
+        "NaFlex, 1,024 patches a step: 112 images of 9 patches + class token, 64 images of 16 "
+        "patches + class token; the step compiles once for each of the 2 lengths" in out
+    ), out
     assert "compiled for 9 patches a row" in out and "compiled for 16 patches a row" in out
     assert summary["steps"] == 4 and 0.0 <= summary["accuracy"] <= 1.0
 

@@ -21,8 +21,10 @@ resized to that grid, which each image's block names: `cat.jpg  (grid 12x21)`.
 --json prints one JSON object a line, one per image, for scripts:
   {"image": PATH, "image_size": [H, W], "preprocessing": METHOD,
    "top_k": [{"index": 281, "label": "tabby", "probability": 0.8123...}, ...]}
-with the probabilities at full (float32) precision; with --seq_len also "seq_len": N and
-"grid": [rows, cols], and "image_size" is the size the image was resized to.
+with the probabilities at full (float32) precision; with --seq_len also "seq_len": N,
+"grid": [rows, cols] and "resize": "naflex" (big_vision's antialiased resize_to_sequence;
+"preprocessing" then names only the JPEG decode), and "image_size" is the size the image
+was resized to.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def read_images(loaded: Any) -> tuple[Any, list[dict]]:
     x, grids = images.load_naflex(f.image, model.patch_size, f.seq_len, loaded.preprocessing)
     p = model.patch_size
     shapes = [
-        {"seq_len": f.seq_len, "grid": g, "image_size": [g[0] * p, g[1] * p]}
+        {"seq_len": f.seq_len, "grid": g, "image_size": [g[0] * p, g[1] * p], "resize": "naflex"}
         for g in grids.tolist()
     ]
     return x, shapes

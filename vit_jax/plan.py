@@ -13,8 +13,8 @@ parallel and fully sharded (FSDP over every device); --compare sets the estimate
 the paper's Table 2 pretraining compute. --seq_len=N plans NaFlex batches of N patches a
 row (+ the class token) instead of images, and says what the attention kernel pads the
 sequence to (splash: a multiple of 128); a config with dataset.naflex plans its longest
-length at the batch the loop gives it (tokens_per_batch // length). Needs libtpu: pip
-install "jax[tpu]" (or the [plan] extra).
+length (or --seq_len's) at the batch the loop gives it (tokens_per_batch // length).
+Needs libtpu: pip install "jax[tpu]" (or the [plan] extra).
 Topologies: v3-8 ... v3-512, v4-8 ... v4-128, v5p-8 ..., v5e-1 ... v5e-256, v6e-..., or a
 chip grid like v5e:4x4.
 """
@@ -161,11 +161,12 @@ def main() -> None:
     if seq_len and (flags.FLAGS.fit or flags.FLAGS.compare):
         raise ValueError("--seq_len plans one step: leave out --fit and --compare")
     devices = planner.topology_devices(topology)
-    if (lens := config.dataset.naflex.seq_lens) and not seq_len:  # a NaFlex run
-        config, seq_len = at_longest(config, len(devices)), max(lens)
-        longest = "planning the longest, whose attention holds the most"
-        if not flags.FLAGS.json:
+    if lens := config.dataset.naflex.seq_lens:  # a NaFlex run: a length at the loop's batch
+        if not seq_len and not flags.FLAGS.json:
+            longest = "planning the longest, whose attention holds the most"
             print(f"NaFlex lengths {', '.join(map(str, lens))}: {longest} (--seq_len=N: another)")
+        seq_len = seq_len or max(lens)
+        config = at_length(config, len(devices), seq_len)
     if flags.FLAGS.compare:
         compare(devices, topology)
     elif flags.FLAGS.fit:
@@ -180,11 +181,11 @@ def main() -> None:
             print(advice(p))
 
 
-def at_longest(config: ml_collections.ConfigDict, devices: int) -> ml_collections.ConfigDict:
-    """A NaFlex run's config with the batch the loop gives its longest length."""
+def at_length(config: ml_collections.ConfigDict, devices: int, n: int) -> ml_collections.ConfigDict:
+    """A NaFlex run's config with the batch the loop gives a step of `n` patches a row."""
     c = copy.deepcopy(config)
     lengths = naflex.Lengths.of(c.dataset.naflex, c.batch_size, devices * c.accum_steps, c.seed)
-    c.batch_size = lengths.batch(max(lengths.seq_lens))
+    c.batch_size = lengths.batch(n)
     return c
 
 

@@ -36,17 +36,20 @@ def step_draws(seed: int, step: int, global_batch: int) -> np.ndarray:
     return generator(seed, AUGMENT_SALT, step).random((global_batch, DRAWS))
 
 
-def crop_window(h: int, w: int, u: np.ndarray, min_area: float) -> tuple[int, int, int, int]:
+def crop_window(
+    h: int, w: int, u: np.ndarray, min_area: float, own_aspect: bool = False
+) -> tuple[int, int, int, int]:
     """Inception crop of an h x w image from uniforms u [DRAWS] -> (y0, x0, height, width).
 
     Up to ATTEMPTS windows of area U(min_area, 1) * h * w and aspect ratio (width /
-    height) log-uniform in [3/4, 4/3]; the first that fits is placed uniformly at random.
-    If none fits, the whole image.
+    height) log-uniform in [3/4, 4/3] (with `own_aspect`, NaFlex's: that times w / h, so a
+    crop keeps the image's shape up to the same jitter); the first that fits is placed
+    uniformly at random. If none fits, the whole image.
     """
     lo, hi = math.log(RATIO_RANGE[0]), math.log(RATIO_RANGE[1])
     for a in range(ATTEMPTS):
         area = (min_area + (1.0 - min_area) * u[2 * a]) * h * w
-        ratio = math.exp(lo + (hi - lo) * u[2 * a + 1])
+        ratio = math.exp(lo + (hi - lo) * u[2 * a + 1]) * (w / h if own_aspect else 1.0)
         cw = int(round(math.sqrt(area * ratio)))
         ch = int(round(math.sqrt(area / ratio)))
         if 0 < ch <= h and 0 < cw <= w:

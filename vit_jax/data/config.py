@@ -47,10 +47,13 @@ The fields (`default_config` sets their defaults: Fashion-MNIST from idx files):
     naflex: Each image at its own aspect ratio, as patches (vit_jax/data/naflex.py):
         `seq_lens` None (square images of config.image_size) or the lengths in
         patches, not counting a class token (training draws one per step; evaluation
-        takes the largest); `tokens_per_batch` the patches of a step's batch (its global
-        batch is tokens_per_batch // length, rounded down to a multiple of devices x
-        accum_steps; 0: config.batch_size x the largest length). `preprocessing` then
-        names only the JPEG decode: the resize is big_vision's (antialiased bilinear).
+        takes the largest); `tokens_per_batch` the patch slots of a step's batch,
+        padding included, class tokens not (its global batch is tokens_per_batch //
+        length, rounded down to a multiple of devices x accum_steps; 0: config.batch_size
+        x the largest length). `preprocessing` then names only the JPEG decode: the
+        resize is big_vision's (antialiased bilinear); the training crop keeps the image's
+        own aspect ratio up to the Inception jitter. config.image_size is then the grid
+        of the stored position table (image_size / patch a side), resized to each image.
 """
 
 from __future__ import annotations

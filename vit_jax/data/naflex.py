@@ -39,6 +39,8 @@ def size_for_sequence(h: int, w: int, patch: int, seq_len: int) -> tuple[int, in
     def grid(ratio: np.float32) -> tuple[int, int]:  # patches a side at `ratio`
         return max(int(np.ceil(f(h) * ratio / p)), 1), max(int(np.ceil(f(w) * ratio / p)), 1)
 
+    # big_vision's bounds: a scale from eps / 10 to 100, so an image too small to fill
+    # seq_len even at 100x gets fewer patches (big_vision asserts instead).
     lo, hi = f(1e-6), f(100.0)
     while hi - lo >= eps:
         mid = (lo + hi) / f(2)
@@ -139,6 +141,7 @@ class Lengths:
 
     @functools.cached_property
     def _block_sums(self) -> dict[int, int]:
+        """A memo (block -> its examples), filled by `offset`: the frozen fields decide it."""
         return {}
 
     def offset(self, step: int) -> int:

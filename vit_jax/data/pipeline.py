@@ -114,7 +114,9 @@ class TrainBatch:
         cfg, (table, index, slots, draws) = self.cfg, self.share(step)
         x, labels = naflex.empty(len(index), self.lengths.length(step), self.patch), []
         for j, (i, u) in enumerate(zip(index, draws, strict=True)):
-            window = functools.partial(augment.crop_window, u=u, min_area=cfg.crop_min_area)
+            window = functools.partial(
+                augment.crop_window, u=u, min_area=cfg.crop_min_area, own_aspect=True
+            )
             image, label = tables.crop_of(
                 table, int(i), cfg.preprocessing, window, cfg.decode == "crop"
             )
@@ -323,8 +325,9 @@ def eval_iterator(
             dict at the largest of dataset.naflex.seq_lens).
 
     Yields:
-        {'image': float32 [b, H, W, 3], 'label': float32 one-hot [b, K] (no smoothing),
-        'mask': float32 [b], 1 for real examples and 0 for padding}.
+        {'image': float32 [b, H, W, 3] (with dataset.naflex a NaFlex dict: 'patches'
+        [b, N, P*P*3], 'coords' [b, N, 2], 'valid' [b, N]), 'label': float32 one-hot [b, K]
+        (no smoothing), 'mask': float32 [b], 1 for real examples and 0 for padding}.
     """
     config_lib.validate(cfg)
     index, count, b = _processes(global_batch, process_index, process_count)

@@ -68,7 +68,7 @@ def map_batches(fn: Callable, params: Any, images: Any, batch_size: int = 32) ->
         raise ValueError("no images to process")
     b = min(batch_size, n)
     # One compiled shape: the tail is padded with copies of the last example, so a NaFlex
-    # padding row has real patches (a row with none would attend over nothing: 0/0).
+    # padding row is a real input (not a row of padding alone, which no path promises).
     x = jax.tree.map(lambda a: np.concatenate([a, np.repeat(a[-1:], -n % b, axis=0)]), x)
     outputs = []
     for start in range(0, n, b):

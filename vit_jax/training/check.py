@@ -15,6 +15,7 @@ its three parts before the first of them trains.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import ml_collections
@@ -33,7 +34,7 @@ from vit_jax.base.problems import (
     table_problems,
 )
 from vit_jax.data import config as data_config
-from vit_jax.data import splits
+from vit_jax.data import naflex, splits
 from vit_jax.models import DTYPES, GELUS, attention, get_model, variant_config
 from vit_jax.models.lora import TARGETS
 from vit_jax.models.posemb import KINDS
@@ -198,8 +199,17 @@ def device_problems(config: ml_collections.ConfigDict, devices: int, processes: 
     elif data != -1 and data * fsdp != devices:
         why = f"expected -1 or {devices // fsdp}: data x fsdp ({fsdp}) must be {devices} devices"
         out.append(Problem("mesh.data", data, why))
-    per_step = devices * c.accum_steps
-    if c.batch_size % per_step or c.batch_size % processes:
+    per_step, flex = devices * c.accum_steps, c.dataset.naflex
+    if flex.seq_lens is not None:  # each step's batch: tokens // length, rounded to a multiple
+        unit = math.lcm(per_step, processes)
+        lengths = naflex.Lengths.of(flex, c.batch_size, unit, c.seed)
+        if lengths.batch(max(flex.seq_lens)) < unit:
+            why = f"gives length {max(flex.seq_lens)} no batch of {unit} (devices x accum_steps)"
+            fix = f"N >= {max(flex.seq_lens) * unit}"
+            out.append(
+                Problem("dataset.naflex.tokens_per_batch", lengths.tokens_per_batch, why, fix)
+            )
+    elif c.batch_size % per_step or c.batch_size % processes:
         why = (
             f"expected a multiple of {per_step} ({devices} devices x accum_steps "
             f"{c.accum_steps}) and of the {processes} processes"

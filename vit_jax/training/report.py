@@ -269,10 +269,11 @@ def naflex_line(lengths: Any, padded: list[int], has_class_token: bool) -> str:
     cells = []
     for n, p in zip(lengths.seq_lens, padded, strict=True):
         pad = f" (padded to {p} tokens)" if p > n + has_class_token else ""
-        cells.append(f"{n} patches{cls} x {lengths.batch(n)} images{pad}")
+        cells.append(f"{lengths.batch(n)} images of {n} patches{cls}{pad}")
+    each = f"each of the {len(cells)} lengths" if len(cells) > 1 else "its length"
     return (
         f"NaFlex, {lengths.tokens_per_batch:,} patches a step: {', '.join(cells)}; the step "
-        f"compiles once for each of the {len(cells)} lengths"
+        f"compiles once for {each}"
     )
 
 
