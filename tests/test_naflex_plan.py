@@ -143,9 +143,13 @@ def test_a_naflex_config_is_planned_at_its_longest_length_and_that_lengths_batch
     flex = plan_json(*SMALL, *at, "--config.dataset.naflex.tokens_per_batch=1536")
     assert (flex["seq_len"], flex["tokens"], flex["batch_size"]) == (64, 65, 24)
     assert flex["batch_bytes"] == 6 * (64 * 48 * 4 + 64 * 2 * 4 + 64 + 10 * 4)
-    proc = python_m("vit_jax.plan", *SMALL, *at, env=WITH_LIBTPU, timeout=900)
+    splash = "--config.model.attention=splash"
+    proc = python_m("vit_jax.plan", *SMALL, *at, splash, env=WITH_LIBTPU, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith("NaFlex lengths 16, 64: planning the longest"), proc.stdout
+    assert proc.stdout.startswith(  # each length, and what the kernel pads it to
+        "NaFlex lengths 16 (17 tokens, splash pads them to 128), 64 (65 tokens, splash pads "
+        "them to 128): planning the longest"
+    ), proc.stdout
     # Without tokens_per_batch: batch_size x the longest length, so the longest keeps 64.
     assert "batch             64 global, 16 per device" in proc.stdout, proc.stdout
     # --seq_len plans another length of the run, at the batch the loop gives it (1536 // 16).

@@ -31,7 +31,9 @@ from ml_collections import config_flags
 from vit_jax import cli, configs
 from vit_jax.base import console, problems
 from vit_jax.data import naflex
+from vit_jax.parallel import sharding
 from vit_jax.training import check, planner
+from vit_jax.training import state as state_lib
 
 
 def define_flags() -> None:
@@ -164,7 +166,9 @@ def main() -> None:
     if lens := config.dataset.naflex.seq_lens:  # a NaFlex run: a length at the loop's batch
         if not seq_len and not flags.FLAGS.json:
             longest = "planning the longest, whose attention holds the most"
-            print(f"NaFlex lengths {', '.join(map(str, lens))}: {longest} (--seq_len=N: another)")
+            print(
+                f"NaFlex lengths {lengths_said(config, devices)}: {longest} (--seq_len=N: another)"
+            )
         seq_len = seq_len or max(lens)
         config = at_length(config, len(devices), seq_len)
     if flags.FLAGS.compare:
@@ -179,6 +183,19 @@ def main() -> None:
         print(table(p))
         if not p.fits:
             print(advice(p))
+
+
+def lengths_said(config: ml_collections.ConfigDict, devices: list) -> str:
+    """'16 (17 tokens), 64 (65 tokens, splash pads them to 128)': each NaFlex length of
+    `config` with the tokens its attention computes on `devices`."""
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
+    model = state_lib.build_model(config.model, None)
+    cells = []
+    for n in config.dataset.naflex.seq_lens:
+        tokens, padded, how = sharding.on_mesh(mesh, planner.sequence)(model, 0, n)
+        pad = f", {how} pads them to {padded}" if padded > tokens else ""
+        cells.append(f"{n} ({tokens} tokens{pad})")
+    return ", ".join(cells)
 
 
 def at_length(config: ml_collections.ConfigDict, devices: int, n: int) -> ml_collections.ConfigDict:
