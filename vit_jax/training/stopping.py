@@ -135,7 +135,7 @@ class Agreement:
         """This process's batch share with its signal number as 'stop' [b] (if active)."""
         if not self.active:
             return local
-        b = len(local["label"])
+        b = len(jax.tree.leaves(local)[0])  # every leaf is [b, ...]; NaFlex nests a dict
         return {**local, "stop": np.full((b,), _number(requested), np.int32)}
 
     def lagged(self, requested: str | None, metrics: dict[str, Any]) -> str | None:
