@@ -1,6 +1,6 @@
 """What losing a process of a multi-process run costs: seconds from the loss to the exit.
 
-    python benchmarks/peer_loss.py [--peer_timeout=60] [--step=6]
+    python benchmarks/peer_loss.py [--peer_timeout=60] [--step=6] [--case=NAME ...]
 
 Two real processes on loopback (jax.distributed, 4 emulated CPU devices each: the pair of
 tests/test_multihost.py and tests/test_peer_loss.py, the tiny Fashion-MNIST run with FSDP
@@ -10,6 +10,8 @@ process is lost, one case per pair:
 worker killed        SIGKILL to process 1
 worker frozen        SIGSTOP to process 1 (a hung host: its sockets stay open)
 coordinator killed   SIGKILL to process 0 (JAX's client aborts the others at once)
+worker killed in a save  SIGKILL to process 1 once a save is being written (a step's
+                     directory without its commit file), not at --step
 
 Each row: seconds from os.kill to the survivor's exit (interpreter shutdown included),
 its exit status (75 expected), and whether its last output line is its one `error:` line.
@@ -34,6 +36,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from test_multihost import RUN, launch_pair  # noqa: E402
+from test_resume import partial_saves  # noqa: E402
 
 from vit_jax.configs import fashion_mnist  # noqa: E402
 
@@ -41,6 +44,7 @@ CASES = [
     ("worker killed", 1, signal.SIGKILL),
     ("worker frozen", 1, signal.SIGSTOP),
     ("coordinator killed", 0, signal.SIGKILL),
+    ("worker killed in a save", 1, signal.SIGKILL),
 ]
 
 
@@ -51,7 +55,11 @@ def lose_one(workdir: str, cache: dict, victim: int, how: signal.Signals, step: 
     runs = launch_pair(workdir, cache, overrides=overrides)
     survivor = runs[1 - victim]
     try:
-        runs[0].wait_for(lambda line: line.startswith(f"step {step}/"), timeout=600)
+        if step:
+            runs[0].wait_for(lambda line: line.startswith(f"step {step}/"), timeout=600)
+        else:  # in a save: its step directory there, its commit file not yet
+            runs[0].wait_for(lambda line: line.startswith("step 1/"), timeout=600)
+            runs[0].wait_until(lambda: partial_saves(workdir))
         os.kill(runs[victim].proc.pid, how)
         sent = time.monotonic()
         status = survivor.finish(timeout=timeout)
@@ -71,6 +79,7 @@ def main() -> None:
     )
     parser.add_argument("--step", type=int, default=6, help="the step at which to signal")
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--case", action="append", help="a case's name (default: all)")
     args = parser.parse_args()
     default = fashion_mnist.get_config("tiny").distributed.peer_timeout_seconds
     peer = default if args.peer_timeout is None else args.peer_timeout
@@ -83,8 +92,10 @@ def main() -> None:
     rows = []
     try:
         for i, (name, victim, how) in enumerate(CASES):
-            workdir = os.path.join(root, f"pair{i}")
-            took, status, log = lose_one(workdir, cache, victim, how, args.step, overrides,
+            if args.case and name not in args.case:
+                continue
+            workdir, step = os.path.join(root, f"pair{i}"), 0 if "save" in name else args.step
+            took, status, log = lose_one(workdir, cache, victim, how, step, overrides,
                                          timeout=peer + 30 + 300)  # fmt: skip
             errors = [line for line in log if line.startswith("error:")]
             one = len(errors) == 1 and bool(log) and log[-1] == errors[0]
@@ -95,10 +106,10 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     said = "the default" if args.peer_timeout is None else f"default {default:g} s"
     print(f"peer timeout {peer:g} s ({said}), signal at step {args.step}, {os.cpu_count()} CPUs")
-    head = f"{'case':<20}{'signal':<9}{'lost':<9}{'loss to exit':>14}{'status':>8}"
+    head = f"{'case':<25}{'signal':<9}{'lost':<9}{'loss to exit':>14}{'status':>8}"
     print(head + "  last line the one error:")
     for name, sig, victim, took, status, one, _ in rows:
-        print(f"{name:<20}{sig:<9}{victim:<9}{took:>12.1f} s{status:>8}  "
+        print(f"{name:<25}{sig:<9}{victim:<9}{took:>12.1f} s{status:>8}  "
               f"{'yes' if one else 'no'}")  # fmt: skip
     for name, *_, last in rows:
         print(f"{name}: {last}")

@@ -6,6 +6,7 @@ minute with one line and exit status 75, and the same command resumes bit-exact.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -192,6 +193,10 @@ def test_two_processes_sharing_only_the_bucket_both_stop_with_75(cut, tmp_path):
         relay.up()
     assert statuses == [outage.EX_TEMPFAIL] * 2, [p.tail() for p in pair]
     assert took < window + 60, took
-    for p in pair:
-        errors = [line for line in p.log if line.startswith("error:")]
-        assert len(errors) == 1 and "did not answer for" in errors[0], p.tail()
+    # Each gives up on its own, or (on a loaded machine, its window not yet passed) follows
+    # the one that did (distributed.peers_watched): one error line each, one of them its own.
+    errors = [[line for line in p.log if line.startswith("error:")] for p in pair]
+    assert [len(e) for e in errors] == [1, 1], [p.tail() for p in pair]
+    own = ["did not answer for" in e[0] for e in errors]
+    followed = [re.match(r"error: process \d of 2 gave up on the store; ", e[0]) for e in errors]
+    assert any(own) and all(o or f for o, f in zip(own, followed, strict=True)), errors
