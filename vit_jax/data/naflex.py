@@ -139,6 +139,11 @@ class Lengths:
     def batch_at(self, step: int) -> int:
         return self.batch(self.length(step))
 
+    @property
+    def fewest_tokens(self) -> int:
+        """The tokens_per_batch below which the longest length gets no batch."""
+        return max(self.seq_lens) * self.multiple
+
     @functools.cached_property
     def _block_sums(self) -> dict[int, int]:
         """A memo (block -> its examples), filled by `offset`: the frozen fields decide it."""

@@ -274,27 +274,33 @@ def train_iterator(
             "dataset.train_split, dataset.classes and dataset.examples_per_class."
         )
     size = splits.image_size_hw(image_size)
-    lengths = _lengths(cfg, global_batch, math.lcm(batch_multiple, count), seed, patch_size)
+    patch = _naflex_patch(cfg, patch_size)
+    lengths = _lengths(cfg, global_batch, math.lcm(batch_multiple, count), seed) if patch else None
     make = TrainBatch(cfg, cfg.train_split, size, seed, global_batch, index, count)
-    make = dataclasses.replace(make, lengths=lengths, patch=patch_size)
+    make = dataclasses.replace(make, lengths=lengths, patch=patch)
     batches = _batches(make, range(start_step, _FOREVER), cfg)
     batches.lengths = lengths
     return batches
 
 
-def _lengths(cfg, global_batch: int, multiple: int, seed: int, patch: int) -> naflex.Lengths | None:
-    """The run's length schedule (None: square images); every length gets a batch."""
-    lens = cfg.naflex.seq_lens
-    if lens is None:
-        return None
-    if patch < 1:
+def _naflex_patch(cfg: ml_collections.ConfigDict, patch_size: int) -> int:
+    """The patch size NaFlex batches are cut with; 0 for square images (no dataset.naflex)."""
+    if cfg.naflex.seq_lens is None:
+        return 0
+    if patch_size < 1:
         raise ValueError("dataset.naflex needs the model's patch size: pass patch_size")
+    return patch_size
+
+
+def _lengths(cfg, global_batch: int, multiple: int, seed: int) -> naflex.Lengths:
+    """A NaFlex run's length schedule; every length gets a batch."""
+    lens = cfg.naflex.seq_lens
     lengths = naflex.Lengths.of(cfg.naflex, global_batch, multiple, seed)
     tokens = lengths.tokens_per_batch
-    if lengths.batch(max(lens)) < multiple:
+    if tokens < lengths.fewest_tokens:
         raise ValueError(
-            f"dataset.naflex.tokens_per_batch={tokens} gives length {max(lens)} no batch: "
-            f"use at least {max(lens) * multiple} (length x {multiple}, devices x accum_steps)"
+            f"dataset.naflex.tokens_per_batch={tokens} gives length {max(lens)} no batch: use "
+            f"at least {lengths.fewest_tokens} (length x {multiple}, devices x accum_steps)"
         )
     return lengths
 
@@ -334,8 +340,6 @@ def eval_iterator(
     n = num_examples(cfg, split)
     lo, hi = splits.process_range(n, index, count)
     num_batches = math.ceil(math.ceil(n / count) / b)
-    if cfg.naflex.seq_lens is not None and patch_size < 1:
-        raise ValueError("dataset.naflex needs the model's patch size: pass patch_size")
-    patch = patch_size if cfg.naflex.seq_lens is not None else 0
+    patch = _naflex_patch(cfg, patch_size)
     make = EvalBatch(cfg, split, splits.image_size_hw(image_size), lo, hi, b, patch)
     return _batches(make, range(num_batches), cfg)

@@ -130,7 +130,7 @@ def _runtime_stopped(n: int, me: int) -> None:
     """SIGABRT while peers are watched: JAX's client aborts at once when the coordination
     service (process 0) stops answering, before any Python code could learn of it, and
     offers no Python hook (its missed_heartbeat_callback cannot take one: std::bad_cast).
-    Measured: process 0 too is aborted now and then (1 run in 8) when a worker dies in the
+    Measured: process 0 too is aborted now and then (2 runs in 8) when a worker dies in the
     middle of a save, at about the default peer timeout, before or after `_watch` says it."""
     lost = "lost process 0 of {n} (the coordinator)" if me else "lost a process of {n}"
     outage.give_up(

@@ -203,9 +203,9 @@ def device_problems(config: ml_collections.ConfigDict, devices: int, processes: 
     if flex.seq_lens is not None:  # each step's batch: tokens // length, rounded to a multiple
         unit = math.lcm(per_step, processes)
         lengths = naflex.Lengths.of(flex, c.batch_size, unit, c.seed)
-        if lengths.batch(max(flex.seq_lens)) < unit:
+        if lengths.tokens_per_batch < lengths.fewest_tokens:
             why = f"gives length {max(flex.seq_lens)} no batch of {unit} (devices x accum_steps)"
-            fix = f"N >= {max(flex.seq_lens) * unit}"
+            fix = f"N >= {lengths.fewest_tokens}"
             out.append(
                 Problem("dataset.naflex.tokens_per_batch", lengths.tokens_per_batch, why, fix)
             )
