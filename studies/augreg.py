@@ -174,10 +174,7 @@ def plot(records: list[dict], path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     metrics = ("accuracy", "train_accuracy", "gap")
-    records = common.run_study(NAME, SETTINGS, cell, argv, metrics, plot, LABELS)
-    if len({r["setting"] for r in records}) > 1:  # not for a single --only cell
-        print(summary(records), flush=True)
-    return records
+    return common.run_study(NAME, SETTINGS, cell, argv, metrics, plot, LABELS, summary)
 
 
 if __name__ == "__main__":

@@ -101,10 +101,7 @@ def plot(records: list[dict], path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    records = common.run_study(NAME, SETTINGS, cell, argv, plot=plot)
-    if len({r["setting"] for r in records}) > 1:  # not for a single --only cell
-        print(summary(records), flush=True)
-    return records
+    return common.run_study(NAME, SETTINGS, cell, argv, plot=plot, summary=summary)
 
 
 if __name__ == "__main__":

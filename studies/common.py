@@ -102,6 +102,7 @@ def run_study(
     metrics: Sequence[str] = ("accuracy",),
     plot: Callable[[list[dict], str], None] | None = None,
     labels: dict[str, str] | None = None,
+    summary: Callable[[list[dict]], str] | None = None,
 ) -> list[dict]:
     """Runs the study's cells (skipping finished ones), writes and prints the results.
 
@@ -113,6 +114,8 @@ def run_study(
       metrics: record fields the table shows (mean ± std over seeds).
       plot: plot(records, png_path) draws the study's figure.
       labels: column titles of metrics other than their record field names.
+      summary: summary(records) -> text printed after the table when the study ran more
+        than one setting (not for a single --only cell).
 
     Returns:
       The records of this invocation's cells.
@@ -134,6 +137,8 @@ def run_study(
     print("\n" + table, flush=True)
     if plot is not None:
         plot(records, os.path.join(args.workdir, f"{name}.png"))
+    if summary is not None and len(chosen) > 1:
+        print(summary(records), flush=True)
     if args.only:
         print(compare_reported(name, records, metrics), flush=True)
     return records
