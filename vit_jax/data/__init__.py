@@ -17,10 +17,12 @@ process reads only its share. Layout:
                     pil_antialias), [-1, 1]
   crop_decode.py    a JPEG's training crop decoded alone, as big_vision (_crop_decode.c)
   augment.py        Inception crop, flip, mixup, label smoothing, seeded per step
-  randaugment.py    big_vision's RandAugment (the AugReg recipes), NumPy and PIL
+  randaugment.py    big_vision's RandAugment (the AugReg recipes): which op, at what argument
+  image_ops.py      its 16 ops, each as big_vision's TF code computes it, NumPy and PIL
   naflex.py         each image at its own aspect ratio: big_vision's resize_to_sequence,
                     patches; a NaFlex run's length per step
   order.py          which example sits at each position of a process's share
+  assemble.py       each batch from its examples: loaded, augmented, stacked
   pipeline.py       the public iterators and counts
   batches.py        Grain running them ahead of the loop
   images.py         image files for the commands (infer, figures), class names

@@ -1,6 +1,6 @@
 """Batches made ahead of their consumer, by Grain, and stopped when closed.
 
-`make(i)` (pipeline.py's TrainBatch or EvalBatch) is a pure function of the batch
+`make(i)` (assemble.py's TrainBatch or EvalBatch) is a pure function of the batch
 number i; Grain runs it on threads or in worker processes. Closing a `Batches` leaves no
 thread of it running, so a run that closes every iterator it opens leaves none behind.
 """

@@ -6,28 +6,25 @@ float32 [b] in eval), b = global_batch // process_count. With dataset.naflex, 'i
 a NaFlex dict (naflex.py: patches, coords, valid), each image at its own aspect ratio,
 and a training step's global batch depends on its length (naflex.Lengths).
 
-A function of the step number makes each step's whole batch (`TrainBatch`): the
-examples order.py assigns to this process, loaded, augmented (augment.py, and
-randaugment.py when dataset.randaugment is set) and stacked. The batch is a pure
-function of (seed, step), so a run resumed at step s starts the same function at s --
-no iterator state to save. `Batches` (batches.py) runs it ahead of the loop on threads
-(PIL and NumPy release the GIL) or, with dataset.workers > 0, in Grain's worker
-processes, and stops them when closed: a run closes every iterator it opens.
+A function of the step number makes each step's whole batch (assemble.py's `TrainBatch`,
+a pure function of (seed, step): a resumed run starts it at its step). `Batches`
+(batches.py) runs it ahead of the loop on threads (PIL and NumPy release the GIL) or,
+with dataset.workers > 0, in Grain's worker processes, and stops them when closed: a run
+closes every iterator it opens.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 
 import ml_collections
-import numpy as np
 
-from vit_jax.data import augment, naflex, order, pixels, randaugment, splits, tables
 from vit_jax.data import config as config_lib
-from vit_jax.data.batches import Batch, Batches
+from vit_jax.data import naflex, splits, tables
+from vit_jax.data.assemble import EvalBatch, TrainBatch
+from vit_jax.data.batches import Batches
 
 _FOREVER = 2**62
 
@@ -75,159 +72,6 @@ def _processes(
             f"use a multiple of {process_count}."
         )
     return process_index, process_count, global_batch // process_count
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainBatch:
-    """step -> this process's train batch (a picklable callable for Grain's workers)."""
-
-    cfg: ml_collections.ConfigDict
-    split: str
-    size: tuple[int, int]
-    seed: int
-    global_batch: int
-    process_index: int
-    process_count: int
-    lengths: naflex.Lengths | None = None  # NaFlex: each step's length and batch
-    patch: int = 0  # NaFlex: the model's patch size
-
-    def share(self, step: int) -> tuple[tables.Table, np.ndarray, slice, np.ndarray]:
-        """(the table, the table indices [b] of this process's examples, the slots of the
-        global batch they fill, their augmentation uniforms float64 [b, DRAWS])."""
-        table = tables.open_table(self.cfg, self.split)
-        g, first = self.global_batch, None
-        if self.lengths is not None:
-            g, first = self.lengths.batch_at(step), self.lengths.offset(step)
-        index, slots = order.train_share(
-            len(table),
-            step,
-            global_batch=g,
-            process_index=self.process_index,
-            process_count=self.process_count,
-            seed=self.seed,
-            first=first,
-        )
-        return table, index, slots, augment.step_draws(self.seed, step, g)[slots]
-
-    def _naflex(self, step: int) -> Batch:
-        """Each image cropped (Inception), resized to the step's length, flipped, as patches."""
-        cfg, (table, index, slots, draws) = self.cfg, self.share(step)
-        x, labels = naflex.empty(len(index), self.lengths.length(step), self.patch), []
-        for j, (i, u) in enumerate(zip(index, draws, strict=True)):
-            window = functools.partial(
-                augment.crop_window, u=u, min_area=cfg.crop_min_area, own_aspect=True
-            )
-            image, label = tables.crop_of(
-                table, int(i), cfg.preprocessing, window, cfg.decode == "crop"
-            )
-            if cfg.randaugment is not None:  # on the resized image, as the square path
-                size = naflex.size_for_sequence(*image.shape[:2], self.patch, x["valid"].shape[1])
-                image = pixels.to_uint8(naflex.resize(image, size))
-                image = np.repeat(image, 3, -1) if image.shape[-1] == 1 else image
-                rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slots.start + j)
-                image = randaugment.randaugment(image, rng, *cfg.randaugment)
-            naflex.put(x, j, image, self.patch, flip=cfg.flip and u[-1] < 0.5)
-            labels.append(label)
-        return {
-            "image": x,
-            "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
-        }
-
-    def __call__(self, step: int) -> Batch:
-        if self.lengths is not None:
-            return self._naflex(step)
-        cfg = self.cfg
-        table, index, slots, draws = self.share(step)
-        method, area, hot = cfg.preprocessing, cfg.crop_min_area, False
-        if table.images is not None:  # in memory, one size: the batch cropped and resized
-            images, labels = table.images[index], table.labels[index]
-            h, w = images.shape[1:3]
-            boxes = [augment.crop_window(h, w, u, area) for u in draws]
-            images = pixels.resize_batch(images, boxes, self.size, method)
-            if cfg.flip:  # whole-batch operations: the per-image Python is the cost here
-                mirror = draws[:, -1] < 0.5
-                images[mirror] = images[mirror, :, ::-1]
-        else:  # each file resized into its slot of the batch, flipped and normalised there
-            dtype = pixels.dtype_of(method)
-            hot = dtype == np.float32 and cfg.randaugment is None
-            images, labels = np.empty([len(index), *self.size, 3], dtype), []
-            crop = cfg.decode == "crop"
-            for j, (i, u) in enumerate(zip(index, draws, strict=True)):
-                window = functools.partial(augment.crop_window, u=u, min_area=area)
-                image = tables.load(table, int(i), self.size, method, window, images[j], crop)
-                labels.append(image[1])
-                if cfg.flip and u[-1] < 0.5:
-                    pixels.mirror(images[j])
-                if hot:
-                    pixels.normalize(images[j], in_place=True)
-        if cfg.randaugment is not None:  # after crop, resize and flip, as big_vision
-            images = pixels.to_uint8(images)
-            images = np.repeat(images, 3, -1) if images.shape[-1] == 1 else images
-            for j, slot in enumerate(range(slots.start, slots.stop)):
-                rng = augment.generator(self.seed, augment.RANDAUG_SALT, step, slot)
-                images[j] = randaugment.randaugment(images[j], rng, *cfg.randaugment)
-        batch = {
-            "image": images if hot else pixels.normalize(images, in_place=True),
-            "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
-        }
-        if cfg.mixup > 0:
-            augment.mixup(batch, self.seed, step, cfg.mixup)
-        return batch
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalBatch:
-    """batch number -> this process's eval batch, padded with mask 0 past its share."""
-
-    cfg: ml_collections.ConfigDict
-    split: str
-    size: tuple[int, int]
-    lo: int
-    hi: int
-    batch_size: int
-    patch: int = 0  # NaFlex: the model's patch size
-
-    def rows(self, number: int) -> tuple[tables.Table, int, int]:
-        """(the table, the first and past-the-last example of batch `number`); the batch's
-        slots from stop - start on are padding."""
-        start = self.lo + number * self.batch_size
-        return tables.open_table(self.cfg, self.split), start, min(start + self.batch_size, self.hi)
-
-    def _naflex(self, number: int) -> Batch:
-        """Each whole image resized to the largest of dataset.naflex.seq_lens, as patches."""
-        table, start, stop = self.rows(number)
-        x = naflex.empty(self.batch_size, max(self.cfg.naflex.seq_lens), self.patch)
-        x["valid"][:, 0] = True  # a padding row: one zero patch (no row is all padding)
-        labels = np.zeros([self.batch_size, table.num_classes], np.float32)
-        for j, i in enumerate(range(start, stop)):
-            image, label = tables.crop_of(table, i, self.cfg.preprocessing)
-            naflex.put(x, j, image, self.patch)
-            labels[j, label] = 1.0
-        mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)
-        return {"image": x, "label": labels, "mask": mask}
-
-    def __call__(self, number: int) -> Batch:
-        if self.patch:
-            return self._naflex(number)
-        table, start, stop = self.rows(number)
-        method, n = self.cfg.preprocessing, max(stop - start, 0)
-        images = np.zeros([self.batch_size, *self.size, 3], np.float32)  # the padding: 0
-        labels = np.zeros([self.batch_size, table.num_classes], np.float32)
-        if table.images is not None and n:  # in memory, one size: resized as one batch
-            whole = [(0, 0, *table.images.shape[1:3])] * n
-            resized = pixels.resize_batch(table.images[start:stop], whole, self.size, method)
-            images[:n] = pixels.normalize(resized)
-            labels[np.arange(n), table.labels[start:stop]] = 1.0
-        for j, i in enumerate(range(start, stop) if table.images is None else ()):
-            if pixels.dtype_of(method) == np.float32:  # resized into its slot, normalised there
-                label = tables.load(table, i, self.size, method, out=images[j])[1]
-                pixels.normalize(images[j], in_place=True)
-            else:
-                image, label = tables.load(table, i, self.size, method)
-                images[j] = pixels.normalize(image)
-            labels[j, label] = 1.0
-        mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)
-        return {"image": images, "label": labels, "mask": mask}
 
 
 def _batches(make: TrainBatch | EvalBatch, indices: range, cfg: ml_collections.ConfigDict):

@@ -4,64 +4,75 @@
 
 The source: big_vision `big_vision/pp/autoaugment.py`, `distort_image_with_randaugment`
 (google-research/big_vision, itself forked from tensorflow/tpu's EfficientNet code), the
-`randaug(N, M)` op of the AugReg configs (big_vision/configs/vit_i1k.py). Its semantics,
-kept here where they differ from torchvision/timm:
+`randaug(N, M)` op of the AugReg configs (big_vision/configs/vit_i1k.py). This module is
+its policy: which op each layer applies, at what argument. The ops themselves, each as
+big_vision's TF code computes it, are image_ops.py. Its semantics, kept here where they
+differ from torchvision/timm:
 
 - Each of `num_layers` layers picks one of the 16 ops of OPS uniformly and always applies
   it: big_vision draws a probability in [0.2, 0.8] per op but never uses it (no op takes
   a `prob` argument), so there is no "apply with probability p" and no separate identity
   op. Magnitude M (float, usually 0..20) maps with M / 10, the same for every op.
-- Fill value 128 (big_vision's `replace`) for pixels that rotate, shear and translate move
-  in from outside, and inside the cutout square. Geometry is TF's projective transform
-  with nearest neighbour: output pixel (x, y) reads input round(A @ (x, y, 1)), rounding
-  half away from zero; rotation about ((w - 1) / 2, (h - 1) / 2); shear not centred.
 - Rotate +-30 M/10 degrees, ShearX/Y +-0.3 M/10, TranslateX/Y +-100 M/10 *pixels* (not a
   fraction of the size: at M >= 3 a 28 px image is translated out entirely), each sign
   50/50. Cutout: a (2 * int(40 M/10)) square, clipped at the borders, centred on a pixel
   drawn uniformly.
 - Color/Contrast/Brightness/Sharpness blend with factor 1.8 M/10 + 0.1 (so 0.1 at M=0:
-  light1's randaug(2, 0) is "actually not nothing"), TF's blend: float32, truncated,
-  clipped to [0, 255] only when extrapolating. Contrast's grey level is TF's constant
-  min(h * w / 256, 255), not the mean grey (the histogram sum / 256 of the original code;
-  196 at 224 px). Color's grey is tf.image.rgb_to_grayscale (0.2989, 0.587, 0.114, times
-  255.5, truncated). Sharpness smooths with PIL's SMOOTH kernel [1 1 1; 1 5 1; 1 1 1] / 13,
-  truncated, borders kept.
-- Posterize keeps int(4 M/10) bits with TF's shift clamped to [0, 7]: one bit at M=0,
-  four at 10, six at 15, eight (identity) at 20. Solarize's threshold int(256 M/10)
-  wraps to uint8 as the TF constant does: 0 at M = 0, 10 and 20 (every pixel inverted),
-  128 at 15. SolarizeAdd adds int(110 M/10) below 128, clipped. AutoContrast, Equalize
-  (as PIL's) and Invert ignore M.
+  light1's randaug(2, 0) is "actually not nothing").
+- Posterize keeps int(4 M/10) bits: one bit at M=0 (TF's shift is clamped), four at 10,
+  six at 15, eight (identity) at 20. Solarize's threshold int(256 M/10) wraps to uint8: 0
+  at M = 0, 10 and 20 (every pixel inverted), 128 at 15. SolarizeAdd adds int(110 M/10)
+  below 128, clipped. AutoContrast, Equalize and Invert ignore M.
 
-Deliberate differences: the random numbers (NumPy, not TF's stream); each call draws a
+Deliberate difference: the random numbers (NumPy, not TF's stream); each call draws a
 fixed 4 * num_layers uniforms from `rng` (op, sign, cutout row, cutout column per layer),
 used or not, so a generator seeded from (seed, step, example) gives the same image on
-resume. Sharpness divides the 3x3 sum by 13 exactly, where TF's float32 convolution
-(an FMA chain) lands one level lower at some pixels whose sum is a multiple of 13 (that
-level, times the blend factor, is the only difference). Every other op matched a TF
-re-typing of big_vision's code (tfa's transform as ImageProjectiveTransformV3) bit for
-bit on random and smooth images at 224x224 and 32x28, magnitudes 0 to 20.
+resume.
 """
 
 from __future__ import annotations
 
-import math
+from typing import NamedTuple
 
 import numpy as np
-from PIL import Image
 
-from vit_jax.data import pixels
+from vit_jax.data import image_ops
 
-# big_vision's available_ops, in its order (the op index is drawn over this tuple).
-OPS = (
-    "AutoContrast", "Equalize", "Invert", "Rotate", "Posterize", "Solarize", "Color",
-    "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateX", "TranslateY",
-    "Cutout", "SolarizeAdd",
-)  # fmt: skip
-REPLACE = 128  # fill of rotate/shear/translate/cutout
 MAX_LEVEL = 10.0
 TRANSLATE_CONST = 100  # pixels at M = 10
 CUTOUT_CONST = 40  # half side at M = 10
-_F32 = np.float32
+
+
+class _Args(NamedTuple):
+    """What big_vision's level_to_arg makes of one magnitude, for every op."""
+
+    level: float  # M / 10
+    signed: float  # level, negated for half the draws (rotate, shear, translate)
+    factor: float  # 1.8 level + 0.1 (the blends)
+    row: int  # the cutout centre
+    col: int
+
+
+# big_vision's available_ops, in its order (the op index is drawn over it), and level_to_arg.
+_OPS = {
+    "AutoContrast": lambda x, a: image_ops.autocontrast(x),
+    "Equalize": lambda x, a: image_ops.equalize(x),
+    "Invert": lambda x, a: image_ops.invert(x),
+    "Rotate": lambda x, a: image_ops.rotate(x, a.signed * 30.0),
+    "Posterize": lambda x, a: image_ops.posterize(x, int(a.level * 4)),
+    "Solarize": lambda x, a: image_ops.solarize(x, int(a.level * 256)),
+    "Color": lambda x, a: image_ops.color(x, a.factor),
+    "Contrast": lambda x, a: image_ops.contrast(x, a.factor),
+    "Brightness": lambda x, a: image_ops.brightness(x, a.factor),
+    "Sharpness": lambda x, a: image_ops.sharpness(x, a.factor),
+    "ShearX": lambda x, a: image_ops.shear_x(x, a.signed * 0.3),
+    "ShearY": lambda x, a: image_ops.shear_y(x, a.signed * 0.3),
+    "TranslateX": lambda x, a: image_ops.translate(x, a.signed * TRANSLATE_CONST, axis=1),
+    "TranslateY": lambda x, a: image_ops.translate(x, a.signed * TRANSLATE_CONST, axis=0),
+    "Cutout": lambda x, a: image_ops.cutout(x, int(a.level * CUTOUT_CONST), a.row, a.col),
+    "SolarizeAdd": lambda x, a: image_ops.solarize_add(x, int(a.level * 110)),
+}
+OPS = tuple(_OPS)
 
 
 def _check(image: np.ndarray) -> None:
@@ -77,231 +88,16 @@ def _check(image: np.ndarray) -> None:
         )
 
 
-# --- Pixel ops ---------------------------------------------------------------------------
-# Ops that map each channel value through a table run as one OpenCV LUT (C; PIL's point()
-# spends more time turning the table into Python ints than looking up); the tables are
-# computed with the float32 arithmetic TF uses.
-
-
-def _lut(image: np.ndarray, lut: np.ndarray) -> np.ndarray:
-    """Per-channel lookup: lut uint8 [256] (all channels) or [3, 256]."""
-    table = np.ascontiguousarray(np.broadcast_to(lut, (3, 256)).T).reshape(256, 1, 3)
-    return pixels.cv2().LUT(np.ascontiguousarray(image), table)
-
-
-def _blend_lut(degenerate: np.uint8, factor: float) -> np.ndarray:
-    """blend(constant degenerate, x, factor) for every x.  -> uint8 [256]"""
-    levels = np.arange(256, dtype=np.uint8)
-    return blend(np.full(256, degenerate, np.uint8), levels, factor)
-
-
-def blend(image1: np.ndarray, image2: np.ndarray, factor: float) -> np.ndarray:
-    """TF's blend: image1 + factor * (image2 - image1) in float32, truncated to uint8;
-    clipped to [0, 255] when extrapolating (factor outside [0, 1])."""
-    a = image1.astype(_F32)
-    out = image2.astype(_F32)
-    out -= a
-    out *= _F32(factor)
-    out += a
-    if not 0.0 < factor < 1.0:
-        np.clip(out, 0.0, 255.0, out=out)
-    return out.astype(np.uint8)
-
-
-def autocontrast(image: np.ndarray) -> np.ndarray:
-    """Each channel stretched so its min -> 0 and max -> 255 (float32, truncated)."""
-    levels = np.arange(256, dtype=_F32)
-    luts = np.empty((3, 256), np.uint8)
-    for c, (lo, hi) in enumerate(Image.fromarray(image).getextrema()):
-        if hi > lo:
-            scale = _F32(255.0) / (_F32(hi) - _F32(lo))
-            offset = -_F32(lo) * scale
-            luts[c] = np.clip(levels * scale + offset, 0.0, 255.0).astype(np.uint8)
-        else:
-            luts[c] = np.arange(256)
-    return _lut(image, luts)
-
-
-def equalize(image: np.ndarray) -> np.ndarray:
-    """Histogram equalisation per channel, PIL's ImageOps.equalize rule."""
-    hists = np.asarray(Image.fromarray(image).histogram(), np.int64).reshape(3, 256)
-    luts = np.empty((3, 256), np.uint8)
-    for c, hist in enumerate(hists):
-        nonzero = hist[hist != 0]
-        step = (int(nonzero.sum()) - int(nonzero[-1])) // 255
-        if step == 0:
-            luts[c] = np.arange(256)
-        else:
-            lut = (np.cumsum(hist) + step // 2) // step
-            luts[c] = np.clip(np.concatenate([[0], lut[:-1]]), 0, 255)
-    return _lut(image, luts)
-
-
-def invert(image: np.ndarray) -> np.ndarray:
-    return 255 - image
-
-
-def posterize(image: np.ndarray, bits: int) -> np.ndarray:
-    """Keeps the top `bits` bits, as big_vision's TF op does: the shift 8 - bits is a uint8
-    there, clamped to 7 by TF's shift (bits 0 -> 1 bit), and a negative one (bits > 8,
-    magnitude above 22.5) wraps to 255 first, so it keeps 1 bit too."""
-    shift = min((8 - bits) % 256, 7)
-    return image & np.uint8((0xFF << shift) & 0xFF)
-
-
-def solarize(image: np.ndarray, threshold: int) -> np.ndarray:
-    """Pixels >= threshold inverted; threshold taken mod 256 as TF's uint8 constant is."""
-    levels = np.arange(256, dtype=np.uint8)
-    return _lut(image, np.where(levels < threshold % 256, levels, 255 - levels))
-
-
-def solarize_add(image: np.ndarray, addition: int, threshold: int = 128) -> np.ndarray:
-    """`addition` added (clipped) to pixels below `threshold`."""
-    levels = np.arange(256)
-    added = np.clip(levels + addition, 0, 255)
-    return _lut(image, np.where(levels < threshold, added, levels).astype(np.uint8))
-
-
-def grayscale(image: np.ndarray) -> np.ndarray:
-    """tf.image.rgb_to_grayscale of uint8: weights (0.2989, 0.587, 0.114) on x / 255 in
-    float32, times 255.5, truncated.  uint8 [h, w, 3] -> uint8 [h, w]"""
-    f = image.astype(_F32)
-    f *= _F32(1.0 / 255.0)
-    g = f[..., 0] * _F32(0.2989)
-    g += f[..., 1] * _F32(0.5870)
-    g += f[..., 2] * _F32(0.1140)
-    g *= _F32(255.5)
-    return g.astype(np.uint8)
-
-
-def color(image: np.ndarray, factor: float) -> np.ndarray:
-    return blend(grayscale(image)[..., None], image, factor)
-
-
-def contrast(image: np.ndarray, factor: float) -> np.ndarray:
-    """Blend towards the constant min(h * w / 256, 255) (big_vision's 'mean', which is the
-    histogram's sum / 256: the pixel count, not the mean grey)."""
-    h, w = image.shape[:2]
-    level = np.uint8(min(max(_F32(h * w) / _F32(256.0), 0.0), 255.0))
-    return _lut(image, _blend_lut(level, factor))
-
-
-def brightness(image: np.ndarray, factor: float) -> np.ndarray:
-    return _lut(image, _blend_lut(np.uint8(0), factor))
-
-
-def sharpness(image: np.ndarray, factor: float) -> np.ndarray:
-    """Blend with the image smoothed by [1 1 1; 1 5 1; 1 1 1] / 13 (truncated; the one
-    pixel border keeps the original: all of an image under 3 pixels a side)."""
-    x = image.astype(np.uint16)
-    total = 5 * x[1:-1, 1:-1]
-    for dy, dx in ((0, 0), (0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1), (2, 2)):
-        total += x[dy : dy + total.shape[0], dx : dx + total.shape[1]]
-    smooth = image.copy()
-    smooth[1:-1, 1:-1] = total // 13
-    return blend(smooth, image, factor)
-
-
-def cutout(image: np.ndarray, pad: int, row: int, col: int) -> np.ndarray:
-    """Rows [row - pad, row + pad) x columns [col - pad, col + pad), clipped, set to 128
-    (none for pad 0)."""
-    out = image.copy()
-    out[max(0, row - pad) : row + pad, max(0, col - pad) : col + pad] = REPLACE
-    return out
-
-
-def _nearest(v: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """std::round(v) (half away from zero) of float32 coordinates, and whether it falls in
-    [0, n).  -> (int32 index, bool inside)"""
-    inside = (v > -0.5) & (v < n - 0.5)  # -0.5 rounds to -1, n - 0.5 to n: outside
-    fl = np.floor(v)
-    index = fl.astype(np.int32)
-    index += (v - fl) >= 0.5  # exact: v - floor(v) is representable; ties go up (v > 0)
-    return index, inside
-
-
-def affine(image: np.ndarray, a: tuple[float, ...]) -> np.ndarray:
-    """Output (x, y) reads input (a0 x + a1 y + a2, a3 x + a4 y + a5) rounded half away
-    from zero (float32, as TF), 128 where that falls outside the image."""
-    h, w = image.shape[:2]
-    a0, a1, a2, a3, a4, a5 = (_F32(v) for v in a)
-    xs, ys = np.arange(w, dtype=_F32)[None, :], np.arange(h, dtype=_F32)[:, None]
-    xi, x_in = _nearest(a0 * xs + a1 * ys + a2, w)  # [h, w]
-    yi, y_in = _nearest(a3 * xs + a4 * ys + a5, h)
-    index = yi * w
-    index += xi
-    index[~(x_in & y_in)] = h * w  # the fill pixel
-    rgba = np.empty((h * w + 1, 4), np.uint8)  # one uint32 per pixel: a single gather
-    rgba[:-1, :3] = image.reshape(h * w, 3)
-    rgba[-1, :3] = REPLACE
-    out = np.take(rgba.view(np.uint32)[:, 0], index)
-    return np.ascontiguousarray(out.view(np.uint8).reshape(h, w, 4)[..., :3])
-
-
-def rotate(image: np.ndarray, degrees: float) -> np.ndarray:
-    """tfa.image.rotate (counter-clockwise for positive degrees) about the centre."""
-    h, w = image.shape[:2]
-    rad = _F32(degrees) * _F32(math.pi / 180.0)
-    cos, sin = np.cos(rad), np.sin(rad)
-    wm, hm = _F32(w - 1), _F32(h - 1)
-    x_off = (wm - (cos * wm - sin * hm)) / _F32(2.0)
-    y_off = (hm - (sin * wm + cos * hm)) / _F32(2.0)
-    return affine(image, (cos, -sin, x_off, sin, cos, y_off))
-
-
-def shear_x(image: np.ndarray, level: float) -> np.ndarray:
-    return affine(image, (1.0, level, 0.0, 0.0, 1.0, 0.0))
-
-
-def shear_y(image: np.ndarray, level: float) -> np.ndarray:
-    return affine(image, (1.0, 0.0, 0.0, level, 1.0, 0.0))
-
-
-def translate(image: np.ndarray, pixels: float, axis: int) -> np.ndarray:
-    """Content moves left (axis 1) or up (axis 0) by `pixels`: output i reads input
-    i + pixels along the axis (big_vision: translate by [-pixels, 0] or [0, -pixels])."""
-    p = float(_F32(pixels))
-    if p != int(p):
-        a = (1.0, 0.0, p, 0.0, 1.0, 0.0) if axis == 1 else (1.0, 0.0, 0.0, 0.0, 1.0, p)
-        return affine(image, a)
-    p, n = int(p), image.shape[axis]
-    out = np.full_like(image, REPLACE)
-    src, dst = [slice(None)] * 2, [slice(None)] * 2
-    if abs(p) < n:
-        src[axis] = slice(max(p, 0), n + min(p, 0))
-        dst[axis] = slice(max(-p, 0), n - max(p, 0))
-        out[tuple(dst)] = image[tuple(src)]
-    return out
-
-
 def apply_op(
     image: np.ndarray, name: str, magnitude: float, negate: bool = False, row: int = 0, col: int = 0
 ) -> np.ndarray:
     """One op of OPS at `magnitude`, as big_vision's level_to_arg maps it. `negate` flips
     the sign of rotate/shear/translate; (row, col) is the cutout centre."""
-    level = magnitude / MAX_LEVEL
-    signed, factor = (-level if negate else level), level * 1.8 + 0.1
-    ops = {
-        "AutoContrast": lambda: autocontrast(image),
-        "Equalize": lambda: equalize(image),
-        "Invert": lambda: invert(image),
-        "Rotate": lambda: rotate(image, signed * 30.0),
-        "Posterize": lambda: posterize(image, int(level * 4)),
-        "Solarize": lambda: solarize(image, int(level * 256)),
-        "SolarizeAdd": lambda: solarize_add(image, int(level * 110)),
-        "Color": lambda: color(image, factor),
-        "Contrast": lambda: contrast(image, factor),
-        "Brightness": lambda: brightness(image, factor),
-        "Sharpness": lambda: sharpness(image, factor),
-        "ShearX": lambda: shear_x(image, signed * 0.3),
-        "ShearY": lambda: shear_y(image, signed * 0.3),
-        "TranslateX": lambda: translate(image, signed * TRANSLATE_CONST, axis=1),
-        "TranslateY": lambda: translate(image, signed * TRANSLATE_CONST, axis=0),
-        "Cutout": lambda: cutout(image, int(level * CUTOUT_CONST), row, col),
-    }
-    if name not in ops:
+    if name not in _OPS:
         raise ValueError(f"randaugment: unknown op {name!r}; the ops are {', '.join(OPS)}")
-    return ops[name]()
+    level = magnitude / MAX_LEVEL
+    args = _Args(level, -level if negate else level, level * 1.8 + 0.1, row, col)
+    return _OPS[name](image, args)
 
 
 def check_args(num_layers: int, magnitude: float) -> None:
@@ -333,4 +129,4 @@ def randaugment(
     return image
 
 
-__all__ = ["OPS", "REPLACE", "apply_op", "blend", "check_args", "randaugment"]
+__all__ = ["OPS", "apply_op", "check_args", "randaugment"]
