@@ -39,7 +39,7 @@ def atomic_write(
                 yield f
             via.upload(local, path)
         return
-    _check_parent(path)
+    _existing_parent(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, mode) as f:
@@ -73,11 +73,7 @@ def scratch_dir(path: str | os.PathLike) -> Iterator[Path]:
     moves it into place at once; in the temporary directory for a store), removed with
     whatever is left in it when the block ends."""
     path = store.path(path)
-    if store.is_remote(path):
-        parent = None
-    else:
-        _check_parent(path)
-        parent = path.parent
+    parent = None if store.is_remote(path) else _existing_parent(path)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp", dir=parent))
     try:
         yield tmp
@@ -126,8 +122,13 @@ def publish(local: str | os.PathLike, path: str | os.PathLike) -> None:
         raise
 
 
-def _check_parent(path: store.Path) -> None:
-    """The error of an output whose directory does not exist, naming that directory (the
-    temporary file or directory beside `path` would otherwise be what the OS names)."""
+def _existing_parent(path: store.Path) -> store.Path:
+    """The directory of the output `path`.
+
+    Raises:
+        FileNotFoundError: it does not exist, naming it (the temporary file or directory
+            beside `path` would otherwise be what the OS names).
+    """
     if not path.parent.is_dir():
         raise FileNotFoundError(f"cannot write {path}: its directory {path.parent} does not exist")
+    return path.parent

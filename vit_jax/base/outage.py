@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from vit_jax.base import exits, store
+from vit_jax.base import exits, failures
 from vit_jax.base.console import every
 
 EX_TEMPFAIL = 75
@@ -116,7 +116,7 @@ class Window:
             self._kv = self._kv or _kvstore(self.url)
             self._kv.read(".vit_jax_probe").result()  # a key that is not there
         except Exception as e:  # noqa: BLE001 (permanent ones are the operations' to name)
-            if store.transient(e):
+            if failures.transient(e):
                 self.failed(e)
             return
         self.answered()
@@ -131,7 +131,7 @@ def watching(window: Window) -> Iterator[None]:
         try:
             yield
         except BaseException as e:
-            if window.since is not None and store.transient(e):
+            if window.since is not None and failures.transient(e):
                 window.stop(
                     f"the store at {window.url} did not answer: {window.cause or e}. Once it "
                     "answers, run the same command (exit status 75)"

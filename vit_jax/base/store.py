@@ -10,18 +10,13 @@ URLs (gs://, s3://) alike, as `etils.epath.Path` (the type Orbax uses).
                      `retried` for Orbax's own), each deciding what success on a retry
                      means; a run's on a store retry through its outage.Window, PLAIN
                      tries each once
-  transient(error)   whether a store's failure may pass
-  explain(error, p)  what a store's failure means, in a line with the way out
-  stores_own(error)  whether a failure is the store's (or disk's), which waiting or access
-                     fixes, not a bad path's or a format's
+  explain(error, p)  what a store's failure means, in a line with the way out (what
+                     kind of failure it is: `failures`)
 
-Object stores reach the package through fsspec (gcsfs, s3fs), with or without
-TensorFlow: etils would route gs:// through TensorFlow's filesystem where TensorFlow is
-installed, so that the same run behaved differently on two installs; EPATH_USE_TF=false
-(set here unless the user set it) keeps the one backend. Their listing caches are off:
-other writers (TensorStore, the run's other processes) add objects they cannot see. A
-store has no directories and no rename: files are written whole (`base/files.py`) and
-never renamed into place.
+Object stores reach the package through fsspec (gcsfs, s3fs), one backend whether or not
+TensorFlow is installed, their clients set up once for the process when vit_jax.base is
+first imported (`clients.configure`). A store has no directories and no rename: files are
+written whole (`base/files.py`) and never renamed into place.
 """
 
 from __future__ import annotations
@@ -31,43 +26,19 @@ import errno
 import os
 import pathlib
 import random
-import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from etils import epath
 
-os.environ.setdefault("EPATH_USE_TF", "false")  # one backend, TensorFlow or not
-try:  # Listings are not cached: Orbax's arrays (TensorStore) and the other processes of
-    # a run write beside this process's gcsfs/s3fs, whose listing cache never expires and
-    # would not see them (a checkpoint saved after one was set aside read as missing).
-    import fsspec.config
-
-    for _protocol in ("gcs", "s3"):
-        fsspec.config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
-    import aiohttp  # gcsfs's: a connection silent for a minute fails (and is retried)
-
-    _stalled = aiohttp.ClientTimeout(sock_connect=30, sock_read=60)
-    fsspec.config.conf["gcs"].setdefault("requests_timeout", _stalled)
-except ImportError:  # no fsspec: no object store either
-    pass
-# TensorStore's (Orbax's arrays) likewise: under 1 byte/s for a minute is a failure that
-# it retries, not a wait without end (its default: no limit).
-os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
-os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", "60")
+from vit_jax.base.failures import REASONS, status_of, transient
+from vit_jax.base.failures import stores_own as stores_own  # workdir/checkpoints.py's
 
 Path = epath.Path
 T = TypeVar("T")
 SCHEMES = ("gs://", "s3://")
 _PACKAGES = {"gs": "gcsfs", "s3": "s3fs"}
-REASONS = (
-    "No space left on device",
-    "Disk quota exceeded",
-    "Permission denied",
-    "Read-only file system",
-    "Input/output error",
-)
 
 
 def path(p: str | os.PathLike) -> epath.Path:
@@ -122,19 +93,6 @@ def filesystem(p: str | os.PathLike) -> Any:
         ) from None
 
 
-def transient(error: BaseException) -> bool:
-    """Whether a store's failure may pass: a refused or reset connection, a timeout, HTTP
-    408, 429 or 5xx. No such object, no permission, no credentials: not."""
-    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
-        return False
-    text = f"{type(error).__name__}: {error}".lower()
-    words = ("connect", "reset", "timed out", "timeout", "unavailable", "broken pipe", "curl")
-    if isinstance(error, (ConnectionError, TimeoutError)) or any(w in text for w in words):
-        return True  # before a status: 'Recv failure: Unknown error 104' is ECONNRESET
-    status = status_of(error, text)
-    return status is not None and (status in (408, 429) or status >= 500)
-
-
 class Store:
     """The operations on files and objects. Those of a run on gs:// or s3:// go through its
     `window`: a transient failure is retried with backoff while the window lasts, a
@@ -143,7 +101,7 @@ class Store:
     a window (`PLAIN`) each operation is tried once (the clients retry within it)."""
 
     def __init__(self, window: Any = None):
-        self.window = window  # an outage.Window (outage.py imports this module)
+        self.window = window  # an outage.Window (outage.py sits above this module)
 
     def retried(self, fn: Callable[[], T], what: str) -> T:
         """fn(), an operation that a retry repeats safely (a read, a whole overwrite, an
@@ -283,40 +241,6 @@ def _create_local(p: epath.Path, data: bytes) -> bool:
         f.flush()
         os.fsync(f.fileno())
     return True
-
-
-# An HTTP status in an error's text: after a word that announces one ("HTTP 404", "code
-# 401", "status: 403", "Error 503"), or before its reason ("401 Unauthorized"). A bare
-# number is not one: "401" in a port (127.0.0.1:40123) or a checkpoint step
-# (checkpoints/401) once made a missing bucket read as missing credentials.
-_STATUS = re.compile(
-    r"(?:\b(?:http|status|code|error)\W{0,3}(\d{3})\b)"
-    r"|(?:\b(\d{3}) (?:unauthorized|forbidden|not found|service unavailable)\b)"
-)
-
-
-def status_of(error: BaseException, lowered: str) -> int | None:
-    """The HTTP status of a store's error: its `code`/`status` attribute (gcsfs, aiohttp),
-    else one its text names as a status (`_STATUS`); None without one."""
-    for name in ("code", "status"):
-        value = getattr(error, name, None)
-        if isinstance(value, int) and 100 <= value < 600:
-            return value
-    found = _STATUS.search(lowered)
-    return int(found[1] or found[2]) if found else None
-
-
-def stores_own(error: BaseException) -> bool:
-    """Whether `error` is the store's (or the disk's) own failure: it did not answer, refused
-    this account, has no such bucket, or is full, which a rerun outlives once the store
-    answers or access is given; not a bad path or a format's limit, which no waiting fixes."""
-    text = f"{type(error).__name__}: {error}"
-    lowered = text.lower()
-    if isinstance(error, OSError) and error.errno or any(r in text for r in REASONS):
-        return True
-    words = ("credential", "unauthorized", "forbidden", "nosuchbucket", "access denied")
-    refused = status_of(error, lowered) in (401, 403, 404) or any(w in lowered for w in words)
-    return refused or transient(error) or isinstance(error, (PermissionError, FileNotFoundError))
 
 
 def explain(error: BaseException, p: str | os.PathLike) -> str:
