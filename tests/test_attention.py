@@ -2,6 +2,8 @@
 Pallas' interpret mode on this CPU), on one device and in a shard_map over a mesh; the
 maps inspection reads stay; what a platform cannot run is refused in one line."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -156,3 +158,38 @@ def test_a_run_config_with_a_choice_this_host_cannot_run_is_refused():
     config.model.attention = "flash"
     (problem,) = check.problems(config)
     assert problem.allowed == "expected one of 'auto', 'xla', 'splash', 'cudnn'", problem
+
+
+def test_the_cudnn_adapter_masks_by_lengths_only_where_padding_is_last(monkeypatch):
+    """One mask contract: lengths where every row's padding comes last (the fast path),
+    JAX's boolean mask otherwise, decided on concrete arrays in Python (a mask with padding
+    in the middle never reaches the length path) and by lax.cond under jit. Both agree with
+    the explicit softmax over the real tokens; lengths alone would not, with a gap."""
+    keys = jax.random.split(jax.random.key(3), 3)
+    q, k, v = (
+        jax.random.normal(key, (2, 9, 2, 16)) / s for key, s in zip(keys, (4, 1, 1), strict=True)
+    )
+    last = np.array([[1] * 6 + [0] * 3, [1] * 9], bool)  # padding last; a full row
+    middle = np.array([[1, 1, 0, 0, 1, 1, 1, 0, 0], [1] * 9], bool)  # a gap in row 0
+
+    def want(valid):  # [B, N, H, hd]
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        p = jax.nn.softmax(jnp.where(valid[:, None, None, :], logits, -jnp.inf), axis=-1)
+        return np.asarray(jnp.einsum("bhqk,bkhd->bqhd", p, v))
+
+    calls, by_lengths = [], attention.by_lengths
+    monkeypatch.setattr(attention, "by_lengths", lambda *a: calls.append(a) or by_lengths(*a))
+    jitted = jax.jit(lambda m: attention.cudnn(q, k, v, impl="xla", mask=m))
+    for valid, reached in ((last, 1), (middle, 0)):
+        calls.clear()
+        got = np.asarray(attention.cudnn(q, k, v, impl="xla", mask=attention.Mask.of(valid)))
+        assert len(calls) == reached
+        np.testing.assert_allclose(got[valid], want(valid)[valid], atol=1e-5)  # real queries
+        np.testing.assert_allclose(
+            np.asarray(jitted(attention.Mask.of(valid)))[valid], got[valid], atol=1e-6
+        )
+    assert bool(attention.Mask.of(last).padding_last)
+    assert not bool(attention.Mask.of(middle).padding_last)
+    run = functools.partial(jax.nn.dot_product_attention, scale=1.0, implementation="xla")
+    gap = np.asarray(by_lengths(run, q, k, v, jnp.asarray(middle)))  # what lengths would do
+    assert np.abs(gap[middle] - want(middle)[middle]).max() > 1e-2

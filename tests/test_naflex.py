@@ -153,18 +153,24 @@ def test_bad_input_is_named_with_the_way_out():
 
 
 @pytest.mark.parametrize("posemb", ["learned", "learned_2d"])
-def test_a_model_initialised_from_patches_makes_its_table_on_the_square_of_n(posemb):
-    """40 patches a row: a fresh 6 x 6 table (the largest square grid), resized per image."""
-    model = get_model(None, 5, **SIZES, posemb=posemb)
+def test_the_table_is_made_on_the_models_grid_never_the_batchs(posemb):
+    """40 patches a row: the table is the model's posemb_grid (3 x 5), whatever the batch's
+    length, read resized per image; a model without one refuses to guess it from patches."""
+    model = get_model(None, 5, **SIZES, posemb=posemb, posemb_grid=(3, 5))
     x = mixed(naflex.patchify(images(1, 20, 32), 4, 40), naflex.patchify(images(1, 8, 8), 4, 40))
     params = model.init(jax.random.key(0), x)["params"]
     table = params["Transformer"]["posembed_input"]
     shapes = {k: v.shape for k, v in table.items()}
-    want = {"learned": {"pos_embedding": (1, 37, 32)}}.get(
-        posemb, {"pos_embedding_row": (1, 6, 16), "pos_embedding_col": (1, 6, 16)}
+    want = {"learned": {"pos_embedding": (1, 16, 32)}}.get(
+        posemb, {"pos_embedding_row": (1, 3, 16), "pos_embedding_col": (1, 5, 16)}
     )
     assert shapes == want
+    short = naflex.patchify(images(1, 8, 8), 4, 4)  # 4 patches a row: the same table
+    table = model.init(jax.random.key(0), short)["params"]["Transformer"]["posembed_input"]
+    assert {k: v.shape for k, v in table.items()} == want
     assert np.isfinite(model.apply({"params": params}, x)).all()
+    with pytest.raises(ValueError, match="without posemb_grid: the position table's grid is"):
+        get_model(None, 5, **SIZES, posemb=posemb).init(jax.random.key(0), x)
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's attention: an NVIDIA GPU only")

@@ -2,6 +2,7 @@
 
   variants.py      the one size table (published names and short names)
   vit.py           the VisionTransformer: patches, class token, position embeddings, head
+  tokens.py        the one token structure after the patch embedding: coordinates, mask
   layers.py        encoder blocks: attention, MLP, GELU forms; remat and scan
   attention.py     how attention is computed: XLA's softmax, or a fused kernel (splash, cuDNN)
   lora.py          low-rank adapters on the blocks' Dense layers: merge, split, overlay
@@ -51,8 +52,9 @@ def get_model(name: str | None, num_classes: int | None, **overrides: Any) -> Vi
             if cfg[key] not in DTYPES:
                 raise ValueError(f"unknown {key} {cfg[key]!r}: use one of {sorted(DTYPES)}")
             cfg[key] = DTYPES[cfg[key]]
-    if cfg.get("resnet_stages") is not None:
-        cfg["resnet_stages"] = tuple(cfg["resnet_stages"])
+    for key in ("resnet_stages", "posemb_grid"):
+        if cfg.get(key) is not None:
+            cfg[key] = tuple(cfg[key])
     return VisionTransformer(num_classes=num_classes, **cfg)
 
 

@@ -20,6 +20,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax.sharding import PartitionSpec as P
 
 CHOICES = ("auto", "xla", "splash", "cudnn")
@@ -74,13 +75,31 @@ def choose(choice: str, tokens: int, dtype, dropout: float = 0.0) -> str:
     return choice
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, how: str, valid=None) -> jax.Array:
+@struct.dataclass
+class Mask:
+    """Which keys attention may read: one contract for every kernel (None: every token).
+
+    valid         [B, N] True for a real token; padding holds anything and is read by none.
+    padding_last  [] bool: whether every row's padding comes after its tokens (computed
+                  from `valid` where the tokens are made, never assumed), which lets cuDNN
+                  mask by lengths.
+    """
+
+    valid: jax.Array
+    padding_last: jax.Array
+
+    @classmethod
+    def of(cls, valid: jax.Array) -> Mask:
+        valid = jnp.asarray(valid, bool)
+        return cls(valid, jnp.all(valid[:, :-1] >= valid[:, 1:]))
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, how: str, mask: Mask | None) -> jax.Array:
     """Fused softmax(q kᵀ) v, `how` one of 'splash', 'cudnn'. q (pre-scaled), k, v:
-    [B, N, H, hd] -> [B, N, H, hd]; `valid` [B, N]: the tokens, padding after them
-    (NaFlex), none attended to (None: all tokens)."""
-    valid = jnp.ones(q.shape[:2], bool) if valid is None else valid
+    [B, N, H, hd] -> [B, N, H, hd]; padding (`mask`) is attended to by no token."""
     if how == "cudnn":
-        return cudnn(q, k, v, valid=valid)
+        return cudnn(q, k, v, mask=mask)
+    valid = jnp.ones(q.shape[:2], bool) if mask is None else mask.valid
     fn = functools.partial(splash, interpret=target()[0] != "tpu")
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:  # XLA does not partition Mosaic kernels: each device runs its share
@@ -98,8 +117,8 @@ def padded(m: int, fill: float, *ts: jax.Array):
 def splash(q, k, v, valid=None, *, interpret: bool, fill: float = 0.0):
     """Splash attention on one device, [B, N, H, hd] -> [B, N, H, hd]: the sequence padded
     with `fill` to a multiple of BLOCK (197 -> 256, 577 -> 640), the pad (and NaFlex's,
-    valid [B, N] False) set apart by its segment id (no token attends to it), and sliced
-    off again."""
+    valid [B, N] False, wherever it is) set apart by its segment id (no token attends to
+    it), and sliced off again."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa  # noqa: PLC0415
 
     n, heads = q.shape[1], q.shape[2]
@@ -113,16 +132,36 @@ def splash(q, k, v, valid=None, *, interpret: bool, fill: float = 0.0):
     return y.transpose(0, 2, 1, 3)[:, :n]  # [B, N, H, hd]
 
 
-def cudnn(q, k, v, impl: str = "cudnn", fill=0.0, valid=None):
+def cudnn(q, k, v, impl: str = "cudnn", fill=0.0, mask: Mask | None = None):
     """cuDNN's fused attention, [B, N, H, hd] -> [B, N, H, hd]. Its training kernel takes
     even lengths only (JAX 0.11 refuses 197 tokens: "Unsupported sequence length"), so an
-    odd sequence gets one pad token with `fill`, masked by length, and sliced off again;
-    NaFlex's padding (valid [B, N] False, after the tokens) is masked by length too."""
+    odd sequence gets one pad token with `fill`, masked, and sliced off again.
+
+    Masked by lengths where `mask` says padding comes last (the fast path), else by a
+    boolean mask, which JAX turns into a bias: decided in Python on concrete arrays,
+    by lax.cond on the device under jit."""
     n = q.shape[1]
     q, k, v = padded(n + n % 2, fill, q, k, v)
-    n_ = jnp.full(q.shape[:1], n, jnp.int32) if valid is None else valid.sum(-1, dtype=jnp.int32)
-    n_ = jnp.maximum(n_, 1)  # a row of padding alone: one key, not a division by zero
-    y = jax.nn.dot_product_attention(
-        q, k, v, scale=1.0, query_seq_lengths=n_, key_value_seq_lengths=n_, implementation=impl
-    )
+    run = functools.partial(jax.nn.dot_product_attention, scale=1.0, implementation=impl)
+    if mask is None:
+        lengths = jnp.full(q.shape[:1], n, jnp.int32)
+        return run(q, k, v, query_seq_lengths=lengths, key_value_seq_lengths=lengths)[:, :n]
+    lengths, dense = (functools.partial(f, run) for f in (by_lengths, by_mask))
+    if isinstance(mask.padding_last, jax.core.Tracer):
+        y = jax.lax.cond(mask.padding_last, lengths, dense, q, k, v, mask.valid)
+    else:
+        y = (lengths if mask.padding_last else dense)(q, k, v, mask.valid)
     return y[:, :n]
+
+
+def by_lengths(run, q, k, v, valid):
+    """The tokens are each row's first valid.sum(): attention over lengths."""
+    n = jnp.maximum(valid.sum(-1, dtype=jnp.int32), 1)  # a row of padding: one key, not 0/0
+    return run(q, k, v, query_seq_lengths=n, key_value_seq_lengths=n)
+
+
+def by_mask(run, q, k, v, valid):
+    """Padding anywhere: each key masked by its own flag ([B, 1, 1, N'] broadcast)."""
+    keys = jnp.pad(valid, ((0, 0), (0, q.shape[1] - valid.shape[1])))  # the odd pad: False
+    keys = keys | ~keys.any(-1, keepdims=True)  # a row of padding alone: every key, finite
+    return run(q, k, v, mask=keys[:, None, None, :])

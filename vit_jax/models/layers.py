@@ -21,6 +21,7 @@ import numpy as np
 from vit_jax.models import attention
 from vit_jax.models.lora import Lora, adapted
 from vit_jax.models.posemb import PositionEmbedding
+from vit_jax.models.tokens import Tokens
 
 Dtype = Any
 xavier = nn.initializers.xavier_uniform()
@@ -93,48 +94,69 @@ class SelfAttention(nn.Module):
     train: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask=None, kv=None) -> jax.Array:  # [B, N, D]
-        """x [B, N, D] attends to itself, or to `kv` [B, M, D] (MAP's probe: explicit);
-        `mask` [B, M]: the keys that count (NaFlex padding does not)."""
-        o, d = self.opts, x.shape[-1]
-        kv = x if kv is None else kv
-        if d % o.num_heads:
-            raise ValueError(f"width {d} is not divisible by num_heads={o.num_heads}")
-        hd = d // o.num_heads
-        proj = lambda name: nn.DenseGeneral(
-            (o.num_heads, hd), kernel_init=xavier, name=name, **o.dtypes
-        )
-        q = adapted(self, "query", proj("query"), x) / jnp.sqrt(hd).astype(o.dtype)  # [B, N, H, hd]
-        k = adapted(self, "key", proj("key"), kv)
-        v = adapted(self, "value", proj("value"), kv)
+    def __call__(self, x: jax.Array, mask: attention.Mask | None = None) -> jax.Array:
+        """x [B, N, D] attends to itself; `mask`: the tokens that count (not padding)."""
+        o = self.opts
+        q, k, v = project(self, x, x)  # [B, N, H, hd] each
         how = attention.choose(o.attention, x.shape[1], o.dtype, o.attention_dropout * self.train)
-        how = how if kv is x else "xla"
         read = (
             self.is_mutable_collection("intermediates")
             or self.is_mutable_collection("perturbations")
             or self.has_variable("perturbations", "probabilities")
         )
         if how != "xla" and not read:
-            return self._out(attention.attend(q, k, v, how, mask), d)  # [B, N, H, hd] in
-        # Heads first, so that both attention products are plain batched matrix
-        # products: XLA:CPU runs the [B, N, H, hd] forms of these einsums ~4x slower.
-        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, H, N, hd]
-        logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, N]
-        if mask is not None:  # exp(min - max) is 0: a pad's weight, exactly
-            logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
-        attn = jax.nn.softmax(logits, axis=-1)
-        self.sow("intermediates", "attention", attn)
-        # + zeros where 'perturbations' is given: the gradient there is the probabilities'
-        # (inspection/relevance.py); a no-op otherwise.
-        attn = self.perturb("probabilities", attn)
-        attn = nn.Dropout(o.attention_dropout)(attn, deterministic=not self.train)
-        attn = attn.astype(o.dtype)
-        y = jnp.einsum("bhqk,bhkd->bhqd", attn, v).transpose(0, 2, 1, 3)  # [B, N, H, hd]
-        return self._out(y, d)
+            return output(self, attention.attend(q, k, v, how, mask), x.shape[-1])
+        return output(self, explicit(self, q, k, v, mask), x.shape[-1])
 
-    def _out(self, y: jax.Array, d: int) -> jax.Array:  # [B, N, H, hd] -> [B, N, D]
-        out = nn.DenseGeneral(d, axis=(-2, -1), kernel_init=xavier, name="out", **self.opts.dtypes)
-        return adapted(self, "out", out, y, in_axes=2)
+
+class CrossAttention(nn.Module):
+    """MAP's probe [B, 1, D] attending to the tokens [B, N, D] (not to padding), with
+    SelfAttention's parameters and maps; always the explicit softmax (one query)."""
+
+    opts: BlockOptions
+
+    @nn.compact
+    def __call__(self, probe: jax.Array, x: jax.Array, mask: attention.Mask | None) -> jax.Array:
+        q, k, v = project(self, probe, x)
+        return output(self, explicit(self, q, k, v, mask), x.shape[-1])  # [B, 1, D]
+
+
+def project(module: nn.Module, x: jax.Array, kv: jax.Array) -> tuple[jax.Array, ...]:
+    """Queries of `x` (scaled by 1/sqrt(hd)), keys and values of `kv`: [B, N, H, hd]."""
+    o, d = module.opts, x.shape[-1]
+    if d % o.num_heads:
+        raise ValueError(f"width {d} is not divisible by num_heads={o.num_heads}")
+    hd = d // o.num_heads
+    proj = lambda name: nn.DenseGeneral(
+        (o.num_heads, hd), kernel_init=xavier, name=name, **o.dtypes
+    )
+    q = adapted(module, "query", proj("query"), x) / jnp.sqrt(hd).astype(o.dtype)
+    return q, adapted(module, "key", proj("key"), kv), adapted(module, "value", proj("value"), kv)
+
+
+def explicit(module: nn.Module, q, k, v, mask: attention.Mask | None) -> jax.Array:
+    """softmax(q kᵀ) v written out, its probabilities sown and perturbable:
+    [B, N, H, hd] in and out."""
+    o, train = module.opts, getattr(module, "train", False)
+    # Heads first, so that both attention products are plain batched matrix
+    # products: XLA:CPU runs the [B, N, H, hd] forms of these einsums ~4x slower.
+    q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # [B, H, N, hd]
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, M]
+    if mask is not None:  # exp(min - max) is 0: a pad's weight, exactly
+        logits = jnp.where(mask.valid[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+    attn = jax.nn.softmax(logits, axis=-1)
+    module.sow("intermediates", "attention", attn)
+    # + zeros where 'perturbations' is given: the gradient there is the probabilities'
+    # (inspection/relevance.py); a no-op otherwise.
+    attn = module.perturb("probabilities", attn)
+    attn = nn.Dropout(o.attention_dropout)(attn, deterministic=not train)
+    attn = attn.astype(o.dtype)
+    return jnp.einsum("bhqk,bhkd->bhqd", attn, v).transpose(0, 2, 1, 3)  # [B, N, H, hd]
+
+
+def output(module: nn.Module, y: jax.Array, d: int) -> jax.Array:  # [B, N, H, hd] -> [B, N, D]
+    out = nn.DenseGeneral(d, axis=(-2, -1), kernel_init=xavier, name="out", **module.opts.dtypes)
+    return adapted(module, "out", out, y, in_axes=2)
 
 
 def drop_path(module: nn.Module, y: jax.Array, rate: jax.Array | float) -> jax.Array:
@@ -154,8 +176,10 @@ class Encoder1DBlock(nn.Module):
     train: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array, droppath: jax.Array | float = 0.0, mask=None) -> jax.Array:
-        o = self.opts  # x [B, N, D]; mask [B, N]: the tokens others attend to
+    def __call__(
+        self, x: jax.Array, droppath: jax.Array | float = 0.0, mask: attention.Mask | None = None
+    ) -> jax.Array:
+        o = self.opts  # x [B, N, D]; mask: the tokens others attend to (None: all)
         ln = lambda name: nn.LayerNorm(epsilon=o.layer_norm_eps, name=name, **o.dtypes)
         y = ln("LayerNorm_0")(x)
         y = SelfAttention(o, self.train, name="MultiHeadDotProductAttention_1")(y, mask)
@@ -181,22 +205,19 @@ class Encoder(nn.Module):
 
     opts: BlockOptions
     depth: int
-    grid: tuple[int, int]
-    num_prefix: int = 1  # leading tokens without a grid position (the class token)
     posemb: str = "learned"
+    posemb_grid: tuple[int, int] | None = None  # the stored tables' grid (posemb.py)
     stochastic_depth: float = 0.0
     remat: bool = False
     scan: bool = False
     train: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask=None, coords=None, shapes=None) -> jax.Array:
-        """x [B, prefix + gh*gw, D]; NaFlex: x [B, prefix + N, D], `mask` [B, prefix + N]
-        (False: padding), each patch's `coords` [B, N, 2] and each image's grid [B, 2]."""
+    def __call__(self, t: Tokens) -> jax.Array:  # t.x [B, S, D] -> [B, S, D]
         o = self.opts
-        x = PositionEmbedding(
-            self.posemb, self.grid, self.num_prefix, o.param_dtype, name="posembed_input"
-        )(x, coords, shapes).astype(o.dtype)
+        x = PositionEmbedding(self.posemb, self.posemb_grid, o.param_dtype, name="posembed_input")(
+            t
+        ).astype(o.dtype)
         x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
         # Stochastic depth grows linearly with depth, from 0 at the first block.
         rates = np.linspace(0.0, self.stochastic_depth, self.depth, dtype=np.float32)
@@ -211,11 +232,11 @@ class Encoder(nn.Module):
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(0, nn.broadcast),
             )
-            x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates), mask)
+            x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates), t.mask)
         else:
             block = nn.remat(Encoder1DBlock) if self.remat else Encoder1DBlock
             for i in range(self.depth):
-                x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]), mask)
+                x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]), t.mask)
         return nn.LayerNorm(epsilon=o.layer_norm_eps, name="encoder_norm", **o.dtypes)(x)
 
 
@@ -226,10 +247,10 @@ class MAPHead(nn.Module):
     opts: BlockOptions
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask=None) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: attention.Mask | None = None) -> jax.Array:
         o = self.opts
         probe = self.param("probe", xavier, (1, 1, x.shape[-1]), o.param_dtype)
         probe = jnp.tile(probe.astype(x.dtype), (x.shape[0], 1, 1))  # [B, 1, D]
-        y = SelfAttention(o, name="MultiHeadDotProductAttention_0")(probe, mask, kv=x)
+        y = CrossAttention(o, name="MultiHeadDotProductAttention_0")(probe, x, mask)
         z = nn.LayerNorm(epsilon=o.layer_norm_eps, name="LayerNorm_0", **o.dtypes)(y)
         return (y + MlpBlock(o, name="MlpBlock_0")(z))[:, 0]

@@ -9,9 +9,11 @@ Kinds:
               The class token gets none: being learned itself, an offset would add nothing.
   sincos_2d   fixed 2D sin-cos (no parameters), class token none.
 
-With NaFlex input (models/naflex.py) each image's grid is its own: `learned` tables (a
-square grid; the class row kept as it is) and `learned_2d` axes are resized to it and read
-at each patch's coordinates, `sincos_2d` is computed at them.
+Each kind is one function of the tokens' coordinates (models/tokens.py). Where every image
+fills the tables' grid (the image path) a table is added as stored; otherwise (NaFlex, each
+image at its own grid) `learned` tables (the class row kept as it is) and `learned_2d`
+axes are resized to each image's grid and read at each patch, `sincos_2d` is computed at
+the coordinates.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 import scipy.ndimage
 
 from vit_jax.models import naflex
+from vit_jax.models.tokens import Tokens
 
 KINDS = ("learned", "none", "learned_2d", "sincos_2d")
 
@@ -46,83 +49,120 @@ def sincos_at(y: Any, x: Any, width: int, temperature: float = 10_000.0, xp: Any
     return xp.concatenate([xp.sin(x), xp.cos(x), xp.sin(y), xp.cos(y)], axis=-1)
 
 
+def learned(table: jax.Array, t: Tokens, grid: tuple[int, int]) -> jax.Array:
+    """The `learned` table [1, prefix + gh*gw, D] at the tokens: as stored on its own full
+    grid (the paper's); else its grid resized to each image's and read at each patch."""
+    if t.full == grid:
+        return table  # [1, S, D]
+    prefix, rows = table[0, : t.prefix], table[0, t.prefix :]
+    rows = rows.reshape(*grid, rows.shape[-1])  # [gh, gw, D]
+    at = naflex.table_at(rows, t.grids, t.coords[:, t.prefix :])  # [B, N, D]
+    return jnp.concatenate([jnp.broadcast_to(prefix, (at.shape[0], *prefix.shape)), at], 1)
+
+
+def learned_2d(row: jax.Array, col: jax.Array, t: Tokens) -> jax.Array:
+    """concat(row[i], col[j]) at (i, j) from axis tables [gh, D/2], [gw, D/2]; each resized
+    to each image's grid unless every image fills the tables' own.  # [B or 1, N, D]"""
+    if t.full == (row.shape[0], col.shape[0]):
+        gh, gw, half = *t.full, row.shape[-1]
+        rows = jnp.broadcast_to(row[:, None], (gh, gw, half))  # row i at (i, j)
+        cols = jnp.broadcast_to(col[None, :], (gh, gw, half))  # column j at (i, j)
+        return jnp.concatenate([rows, cols], axis=-1).reshape(1, gh * gw, 2 * half)
+    coords = t.coords[:, t.prefix :]
+    rows = naflex.axis_at(row, t.grids[:, 0], coords[..., 0])  # [B, N, D/2]
+    return jnp.concatenate([rows, naflex.axis_at(col, t.grids[:, 1], coords[..., 1])], -1)
+
+
+def sincos(t: Tokens, width: int) -> jax.Array:
+    """sincos_2d at the patches: the NumPy table on a full grid, else at the coordinates."""
+    if t.full is not None:
+        return jnp.asarray(sincos_2d(t.full, width))[None]  # [1, N, D]
+    at = t.coords[:, t.prefix :].astype(jnp.float32)
+    return sincos_at(at[..., 0], at[..., 1], width)  # [B, N, D]
+
+
 class PositionEmbedding(nn.Module):
-    """Adds position embeddings to [B, prefix + gh*gw, D] tokens."""
+    """Adds position embeddings to tokens (models/tokens.py), one function per kind above.
+
+    `grid` is the stored tables' (the model's `posemb_grid`), fixed by the model and never
+    by a batch; None: the images' own grid, as the paper makes a table per resolution
+    (NaFlex input then reads a stored square table, or asks for posemb_grid)."""
 
     kind: str = "learned"
-    grid: tuple[int, int] = (14, 14)
-    num_prefix: int = 1
+    grid: tuple[int, int] | None = None
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array, coords=None, shapes=None) -> jax.Array:
-        """x [B, prefix + N, D]; NaFlex: each patch's coords [B, N, 2] and each image's
-        grid `shapes` [B, 2], else the N = gh*gw patches of `grid`, row-major."""
-        b, n, d = x.shape
+    def __call__(self, t: Tokens) -> jax.Array:  # t.x [B, S, D] -> [B, S, D]
+        d = t.x.shape[-1]
         if self.kind == "none":
-            return x
-        if self.kind == "learned":
-            gh, gw = self.grid  # NaFlex: a fresh table's grid, the square of N
-            shape = (1, self.num_prefix + gh * gw, d)
-            pe = self._table("pos_embedding", shape, coords is None)  # [1, prefix + gh*gw, D]
-            if coords is None:
-                return x + pe.astype(x.dtype)
-            prefix, rows = pe[0, : self.num_prefix], pe[0, self.num_prefix :]
-            side = math.isqrt(rows.shape[0])
-            if side * side != rows.shape[0]:
-                raise ValueError(
-                    f"NaFlex input reads a square grid of position embeddings; this table holds "
-                    f"{rows.shape[0]} patch rows: resize it to a square grid first"
-                )
-            at = naflex.table_at(rows.reshape(side, side, d), shapes, coords)  # [B, N, D]
-            pe = jnp.concatenate([jnp.broadcast_to(prefix, (b, *prefix.shape)), at], axis=1)
-            return x + pe.astype(x.dtype)
-        gh, gw = self.grid
-        if self.kind == "learned_2d":
+            return t.x
+        if self.kind == "sincos_2d":
+            pe = sincos(t, d)
+        elif self.kind == "learned":
+            grid = self._grid(t, "pos_embedding", t.prefix)
+            table = self._table("pos_embedding", (1, t.prefix + grid[0] * grid[1], d), t)
+            return t.x + learned(table, t, grid).astype(t.x.dtype)
+        elif self.kind == "learned_2d":
             if d % 2:
                 raise ValueError(f"learned_2d position embeddings need an even width, got {d}")
-            row = self._table("pos_embedding_row", (1, gh, d // 2), coords is None)[0]
-            col = self._table("pos_embedding_col", (1, gw, d // 2), coords is None)[0]
-            if coords is not None:  # [B, N, D/2] each
-                rows = naflex.axis_at(row, shapes[:, 0], coords[..., 0])
-                pe = jnp.concatenate([rows, naflex.axis_at(col, shapes[:, 1], coords[..., 1])], -1)
-            else:
-                rows = jnp.broadcast_to(row[:, None], (gh, gw, d // 2))  # row i at (i, j)
-                cols = jnp.broadcast_to(col[None, :], (gh, gw, d // 2))  # column j at (i, j)
-                pe = jnp.concatenate([rows, cols], axis=-1).reshape(1, gh * gw, d)
-        elif self.kind == "sincos_2d":
-            if coords is not None:
-                pe = sincos_at(
-                    coords[..., 0].astype(jnp.float32), coords[..., 1].astype(jnp.float32), d
-                )
-            else:
-                pe = jnp.asarray(sincos_2d(self.grid, d))[None]  # [1, gh*gw, D]
+            gh, gw = self._grid(t, "pos_embedding_row", None)
+            row = self._table("pos_embedding_row", (1, gh, d // 2), t)[0]
+            col = self._table("pos_embedding_col", (1, gw, d // 2), t)[0]
+            pe = learned_2d(row, col, t)
         else:
             raise ValueError(f"unknown position embedding {self.kind!r}: use one of {KINDS}")
-        pe = jnp.pad(pe, ((0, 0), (self.num_prefix, 0), (0, 0)))  # prefix tokens get none
-        return x + pe.astype(x.dtype)
+        pe = jnp.pad(pe, ((0, 0), (t.prefix, 0), (0, 0)))  # prefix tokens get none
+        return t.x + pe.astype(t.x.dtype)
 
-    def _table(self, name: str, shape: tuple[int, ...], square: bool) -> jax.Array:
-        """The learned table `name`: of `shape` on the image path, where a stored table
-        made for another grid is an error; as stored with NaFlex input (resized per image)."""
-        if square:
-            self._check_stored(name, shape)
-        elif self.has_variable("params", name):
-            shape = tuple(self.get_variable("params", name).shape)
-        return self.param(name, nn.initializers.normal(0.02), shape, self.param_dtype)
-
-    def _check_stored(self, name: str, shape: tuple[int, ...]) -> None:
-        """A clear error when loaded position embeddings were made for another grid."""
-        if not self.has_variable("params", name):
-            return
-        stored = self.get_variable("params", name).shape
-        if tuple(stored) != shape:
+    def _grid(self, t: Tokens, name: str, prefix: int | None) -> tuple[int, int]:
+        """The tables' grid: the model's, which images must fill (the image path reads the
+        table as stored); without one the images' own, or (a NaFlex batch on a model built
+        without posemb_grid) the stored table's, which must then be square."""
+        if t.full is not None and self.grid and tuple(self.grid) != t.full:
             raise ValueError(
-                f"position embeddings {name} have shape {tuple(stored)}, but these images make "
-                f"a {self.grid[0]}x{self.grid[1]} grid of patches, which needs {shape}: resize "
-                "them with vit_jax.weights.load_pretrained(path, model, image_size) or "
-                "resize_posemb(), or feed images of the resolution they were trained at"
+                f"these images make a {t.full[0]}x{t.full[1]} grid of patches; the model's "
+                f"position tables are {self.grid[0]}x{self.grid[1]} (posemb_grid): load it at "
+                "this size (vit_jax.weights.load_model(path, image_size=...)), or feed "
+                "images of the size it was built for"
             )
+        grid = self.grid or t.full
+        if grid is not None:
+            return tuple(grid)
+        if not self.has_variable("params", name):
+            raise ValueError(
+                "NaFlex input on a model without posemb_grid: the position table's grid is "
+                "the model's, not the batch's; build it with get_model(..., posemb_grid=(gh, "
+                "gw)), or initialise it on images"
+            )
+        table = self.get_variable("params", name)
+        if prefix is None:  # learned_2d: the two axis tables
+            return table.shape[1], self.get_variable("params", "pos_embedding_col").shape[1]
+        rows = table.shape[1] - prefix
+        side = math.isqrt(rows)
+        if side * side != rows:
+            raise ValueError(
+                f"NaFlex input reads a square grid of position embeddings; this table holds "
+                f"{rows} patch rows: build the model with posemb_grid=(gh, gw)"
+            )
+        return side, side
+
+    def _table(self, name: str, shape: tuple[int, ...], t: Tokens) -> jax.Array:
+        """The learned table `name` of `shape`; a clear error when a stored one is another
+        shape (made for another grid than these images make)."""
+        if self.has_variable("params", name):
+            stored = tuple(self.get_variable("params", name).shape)
+            if stored != shape:
+                why = "the model's posemb_grid"
+                if t.full is not None:
+                    why = f"these images make a {t.full[0]}x{t.full[1]} grid of patches, which"
+                raise ValueError(
+                    f"position embeddings {name} have shape {stored}, but {why} needs "
+                    f"{shape}: resize them with vit_jax.weights.load_pretrained(path, model, "
+                    "image_size) or resize_posemb(), or feed images of the resolution they "
+                    "were trained at"
+                )
+        return self.param(name, nn.initializers.normal(0.02), shape, self.param_dtype)
 
 
 def resize_grid(grid: np.ndarray, new_hw: tuple[int, int]) -> np.ndarray:

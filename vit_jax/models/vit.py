@@ -5,7 +5,6 @@ Images come as an array [B, H, W, C], or as NaFlex patches, each image at its ow
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -16,6 +15,7 @@ from vit_jax.models import naflex, resnet
 from vit_jax.models.layers import GELUS, BlockOptions, Encoder, MAPHead
 from vit_jax.models.lora import Lora
 from vit_jax.models.posemb import KINDS
+from vit_jax.models.tokens import Tokens
 
 CLASSIFIERS = ("token", "gap", "map", "unpooled")
 # The original ViT's numerics (the published .npz files were trained with them): the tanh
@@ -87,6 +87,9 @@ class VisionTransformer(nn.Module):
       lora: low-rank adapters on some of the blocks' Dense modules (models/lora.py).
       attention: how softmax(q kᵀ) v is computed (models/attention.py): 'xla', 'splash',
         'cudnn', or 'auto' (the platform's fused kernel where it pays, else 'xla').
+      posemb_grid: (gh, gw) of the stored position tables, fixed by the model and never by
+        a batch; images of another grid and NaFlex patches read them resized. None: the
+        grid of the images applied (the paper's, a table per resolution).
     """
 
     num_classes: int | None
@@ -112,6 +115,7 @@ class VisionTransformer(nn.Module):
     layer_norm_eps: float = ORIGINAL_NUMERICS["layer_norm_eps"]
     lora: Lora | None = None
     attention: str = "auto"  # models/attention.py: xla, splash, cudnn, or auto
+    posemb_grid: tuple[int, int] | None = None
 
     @property
     def token_stride(self) -> int:
@@ -154,41 +158,31 @@ class VisionTransformer(nn.Module):
         self._check(images)
         dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
         embed = PatchEmbedding(self.width, self.patch_size, name="embedding", **dtypes)
-        if naflex.is_naflex(images):
-            x, mask, coords, shapes, grid = self._naflex(embed, images)  # x [B, N, D]
-        else:
-            x = images.astype(self.dtype)  # [B, H, W, C]
-            if self.resnet_stages is not None:
-                x = resnet.stem(x, tuple(self.resnet_stages), **dtypes)  # [B, H/4.., W/4.., C']
-            x = embed(x)  # [B, gh, gw, D]
-            b, gh, gw, d = x.shape
-            x, mask, coords, shapes, grid = x.reshape(b, gh * gw, d), None, None, None, (gh, gw)
-        b, _, d = x.shape
+        t = self._tokens(embed, images)  # t.x [B, N, D]: the one path from here on
+        b, _, d = t.x.shape
         if self.has_class_token:
             cls = self.param("cls", nn.initializers.zeros, (1, 1, d), self.param_dtype)
-            cls = jnp.tile(cls.astype(x.dtype), (b, 1, 1))  # [B, 1, D]
-            x = jnp.concatenate([cls, x], axis=1)  # [B, 1+N, D]
-            mask = None if mask is None else jnp.pad(mask, ((0, 0), (1, 0)), constant_values=True)
+            t = t.with_prefix(jnp.tile(cls, (b, 1, 1)))  # [B, 1+N, D]
         x = Encoder(
             self.block_options,
             self.depth,
-            grid,
-            num_prefix=int(self.has_class_token),
             posemb=self.posemb,
+            posemb_grid=self.posemb_grid,
             stochastic_depth=self.stochastic_depth,
             remat=self.remat,
             scan=self.scan,
             train=train,
             name="Transformer",
-        )(x, mask, coords, shapes)
+        )(t)
         if self.classifier == "token":
             x = x[:, 0]  # [B, D]
-        elif self.classifier == "gap" and mask is None:
+        elif self.classifier == "gap" and t.mask is None:
             x = jnp.mean(x, axis=1)  # [B, D]
         elif self.classifier == "gap":  # the mean of the patches, not of the padding
-            x = (x * mask[..., None]).sum(1) / jnp.maximum(mask.sum(1), 1)[:, None]
+            valid = t.mask.valid
+            x = (x * valid[..., None]).sum(1) / jnp.maximum(valid.sum(1), 1)[:, None]
         elif self.classifier == "map":
-            x = MAPHead(self.block_options, name="MAPHead_0")(x, mask)  # [B, D]
+            x = MAPHead(self.block_options, name="MAPHead_0")(x, t.mask)  # [B, D]
         if self.representation_size:
             x = nn.tanh(nn.Dense(self.representation_size, name="pre_logits", **dtypes)(x))
         self.sow("intermediates", "representation", x)  # the "pre_logits" features
@@ -202,16 +196,20 @@ class VisionTransformer(nn.Module):
             )(x)
         return x.astype(jnp.float32)
 
-    def _naflex(self, embed: nn.Module, x: dict) -> tuple:
-        """NaFlex patches embedded: (tokens [B, N, D], mask [B, N], coords [B, N, 2],
-        grids [B, 2], the grid a fresh position table is made for: the square of N).
-        Padding is zeroed here, whatever it holds: finite, and no gradient reaches it."""
-        mask = jnp.asarray(x["valid"], bool)
-        patches = jnp.where(mask[..., None], x["patches"], 0).astype(self.dtype)
-        coords = jnp.where(mask[..., None], x["coords"], 0).astype(jnp.int32)
-        shapes = jnp.maximum(naflex.grids({"coords": coords, "valid": mask}), 1)  # [B, 2]
-        side = max(math.isqrt(mask.shape[1]), 1)
-        return embed(patches), mask, coords, shapes, (side, side)
+    def _tokens(self, embed: nn.Module, x: jax.Array | dict) -> Tokens:
+        """Images [B, H, W, C] (through the hybrid's stem) or NaFlex patches, embedded, with
+        their coordinates. NaFlex padding is zeroed here, whatever it holds: finite, and no
+        gradient reaches it."""
+        if not naflex.is_naflex(x):
+            x = x.astype(self.dtype)  # [B, H, W, C]
+            if self.resnet_stages is not None:
+                dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+                x = resnet.stem(x, tuple(self.resnet_stages), **dtypes)  # [B, H/4.., W/4.., C']
+            return Tokens.of_image(embed(x))  # [B, gh, gw, D] in
+        valid = jnp.asarray(x["valid"], bool)
+        patches = jnp.where(valid[..., None], x["patches"], 0).astype(self.dtype)
+        coords = jnp.where(valid[..., None], x["coords"], 0).astype(jnp.int32)
+        return Tokens.of_patches(embed(patches), coords, valid)  # [B, N, P*P*C] in
 
     def _check(self, images: jax.Array | dict) -> None:
         """Errors that name the bad input, before it fails deep inside a reshape."""

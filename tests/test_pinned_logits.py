@@ -1,0 +1,93 @@
+"""Logits and attention maps pinned across the reshaping of the model's input path (issue 60:
+one token structure for images and NaFlex patches, one mask contract): a few models of each
+kind, each position embedding and pooling, images and NaFlex batches of mixed grids with
+padding, with `scan` and without, recorded by the code before that change (at ce6dabf).
+
+Bit for bit on a machine of the recorded JAX and CPU (`cpu_signature`: XLA:CPU rounds the
+last bits by the CPU it compiles for), within FIDELITY_ATOL of every recorded set elsewhere.
+VIT_JAX_RECORD_LOGITS=1 adds this machine's set where it has none (run it on the code the
+figures are to be held to)."""
+
+import os
+import zlib
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from helpers import FIDELITY_ATOL, cpu_signature
+
+from vit_jax.models import apply_with_intermediates, get_model, naflex
+
+RECORDED = Path(__file__).parent / "recorded_pinned.npz"
+SIZES = dict(width=32, depth=2, num_heads=4, mlp_dim=64, patch_size=4)
+CASES = {  # name: model fields (16 x 16 px images: a 4 x 4 table)
+    "token_learned": dict(),
+    "token_learned_scan": dict(scan=True),
+    "gap_learned_2d": dict(classifier="gap", posemb="learned_2d"),
+    "map_learned": dict(classifier="map"),  # big_vision's towers: MAP head, no class token
+    "map_sincos_scan": dict(classifier="map", posemb="sincos_2d", scan=True),
+    "token_sincos_prelogits": dict(posemb="sincos_2d", representation_size=24),
+    "gap_none": dict(classifier="gap", posemb="none"),
+}
+
+
+def noisy_params(model, seed: int = 0) -> dict:
+    """Parameters of `model` made on 16 x 16 px images, perturbed so that no part is inert."""
+    params = model.init(jax.random.key(seed), jnp.zeros((1, 16, 16, 3)))["params"]
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    return jax.tree.unflatten(
+        tree, [a + 0.2 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys, strict=True)]
+    )
+
+
+def pixels(b: int, h: int, w: int, seed: int) -> np.ndarray:
+    return np.random.RandomState(seed).uniform(-1, 1, (b, h, w, 3)).astype(np.float32)
+
+
+def batch() -> dict:
+    """One NaFlex batch of 30 patches a row: a tall, a wide, a small and the table's grid."""
+    rows = [
+        naflex.patchify(pixels(1, h, w, seed=i), 4, 30)
+        for i, (h, w) in enumerate([(24, 8), (8, 28), (8, 8), (16, 16)])
+    ]
+    return {k: np.concatenate([r[k] for r in rows]) for k in naflex.KEYS}
+
+
+def pinned() -> dict[str, np.ndarray]:
+    """{case/what: array}: logits of images and of a NaFlex batch, and the attention maps."""
+    out = {}
+    for name, fields in CASES.items():
+        model = get_model(None, 5, **{**SIZES, **fields})
+        params = noisy_params(model)
+        out[f"{name}/images"] = np.asarray(model.apply({"params": params}, pixels(2, 16, 16, 9)))
+        logits, inter = apply_with_intermediates(model, params, batch())
+        out[f"{name}/naflex"] = np.asarray(logits)
+        out[f"{name}/attention"] = np.asarray(inter["attention"][:, :, 0])  # [L, B, N, N]
+    return out
+
+
+def test_logits_and_maps_are_those_recorded():
+    got = pinned()
+    recorded = {}
+    if RECORDED.exists():
+        with np.load(RECORDED) as f:
+            recorded = {k: f[k] for k in f.files}
+    cpu = f"{zlib.crc32(cpu_signature().encode()):08x}"
+    here = f"{jax.__version__}/{cpu}/"
+    mine = {k.removeprefix(here): v for k, v in recorded.items() if k.startswith(here)}
+    if os.environ.get("VIT_JAX_RECORD_LOGITS") and not mine:
+        recorded |= {here + k: v for k, v in got.items()} | {f"cpu/{cpu}": cpu_signature()}
+        np.savez(RECORDED, **recorded)
+        mine = got
+    sets = {k.rsplit("/", 2)[0] for k in recorded if not k.startswith("cpu/")}
+    assert sets, f"nothing recorded in {RECORDED.name}"
+    for key, value in got.items():
+        if mine:
+            np.testing.assert_array_equal(value, mine[key], err_msg=key)
+        for s in sets:
+            np.testing.assert_allclose(
+                value, recorded[f"{s}/{key}"], atol=FIDELITY_ATOL, rtol=0, err_msg=f"{s}/{key}"
+            )
+    assert min(np.abs(v).max() for k, v in got.items() if "attention" not in k) > 0.1
