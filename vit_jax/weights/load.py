@@ -127,10 +127,14 @@ def load(
     classes = architecture.num_classes(params) if head else None
     stored = get_model(name, classes, **{**arch, **overrides})
     model = stored if patch_size is None else stored.clone(patch_size=patch_size)
-    if image_size is None:  # the stored grid, in tokens per side of the model's patch
+    grid = source.meta.posemb_grid  # recorded where the table alone cannot tell it
+    if image_size is None and grid is not None:
+        size = (grid[0] * model.token_stride, grid[1] * model.token_stride)
+    elif image_size is None:  # the stored grid, in tokens per side of the model's patch
         size = architecture.native_image_size(params, model.token_stride)
     else:
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    model = model.clone(posemb_grid=model.grid(size))  # the tables' grid, as loaded
     params = adapt(params, model, size, False, str(path), patch_size)
     names = checked(source.meta.labels, classes, str(path)) if classes else None
     return Loaded(model, params, size, names, source.meta.preprocessing)

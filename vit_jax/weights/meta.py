@@ -9,17 +9,20 @@ once per format.
   preprocessing  the resize the weights were trained and evaluated with
                  (`vit_jax.data.pixels.METHODS`); fed the other, a model sees other pixels
                  than its numbers were measured on.
+  posemb_grid    the position table's (rows, columns) of patches (the model's posemb_grid),
+                 written where the table's rows cannot tell it (a grid that is not square).
 
 Each format says them its own way, and what a file leaves unsaid is what its tool meant:
 
   npz   the published files carry nothing: tanh, 1e-6, tf_bilinear, no names. Others get
         0-d string entries that the original code and timm's npz loader leave unread:
         `vit_jax_numerics` (JSON, only where the numerics are not the original's),
-        `vit_jax_labels` (a JSON list) and `vit_jax_preprocessing` (only where it is not
-        tf_bilinear), so files of the original's stay byte for byte what they were.
-  timm  safetensors metadata `gelu`, `layer_norm_eps`, `labels` (JSON) and
-        `preprocessing`. Without `gelu` a file was saved by timm itself: timm's exact GELU
-        and 1e-6 (one with only this package's older `num_heads` entry was written here
+        `vit_jax_labels` (a JSON list), `vit_jax_preprocessing` (only where it is not
+        tf_bilinear) and `vit_jax_posemb_grid` (a JSON [rows, columns]), so files of
+        the original's stay byte for byte what they were.
+  timm  safetensors metadata `gelu`, `layer_norm_eps`, `labels` (JSON), `preprocessing`
+        and `posemb_grid` (JSON). Without `gelu` a file was saved by timm itself: timm's
+        exact GELU and 1e-6 (one with only this package's older `num_heads` entry was written here
         before the numerics were recorded: the original's); without `preprocessing`,
         PIL's antialiased resize (timm's transforms).
   hf    config.json's `hidden_act` ('gelu' is exact; 'gelu_pytorch_tanh', 'gelu_new',
@@ -51,6 +54,7 @@ NPZ_KEYS = {
     "numerics": "vit_jax_numerics",
     "labels": "vit_jax_labels",
     "preprocessing": "vit_jax_preprocessing",
+    "posemb_grid": "vit_jax_posemb_grid",
 }
 TIMM_DEFAULT = {"gelu": "exact", "layer_norm_eps": 1e-6}  # timm's VisionTransformer defaults
 HF_TANH = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
@@ -66,6 +70,8 @@ class Meta:
     layer_norm_eps: float = 1e-6
     labels: tuple[str, ...] | None = None
     preprocessing: str | None = None  # None: not known (nothing is written)
+    # The position table's (gh, gw), where its rows alone cannot tell it (not square).
+    posemb_grid: tuple[int, int] | None = None
 
     def __post_init__(self):
         if self.gelu not in GELUS:
@@ -76,6 +82,11 @@ class Meta:
             raise CheckpointError(f"layer_norm_eps {self.layer_norm_eps!r} is no number") from None
         if self.labels is not None:
             object.__setattr__(self, "labels", tuple(str(n) for n in self.labels))
+        if self.posemb_grid is not None:
+            grid = tuple(self.posemb_grid)
+            if len(grid) != 2 or not all(isinstance(n, int) and n > 0 for n in grid):
+                raise CheckpointError(f"posemb_grid {grid}: expected [rows, columns] of patches")
+            object.__setattr__(self, "posemb_grid", grid)
         if self.preprocessing not in (None, *METHODS):
             methods = " or ".join(METHODS)
             what = f"preprocessing {self.preprocessing!r}"
@@ -83,8 +94,11 @@ class Meta:
 
     @classmethod
     def of_model(cls, model: Any, labels=None, preprocessing: str | None = None) -> Meta:
-        """A VisionTransformer's numerics, with the head's class names and the resize."""
-        return cls(model.gelu, model.layer_norm_eps, labels, preprocessing)
+        """A VisionTransformer's numerics, with the head's class names, the resize and a
+        position table's grid that is not square."""
+        grid = model.posemb_grid if model.posemb in ("learned", "learned_2d") else None
+        grid = grid if grid and grid[0] != grid[1] else None
+        return cls(model.gelu, model.layer_norm_eps, labels, preprocessing, grid)
 
     @property
     def numerics(self) -> dict[str, Any]:
@@ -105,6 +119,8 @@ class Meta:
             out["labels"] = json.dumps(list(self.labels))
         if self.preprocessing not in (None, PUBLISHED):
             out["preprocessing"] = self.preprocessing
+        if self.posemb_grid is not None:
+            out["posemb_grid"] = json.dumps(list(self.posemb_grid))
         return {NPZ_KEYS[k]: np.array(v) for k, v in out.items()}
 
     @classmethod
@@ -115,7 +131,14 @@ class Meta:
         labels = _json(found, "labels", list, f"{source} ({NPZ_KEYS['labels']})")
         numerics = numerics or ORIGINAL_NUMERICS  # none recorded: the original's
         method = found.get("preprocessing", PUBLISHED)
-        return _made(f"{source} (vit_jax_*)", **numerics, labels=labels, preprocessing=method)
+        grid = _json(found, "posemb_grid", list, f"{source} ({NPZ_KEYS['posemb_grid']})")
+        return _made(
+            f"{source} (vit_jax_*)",
+            **numerics,
+            labels=labels,
+            preprocessing=method,
+            posemb_grid=grid,
+        )
 
     # ------------------------------------------------------------------ timm safetensors
 
@@ -125,6 +148,8 @@ class Meta:
             out["labels"] = json.dumps(list(self.labels))
         if self.preprocessing is not None:
             out["preprocessing"] = self.preprocessing
+        if self.posemb_grid is not None:
+            out["posemb_grid"] = json.dumps(list(self.posemb_grid))
         return out
 
     @classmethod
@@ -135,7 +160,14 @@ class Meta:
             numerics = ORIGINAL_NUMERICS if "num_heads" in metadata else TIMM_DEFAULT
         labels = _json(metadata, "labels", list, f"{source} (metadata labels)")
         method = metadata.get("preprocessing", OTHER_TOOLS)
-        return _made(f"{source} (metadata)", **numerics, labels=labels, preprocessing=method)
+        grid = _json(metadata, "posemb_grid", list, f"{source} (metadata posemb_grid)")
+        return _made(
+            f"{source} (metadata)",
+            **numerics,
+            labels=labels,
+            preprocessing=method,
+            posemb_grid=grid,
+        )
 
     # ------------------------------------------------------------------ Hugging Face
 
@@ -163,7 +195,7 @@ class Meta:
         gelu = "exact" if act == "gelu" else "tanh"
         eps = cfg.get("layer_norm_eps", 1e-12)
         method = cfg.get("vit_jax_preprocessing", OTHER_TOOLS)
-        return _made(source, gelu, eps, labels, method)
+        return _made(source, gelu, eps, labels=labels, preprocessing=method)
 
 
 def checked(labels: Sequence[str] | None, num_classes: int, source: str) -> list[str] | None:
@@ -196,15 +228,16 @@ def _json(found: dict[str, str], key: str, kind: type, source: str) -> Any:
         value = json.loads(found[key])
     except ValueError:
         value = None
-    if not isinstance(value, kind) or (kind is list and not all(isinstance(n, str) for n in value)):
-        what = "a JSON list of class names" if kind is list else "JSON"
+    names = key == "labels"
+    if not isinstance(value, kind) or (names and not all(isinstance(n, str) for n in value)):
+        what = "a JSON list of class names" if names else "JSON"
         raise CheckpointError(f"{source} is not {what}: {found[key][:80]!r}")
     return value
 
 
-def _made(source: str, gelu=None, layer_norm_eps=None, labels=None, preprocessing=None) -> Meta:
+def _made(source: str, gelu=None, layer_norm_eps=None, **entries) -> Meta:
     """A Meta from a file's entries; what does not fit is named with the file."""
     try:
-        return Meta(gelu, 1e-6 if layer_norm_eps is None else layer_norm_eps, labels, preprocessing)
+        return Meta(gelu, 1e-6 if layer_norm_eps is None else layer_norm_eps, **entries)
     except CheckpointError as e:
         raise CheckpointError(f"{source} names {e}") from None
