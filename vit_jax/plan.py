@@ -32,7 +32,7 @@ from vit_jax import cli, configs
 from vit_jax.base import console, problems
 from vit_jax.data import naflex
 from vit_jax.parallel import sharding
-from vit_jax.training import check, planner
+from vit_jax.training import abstract, check, planner
 from vit_jax.training import state as state_lib
 
 
@@ -190,9 +190,8 @@ def lengths_said(config: ml_collections.ConfigDict, devices: list) -> str:
     `config` with the tokens its attention computes on `devices`."""
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
     model = state_lib.build_model(config.model, None)
-    cells = []
-    for n in config.dataset.naflex.seq_lens:
-        tokens, padded, how = sharding.on_mesh(mesh, planner.sequence)(model, 0, n)
+    each, cells = abstract.sequences(model, mesh, config.dataset.naflex.seq_lens), []
+    for n, (tokens, padded, how) in each.items():
         pad = f", {how} pads them to {padded}" if padded > tokens else ""
         cells.append(f"{n} ({tokens} tokens{pad})")
     return ", ".join(cells)

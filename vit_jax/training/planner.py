@@ -6,7 +6,7 @@ compiler reports of it: bytes per device, FLOPs, its own step-time estimate.
     p = plan(config, "v5e-8", seq_len=576)   # a NaFlex batch of 576 patches a row
 
 The step is the training loop's (`step.jit_steps` with the config's model, optimizer,
-loss, mesh and remat: `loop_step`), lowered with abstract arrays (nothing allocated). The
+loss, mesh and remat), lowered with abstract arrays (abstract.py: nothing allocated). The
 estimate is XLA's `optimal_seconds`: a lower bound from its cost model, not a promise.
 Compiling for TPUs needs the `libtpu` package (`pip install "jax[tpu]"`, or the
 package's `[plan]` extra); installed in
@@ -18,22 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 import os
 import re
 import time
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.base import console
-from vit_jax.models import attention
 from vit_jax.parallel import sharding
 from vit_jax.training import state as state_lib
+from vit_jax.training.abstract import argument_bytes, loop_step, sequence
 from vit_jax.training.compiled import CHIPS, Chip, compiled_figures, loop_of
-from vit_jax.training.step import jit_steps
 
 # Cloud accelerator names (vN-COUNT: TensorCores for v3/v4/v5p, chips for v5e/v6e) -> the
 # chip grid libtpu takes; 'v5e:4x4'-style names pass through.
@@ -163,49 +159,6 @@ def num_classes_of(config: ml_collections.ConfigDict) -> int:
     return NUM_CLASSES[name]
 
 
-def loop_step(
-    config: ml_collections.ConfigDict, mesh: Any, num_classes: int, seq_len: int | None = None
-):
-    """The training loop's jitted step for `config` on `mesh` and its abstract arguments
-    (state and batch as ShapeDtypeStructs with their shardings): (step, state, batch). With
-    `seq_len` the batch is NaFlex's (models/naflex.py), `seq_len` patches a row; the position
-    table is still made for config.image_size (NaFlex resizes it to each image's grid)."""
-    model = state_lib.build_model(config.model, num_classes, adapters=config.get("lora"))
-    tx, lr_fn = state_lib.optimizer_of(config)
-    start = state_lib.Start(seed=config.seed, image_size=config.image_size)
-    abstract = state_lib.abstract_state(start, model, tx)
-    shardings = sharding.tree_shardings(mesh, abstract)
-    step, _ = jit_steps(model, tx, lr_fn, mesh, shardings, config.accum_steps, config.loss)
-    state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-    )
-    b, size, split = config.batch_size, config.image_size, sharding.batch_sharding(mesh)
-    at = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=split)
-    image = at((b, size, size, model.channels))
-    if seq_len:
-        row = (b, seq_len)
-        image = {"patches": at((*row, model.patch_dim)), "coords": at((*row, 2), jnp.int32)}
-        image["valid"] = at(row, jnp.bool_)
-    batch = {"image": image, "label": at((b, num_classes))}
-    if len({d.process_index for d in mesh.devices.flat}) > 1:  # the processes' stop signals
-        batch["stop"] = jax.ShapeDtypeStruct((b,), jnp.int32, sharding=split)
-    return step, state, batch
-
-
-def argument_bytes(state: Any, batch: Any) -> dict[str, int]:
-    """Bytes per device of the step's arguments (abstract, with their shardings): the
-    parameters, the optimizer state and the batch, under Plan's names for them."""
-
-    def held(tree: Any) -> int:
-        return sharding.bytes_per_device(tree, jax.tree.map(lambda x: x.sharding, tree))
-
-    return dict(
-        param_bytes=held(state.model_params),
-        optimizer_bytes=held(state.opt_state),
-        batch_bytes=held(batch),
-    )
-
-
 def plan(
     config: ml_collections.ConfigDict,
     topology: str,
@@ -215,15 +168,6 @@ def plan(
     """Compiles `config`'s train step for `topology` and reads the compiler's figures; with
     `seq_len`, for NaFlex batches of that many patches a row."""
     return plan_on(config, topology_devices(topology), topology, num_classes, seq_len)
-
-
-def sequence(model: Any, image_size: int, seq_len: int | None) -> tuple[int, int, str]:
-    """(tokens, tokens after the kernel's padding, the attention that runs) of `model`'s
-    blocks on the compile target in context (the mesh's: `sharding.on_mesh`)."""
-    tokens = (seq_len or math.prod(model.grid((image_size,) * 2))) + int(model.has_class_token)
-    how = attention.choose(model.attention, tokens, model.dtype, model.attention_dropout)
-    block = {"splash": attention.BLOCK, "cudnn": 2}.get(how, 1)
-    return tokens, -(-tokens // block) * block, how
 
 
 def plan_on(
@@ -238,7 +182,7 @@ def plan_on(
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
     step, state, batch = loop_step(config, mesh, classes, seq_len)
     model = state_lib.build_model(config.model, classes, adapters=config.get("lora"))
-    tokens, padded, how = sharding.on_mesh(mesh, sequence)(model, config.image_size, seq_len)
+    tokens, padded, how = sequence(model, mesh, config.image_size, seq_len)
     held = argument_bytes(state, batch)
     kind = devices[0].device_kind
     chip = CHIPS.get(kind, Chip(0, 0.0, getattr(devices[0], "num_cores", 1) or 1))
@@ -313,36 +257,19 @@ def fit(
     """The largest global batch (a multiple of the devices x accum_steps) whose step fits:
     doubling from config.batch_size until one does not fit (or halving until one does),
     then bisecting. Returns (largest that fits, smallest seen that does not, compiles)."""
-    unit = len(devices) * config.accum_steps
-    compiles, good, bad = 0, None, None
-
-    def at(batch: int) -> Plan:
-        nonlocal compiles
-        compiles += 1
+    unit, seen = len(devices) * config.accum_steps, []
+    good = bad = None
+    batch = max(unit, config.batch_size // unit * unit)
+    while batch and len(seen) < max_compiles:
         c = ml_collections.ConfigDict(config.to_dict())
         c.batch_size = batch
-        return plan_on(c, devices, name, num_classes)
-
-    b = max(unit, config.batch_size // unit * unit)
-    p = at(b)
-    if p.fits:
-        good = p
-        while compiles < max_compiles:
-            p = at(good.batch_size * 2)
-            if not p.fits:
-                bad = p
-                break
-            good = p
-    else:
-        bad = p
-        while compiles < max_compiles and bad.batch_size > unit:
-            p = at(max(unit, bad.batch_size // 2 // unit * unit))
-            if p.fits:
-                good = p
-                break
-            bad = p
-    while good and bad and bad.batch_size - good.batch_size > unit and compiles < max_compiles:
-        mid = (good.batch_size + bad.batch_size) // 2 // unit * unit
-        p = at(mid)
+        seen.append(p := plan_on(c, devices, name, num_classes))
         good, bad = (p, bad) if p.fits else (good, p)
-    return good, bad, compiles
+        if good and bad:  # bisect between them, to one unit apart
+            mid = (good.batch_size + bad.batch_size) // 2 // unit * unit
+            batch = mid if bad.batch_size - good.batch_size > unit else 0
+        elif good:
+            batch = good.batch_size * 2
+        else:
+            batch = max(unit, bad.batch_size // 2 // unit * unit) if bad.batch_size > unit else 0
+    return good, bad, len(seen)

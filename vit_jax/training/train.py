@@ -29,7 +29,7 @@ from vit_jax.evaluation import fewshot as fewshot_lib
 from vit_jax.evaluation.batched import over_batches
 from vit_jax.models import count_params
 from vit_jax.parallel import distributed, sharding
-from vit_jax.training import check, compiled, outputs, planner, report, stopping
+from vit_jax.training import abstract, check, compiled, outputs, report, stopping
 from vit_jax.training import state as state_lib
 from vit_jax.training.state import TrainState
 from vit_jax.training.step import jit_steps
@@ -259,8 +259,8 @@ def _starting(loop: Loop, state: TrainState, lengths: Any) -> report.Throughput:
         steps = config.total_steps - start
         report.say(report.starting(config.model.name, state.params, state.frozen, steps))
         if lengths is not None:
-            pad = sharding.on_mesh(loop.mesh, lambda n: planner.sequence(loop.model, 0, n)[1])
-            padded = [pad(n) for n in lengths.seq_lens]
+            each = abstract.sequences(loop.model, loop.mesh, lengths.seq_lens).values()
+            padded = [p for _, p, _ in each]
             report.say(report.naflex_line(lengths, padded, loop.model.has_class_token))
     return report.Throughput(config.total_steps, size, jax.device_count(), start)
 
