@@ -10,7 +10,7 @@ from helpers import FIDELITY_ATOL, assert_npz_equal, assert_trees_equal, images,
 
 from vit_jax import weights
 from vit_jax.models import get_model
-from vit_jax.weights import CheckpointError, convert, hf, safetensors_io, timm
+from vit_jax.weights import CheckpointError, convert, hf, safetensors_io, timm, timm_recipe
 from vit_jax.weights.meta import Meta
 
 # ------------------------------------------------------------------ safetensors
@@ -269,10 +269,11 @@ safetensors.torch.save_file(model.state_dict(), {str(path)!r})
 def test_timm_recipe_refuses_what_timm_cannot_compute():
     model = get_model("testing", 3, patch_size=8, posemb="sincos_2d")
     with pytest.raises(CheckpointError, match="'sincos_2d' have no timm.*format='npz'"):
-        timm.recipe(model, (32, 32), "m.safetensors")
+        timm_recipe.recipe(model, (32, 32), "m.safetensors")
     with pytest.raises(CheckpointError, match="pre_logits.*num_classes=K"):
-        timm.recipe(model.clone(posemb="learned", representation_size=8), (32, 32), "m")
-    assert timm._mlp_ratio(48, 100) * 48 >= 100 and int(48 * timm._mlp_ratio(48, 100)) == 100
+        timm_recipe.recipe(model.clone(posemb="learned", representation_size=8), (32, 32), "m")
+    ratio = timm_recipe._mlp_ratio(48, 100)
+    assert ratio * 48 >= 100 and int(48 * ratio) == 100
 
 
 @pytest.mark.parametrize(

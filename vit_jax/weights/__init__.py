@@ -7,6 +7,7 @@
   npz.py             the published .npz: every layout read, the original one written
   safetensors_io.py  the safetensors file format
   timm.py, hf.py     timm's state dict; Hugging Face ViTForImageClassification directories
+  timm_recipe.py     the Python that builds timm's own model for a converted file
   _tensors.py        what the PyTorch-layout formats (timm, Hugging Face) share
   remote.py          published files at gs:// and https:// paths, fetched into a cache
   read.py            any of those -> the original-layout tree (`read_checkpoint`)

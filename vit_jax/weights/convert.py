@@ -35,7 +35,7 @@ from flax import traverse_util
 from vit_jax.base import store
 from vit_jax.data import images
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import hf, npz, safetensors_io, timm
+from vit_jax.weights import hf, npz, safetensors_io, timm, timm_recipe
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.load import Loaded
 from vit_jax.weights.load import load as load_checkpoint
@@ -150,7 +150,7 @@ def write(
         tensors = {k: np.asarray(v, np.float32) for k, v in timm.to_timm(params).items()}
         metadata = {"format": "pt", "num_heads": str(model.num_heads), **meta.to_timm()}
         safetensors_io.write(out, tensors, metadata)
-        how = timm.recipe(model, size, where)
+        how = timm_recipe.recipe(model, size, where)
     elif fmt == "hf":
         tensors = {k: np.asarray(v, np.float32) for k, v in hf.to_hf(params).items()}
         cfg = hf.config(model, size, meta)  # before writing: it checks the labels

@@ -18,19 +18,12 @@ Hybrids (timm's ResNetV2 stem, `patch_embed.backbone.` + ...):
   block{s}/unit{u}/conv{r}, gn{r}        stages.{s-1}.blocks.{u-1}.conv{r}, norm{r}
   block{s}/unit{u}/conv_proj, gn_proj    stages.{s-1}.blocks.{u-1}.downsample.conv, .norm
 
-timm's VisionTransformer has no representation ('pre_logits') layer. Its named models
-cover the published sizes only and replace a head that is not 1000-class, so `recipe`
-prints lines that build timm's `VisionTransformer` class itself with every argument the
-model needs (GELU form, LayerNorm eps, mlp_ratio, image size, pooling, a hybrid's
-ResNetV2 stem) and load the file strictly. A hybrid's recipe subclasses timm's
-StdConv2dSame, whose (w - mean) / sqrt(var + eps) differs from the original's
-(w - mean) / (std + 1e-5) by ~1e-5 in the logits. timm's logits are then this package's
-to float32 round-off (~1e-6).
+timm's VisionTransformer has no representation ('pre_logits') layer. The Python that
+builds timm's model for a converted file is timm_recipe.py's.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -82,7 +75,7 @@ _POOL = {"probe": "latent"} | torch_names(  # under MAPHead_0/ -> under attn_poo
         f"{_MAP_ATT}/out": "proj",
     }
 )
-_PRE_LOGITS = (
+PRE_LOGITS = (
     "the checkpoint has a representation layer (pre_logits) under its head; timm's "
     "VisionTransformer has none. Convert with num_classes=K for a new head "
     "(the layer is dropped), or with format='npz'"
@@ -116,7 +109,7 @@ def to_timm(params: dict) -> dict[str, Any]:
     """
     flat = traverse_util.flatten_dict(params, sep="/")
     if "pre_logits/kernel" in flat:
-        raise CheckpointError(_PRE_LOGITS)
+        raise CheckpointError(PRE_LOGITS)
     root_only = "block1/unit1/conv1/kernel" not in flat
     out: dict[str, Any] = {}
     qkv: dict[str, dict[str, Any]] = {}
@@ -230,119 +223,3 @@ def check(
     misses or shapes differently."""
     fix = "Is the file a timm ViT of this size? Pass name=NAME for a size the file cannot tell."
     check_table(tensors, timm_shapes(model, size), source, "timm VisionTransformer", fix)
-
-
-def _mlp_ratio(width: int, mlp_dim: int) -> float:
-    """The float timm multiplies by the width: int(width * ratio) must be mlp_dim."""
-    ratio = mlp_dim / width
-    while int(width * ratio) < mlp_dim:  # 1 ulp up where the product rounds below
-        ratio = math.nextafter(ratio, math.inf)
-    return ratio
-
-
-def _float(x: float) -> str:
-    """1e-06 -> '1e-6': the float as Python reads it back, exponent without zeros."""
-    return re.sub(r"e([-+])0*(\d)", r"e\1\2", repr(float(x)))
-
-
-def _call(head: str, args: list[str], width: int = 92) -> list[str]:
-    """`head(` and its keyword arguments, wrapped at `width`, then `)`."""
-    lines, line = [head + "("], "   "
-    for a in args:
-        if len(line) + len(a) + 2 > width:
-            lines.append(line)
-            line = "   "
-        line += f" {a},"
-    return [*lines, line, ")"]
-
-
-def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> str:
-    """Python lines that build timm's own `VisionTransformer` for `model` at `image_size`
-    and load the converted file at `path` with a strict `load_state_dict`.
-
-    Every argument is spelled out: sizes, mlp_ratio, patch, image size, channels, classes,
-    pooling (class token; 'avg', 'map' or none with the final norm before pooling), the GELU
-    ('gelu_tanh' or the exact 'gelu', as `model.gelu`), the LayerNorm eps and, for
-    hybrids, the ResNetV2 stem with GroupNorm eps 1e-6 and the original weight
-    standardisation. Pasted into Python (or exec'd), the lines
-    leave `model` in eval mode: float32 [N, C, H, W] in [-1, 1] -> this package's logits.
-
-    Raises:
-      CheckpointError: a model timm's VisionTransformer cannot compute (2D or sin-cos
-        position embeddings, a representation layer).
-    """
-    if model.representation_size:
-        raise CheckpointError(_PRE_LOGITS)
-    if model.posemb not in ("learned", "none"):
-        raise CheckpointError(
-            f"position embeddings {model.posemb!r} have no timm VisionTransformer "
-            "equivalent (it learns one [1, N, D] table or has none): use format='npz' or "
-            "format='onnx'"
-        )
-    h, w = image_size
-    pool = {"token": "'token'", "gap": "'avg'", "map": "'map'", "unpooled": "''"}[model.classifier]
-    args = [
-        f"img_size={(h, w)!r}",
-        f"patch_size={model.patch_size}",
-        f"in_chans={model.channels}",
-        f"embed_dim={model.width}",
-        f"depth={model.depth}",
-        f"num_heads={model.num_heads}",
-        f"mlp_ratio={_mlp_ratio(model.width, model.mlp_dim)!r}",
-        f"num_classes={model.num_classes or 0}",
-        f"class_token={model.has_class_token}",
-        f"global_pool={pool}",
-        "fc_norm=False",
-    ]
-    if model.posemb == "none":
-        args.append("pos_embed='none'")
-    act = "'gelu_tanh'" if model.gelu == "tanh" else "'gelu'"
-    eps = _float(model.layer_norm_eps)
-    args += [f"act_layer={act}", f"norm_layer=partial(torch.nn.LayerNorm, eps={eps})"]
-    lines = [
-        "from functools import partial",
-        "import safetensors.torch, torch",
-        "from timm.models.vision_transformer import VisionTransformer",
-    ]
-    if model.resnet_stages is not None:
-        lines += _hybrid_stem(model)
-        args.append("embed_layer=partial(HybridEmbed, backbone=backbone)")
-    lines += _call("model = VisionTransformer", args)
-    if "://" in path:  # on a store: its bytes through fsspec (gcsfs, s3fs)
-        lines.insert(1, "import fsspec")
-        load = f"safetensors.torch.load(fsspec.open({path!r}, 'rb').open().read())"
-    else:
-        load = f"safetensors.torch.load_file({path!r})"
-    lines.append(f"model.load_state_dict({load})  # strict")
-    lines.append(f"model.eval()  # takes float32 [N, {model.channels}, {h}, {w}] in [-1, 1]")
-    return "\n".join(lines)
-
-
-def _hybrid_stem(model: VisionTransformer) -> list[str]:
-    """The lines that define `backbone`, a hybrid's ResNet stem in timm's layers: its
-    ResNetV2 stages (or the root alone) with GroupNorm eps 1e-6, and a StdConv subclass
-    with the original weight standardisation."""
-    stages = tuple(model.resnet_stages)
-    lines = [
-        "from timm.layers import GroupNormAct, HybridEmbed, StdConv2dSame",
-        "from timm.layers.padding import pad_same",
-        f"from timm.models.resnetv2 import {'ResNetV2' if stages else 'create_resnetv2_stem'}",
-        "class StdConv(StdConv2dSame):  # the original's standardisation: / (std + 1e-5)",
-        "    def forward(self, x):",
-        "        w = self.weight - self.weight.mean((1, 2, 3), keepdim=True)",
-        "        w = w / (w.std((1, 2, 3), correction=0, keepdim=True) + 1e-5)",
-        "        x = pad_same(x, self.kernel_size, self.stride) if self.same_pad else x",
-        "        return torch.nn.functional.conv2d(x, w, None, self.stride, self.padding)",
-        "",
-        "norm = partial(GroupNormAct, num_groups=32, eps=1e-6)",
-    ]
-    common = ["stem_type='same'", "preact=False", "conv_layer=StdConv", "norm_layer=norm"]
-    if stages:
-        lines += _call(
-            "backbone = ResNetV2",
-            [f"layers={stages!r}", f"in_chans={model.channels}", "num_classes=0"]
-            + ["global_pool=''", *common],
-        )
-    else:  # the root alone (conv, norm, pool)
-        lines += _call("backbone = create_resnetv2_stem", [str(model.channels), *common])
-    return lines
