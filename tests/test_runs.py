@@ -19,7 +19,7 @@ from vit_jax.base import console
 from vit_jax.training import report, stopping, train
 from vit_jax.training import state as state_lib
 from vit_jax.weights import CheckpointError
-from vit_jax.workdir import checkpoints as checkpoints_lib
+from vit_jax.workdir import record
 from vit_jax.workdir.workdir import Plan, Workdir
 
 # 1 device; saves at 5, 10, 15, 20; a log line every step, so Ctrl-C lands mid-run.
@@ -106,8 +106,8 @@ def test_finished_means_this_config_ran_to_its_end(tmp_path):
     c = tiny_config(total_steps=4)
     step_dir = tmp_path / "checkpoints" / "4"
     step_dir.mkdir(parents=True)
-    saved = {"format": checkpoints_lib.FORMAT, "step": 4, "arrays": {}, "files": {}}
-    (step_dir / checkpoints_lib.NAME).write_text(json.dumps(dict(saved, state=Plan.of(c).state)))
+    saved = {"format": record.FORMAT, "step": 4, "arrays": {}, "files": {}}
+    (step_dir / record.NAME).write_text(json.dumps(dict(saved, state=Plan.of(c).state)))
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 4, "accuracy": 0.5}))
     (tmp_path / "final.npz").write_bytes(b"")
     finished = lambda config: Workdir.at(tmp_path).finished(Plan.of(config))

@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 from etils import epath
 
 from vit_jax.base.failures import REASONS, status_of, transient
-from vit_jax.base.failures import stores_own as stores_own  # workdir/checkpoints.py's
 
 Path = epath.Path
 T = TypeVar("T")

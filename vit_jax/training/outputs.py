@@ -20,7 +20,8 @@ from vit_jax.weights.load import Loaded, load_pretrained
 from vit_jax.weights.meta import Meta
 from vit_jax.weights.npz import save_npz
 from vit_jax.workdir import verify
-from vit_jax.workdir.checkpoints import WAY_OUT, Checkpoints, read_record
+from vit_jax.workdir.checkpoints import WAY_OUT, Checkpoints
+from vit_jax.workdir.record import read_record
 from vit_jax.workdir.workdir import Workdir
 
 

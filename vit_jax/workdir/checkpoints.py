@@ -1,6 +1,6 @@
 """A run's checkpoints, `workdir/checkpoints/<step>`: saving one, with its integrity
-record, and listing them, on Orbax's documented surface (verifying and restoring them:
-verify.py).
+record (record.py), and listing them, on Orbax's documented surface (verifying and
+restoring them: verify.py).
 
 Saving: Orbax's asynchronous CheckpointManager in its commit-file mode, on a disk and on
 an object store alike (a store has no rename): it writes `<step>/` in place and marks it
@@ -9,26 +9,13 @@ listing returns and which the next run deletes (after naming it). Between writin
 arrays and marking them complete, Orbax calls `post_finalization_callback`: process 0
 writes the integrity record there, so a complete checkpoint has one. Orbax keeps the
 last `keep` checkpoints, deleting an older one only after a newer one is complete.
-
-The integrity record `<step>/integrity.json` holds:
-
-    step      the step saved
-    state     what the state is: model, optimizer and image size (config fields)
-    arrays    {name: {'shape', 'dtype', 'shards': {'0:32,0:64': crc32}}}: a CRC-32 of the
-              bytes of every shard that some process saved (each process hashes its own
-              addressable shards on the host, as the save starts, one copy of each
-              replicated slice; process 0 gathers them with process_allgather)
-    files     {path inside the checkpoint: bytes} of every file Orbax wrote for the state
-
-Names are Orbax's own ('opt_state.1.mu.head.kernel'). Every process takes part in each
-save, each writing the slices its devices hold.
+Every process takes part in each save, each writing the slices its devices hold.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
-import json
 import os
 import threading
 from typing import Any
@@ -37,12 +24,11 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from vit_jax.base import files, store
+from vit_jax.base import failures, store
+from vit_jax.workdir.record import NAME, file_problems, read_record, write_record
 from vit_jax.workdir.shards import checksums, merge_gathered
 
 COMMIT = ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
-NAME = "integrity.json"  # the record, in each checkpoint
-FORMAT = 2  # 1: files as [bytes, crc32] (read too)
 DAMAGED = "DAMAGED"
 WAY_OUT = "free space there (or restore access to it) and run the same command again"
 
@@ -186,7 +172,7 @@ class Checkpoints:
             newest = "A rerun resumes from the newest intact checkpoint"
         why = store.explain(error, self.directory)
         way_out = WAY_OUT
-        if not store.stores_own(error):  # no waiting, access or room fixes it
+        if not failures.stores_own(error):  # no waiting, access or room fixes it
             way_out = "what it names is not the store's failure: fix it, then run the same command"
         elif store.is_remote(self.directory):
             way_out = "once the store answers (and lets this account write), run the same command"
@@ -295,45 +281,3 @@ class Checkpoints:
             multihost_utils.sync_global_devices(f"vit_jax: set aside {step}")
         self.manager.reload()  # Orbax's list of steps forgets it
         return aside
-
-
-def write_record(step_dir: store.Path, record: dict[str, Any], via: store.Store) -> None:
-    """Writes the record of `step_dir`, with the sizes of every file Orbax wrote there."""
-    found = via.walk_files(step_dir)
-    record = {**record, "format": FORMAT, "files": {k: n for k, n in found.items() if "/" in k}}
-    with files.atomic_write(step_dir / NAME, "w", sync=True, via=via) as f:
-        json.dump(record, f)
-
-
-def read_record(step_dir: store.Path, via: store.Store = store.PLAIN) -> dict[str, Any] | None:
-    """The record of `step_dir`, or None when it has none.
-
-    Raises:
-        ValueError: the record is there but unreadable (damaged).
-    """
-    try:
-        text = via.read_text(step_dir / NAME)
-    except FileNotFoundError:
-        return None
-    try:
-        record = json.loads(text)
-        if record.get("format") not in (1, FORMAT) or {"step", "arrays", "files"} - set(record):
-            raise ValueError("fields missing")
-        return record
-    except (OSError, ValueError) as e:
-        raise ValueError(f"its integrity record {NAME} is unreadable ({e})") from None
-
-
-def file_problems(
-    step_dir: store.Path, record: dict[str, Any], via: store.Store = store.PLAIN
-) -> list[str]:
-    """What is wrong with the files of `step_dir`: missing, or of another size."""
-    found = via.walk_files(step_dir)
-    problems = []
-    for rel, size in sorted(record["files"].items()):
-        size = size[0] if isinstance(size, list) else size  # format 1: [bytes, crc]
-        if rel not in found:
-            problems.append(f"file {rel} is missing")
-        elif found[rel] != size:
-            problems.append(f"file {rel} has {found[rel]} bytes, {size} when written")
-    return problems

@@ -26,7 +26,8 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from vit_jax.base.console import first_few
-from vit_jax.workdir.checkpoints import DAMAGED, Checkpoints, file_problems, read_record
+from vit_jax.workdir.checkpoints import DAMAGED, Checkpoints
+from vit_jax.workdir.record import file_problems, read_record
 from vit_jax.workdir.shards import checksums, crc, named_leaves, slices
 
 SCRATCH_FIELD = "from_scratch_if_damaged"

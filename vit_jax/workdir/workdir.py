@@ -29,7 +29,7 @@ from vit_jax.base.console import size
 from vit_jax.models import ORIGINAL_NUMERICS
 from vit_jax.weights.read import read_meta
 from vit_jax.weights.remote import resolve
-from vit_jax.workdir.checkpoints import read_record
+from vit_jax.workdir.record import read_record
 
 
 @dataclasses.dataclass(frozen=True)
