@@ -11,12 +11,15 @@ the libraries' reports held back until then are vit_jax/base/exits.py's.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from absl import app, flags, logging
 
 from vit_jax.base.exits import HeldErrors, debug, fail, interrupted
 
@@ -51,8 +54,6 @@ def run(
 
 
 def _run_app(main: Callable[[], object], argv: list[str]) -> None:
-    from absl import app, flags, logging
-
     started = []
 
     def entry(rest: list[str]) -> None:
@@ -89,8 +90,8 @@ def _config_error(error: Exception, argv: list[str]) -> str:
     --config.optimizer.lr?'."""
     what = " ".join(str(error).replace("\\n", " ").replace("\\", "").replace("'", "").split())
     field = what.split()[0].strip('"') if what else ""
-    flags = [a.split("=")[0].split(".") for a in argv if a.startswith("--config.")]
-    parts = next((f for f in flags if field in f[1:]), None)  # the field may be any part
+    given = [a.split("=")[0].split(".") for a in argv if a.startswith("--config.")]
+    parts = next((f for f in given if field in f[1:]), None)  # the field may be any part
     if parts is None:
         return f"in the flags: no such config field, or a bad value: {what}"
     instead = ""
@@ -104,8 +105,6 @@ def _define_command_flags(define_flags: Callable[[], None], program: str) -> Non
     """Runs `define_flags` and makes the vit_jax flags it defined (define_model_flags',
     which absl files under vit_jax.cli, not the command) key flags of the command, so
     that `--help` lists them all; `--helpfull` adds absl's and the libraries' own."""
-    from absl import flags
-
     before = set(flags.FLAGS)
     define_flags()
     for name in sorted(set(flags.FLAGS) - before):
@@ -145,8 +144,6 @@ def flag_error_message(error: BaseException, program: str) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing (app.run's flags_parser) with its errors as `error: ...`, and
     `--help` (absl exits 1 after printing it) a success."""
-    from absl import flags
-
     try:
         return flags.FLAGS(argv)
     except SystemExit as e:
@@ -186,8 +183,6 @@ def define_model_flags(naflex: bool = False) -> None:
     --preprocessing, shared by the commands that load a checkpoint (classify, few-shot,
     figures, evaluate, convert); with `naflex`, --seq_len too (the commands that apply the
     model: convert writes the weights alone, so it has no input shape to take)."""
-    from absl import flags
-
     if naflex:
         flags.DEFINE_integer(
             "seq_len",
@@ -241,8 +236,6 @@ def define_model_flags(naflex: bool = False) -> None:
 
 def parse_overrides(items: Sequence[str]) -> dict[str, object]:
     """['depth=4', 'posemb=sincos_2d', 'resnet_stages=(3,4,9)'] -> {'depth': 4, ...}."""
-    import ast
-
     out: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -257,8 +250,6 @@ def parse_overrides(items: Sequence[str]) -> dict[str, object]:
 
 def model_overrides() -> dict[str, object]:
     """--override's model options, with --numerics=original's (named overrides win)."""
-    from absl import flags
-
     from vit_jax.models import ORIGINAL_NUMERICS, attention
 
     numerics = ORIGINAL_NUMERICS if flags.FLAGS.numerics == "original" else {}
@@ -271,8 +262,6 @@ def model_overrides() -> dict[str, object]:
 def load_model(head: bool = True):
     """The flags' checkpoint (a file, or a run's workdir: `outputs.load_run`), read once:
     `weights.Loaded`, its preprocessing --preprocessing's, else the checkpoint's."""
-    from absl import flags
-
     from vit_jax import weights
     from vit_jax.data import images
 
@@ -302,8 +291,6 @@ def load_model(head: bool = True):
 
 def seq_len() -> int | None:
     """--seq_len where the command defines it, else None (square images)."""
-    from absl import flags
-
     return flags.FLAGS["seq_len"].value if "seq_len" in flags.FLAGS else None
 
 
@@ -311,8 +298,6 @@ def naflex_note(loaded: Any) -> str | None:
     """Says on stderr (stdout is the command's results) what --seq_len does to the loaded
     model, and returns that line: which position table it resizes to each image's grid.
     None without --seq_len or without a stored table."""
-    from absl import flags
-
     n, model, path = seq_len(), loaded.model, flags.FLAGS.checkpoint
     if not n or model.posemb not in ("learned", "learned_2d"):
         return None  # sincos_2d is made for each grid; none has nothing to resize
