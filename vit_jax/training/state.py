@@ -147,12 +147,17 @@ def skipped_steps(opt_state: Any) -> jax.Array:
 
 
 def build_model(
-    model: Any, num_classes: int | None, init_from: str | None = None, adapters: Any = None
+    model: Any,
+    num_classes: int | None,
+    init_from: str | None = None,
+    adapters: Any = None,
+    image_size: int | None = None,
 ) -> VisionTransformer:
     """The model of a config's `model` fields: a name plus any VisionTransformer field,
     with the LoRA adapters of `adapters` (config.lora). The numerics the fields leave
     unset (gelu, layer_norm_eps: None) are `init_from`'s, the checkpoint fine-tuned (what
-    its source computes, see weights/meta.py)."""
+    its source computes, see weights/meta.py). With `image_size` (config.image_size) the
+    position tables are made on its grid (posemb_grid), whatever the batches are."""
     fields = {k: v for k, v in model.items() if k != "name" and v is not None}
     fields["lora"] = lora.Lora.of(adapters)
     if fields.get("representation_size") == 0:
@@ -160,7 +165,10 @@ def build_model(
     if init_from:
         for key, value in read_meta(init_from).numerics.items():
             fields.setdefault(key, value)
-    return get_model(model["name"], num_classes=num_classes, **fields)
+    built = get_model(model["name"], num_classes=num_classes, **fields)
+    if image_size and built.posemb_grid is None:
+        return built.clone(posemb_grid=built.grid((image_size, image_size)))
+    return built
 
 
 def new_state(

@@ -143,7 +143,9 @@ def _start(
     verifies, or a new one. What runs beside the loop is entered into `running`."""
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp)
     classes = data.num_classes(config.dataset)
-    model = state_lib.build_model(config.model, classes, config.init_from or None, config.lora)
+    model = state_lib.build_model(
+        config.model, classes, config.init_from or None, config.lora, config.image_size
+    )
     tx, lr_fn = state_lib.optimizer_of(config)
     start = state_lib.Start.of(config)
     abstract = state_lib.abstract_state(start, model, tx)
