@@ -150,13 +150,24 @@ def test_unknown_topology_and_missing_libtpu_are_one_line_each():
     proc = python_m("vit_jax.plan", *SMALL, "--topology=v9-8", env=WITH_LIBTPU)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith("error: unknown TPU topology 'v9-8': use one of v3-8, v3-32")
-    proc = python_m("vit_jax.plan", *SMALL, "--topology=v3-8", env={"PYTHONPATH": ""})
+    nowhere = {"PYTHONPATH": "", "VIT_JAX_LIBTPU_DIR": os.devnull}  # not setup.sh's either
+    proc = python_m("vit_jax.plan", *SMALL, "--topology=v3-8", env=nowhere)
     if proc.returncode == 0:  # libtpu installed in this environment itself
         pytest.skip("libtpu is importable without VIT_JAX_LIBTPU_DIR here")
     assert proc.stderr.splitlines()[0] == (
         'error: compiling for TPUs needs libtpu: pip install "jax[tpu]" (libtpu, the version '
         "this JAX pins; it compiles for TPUs on any host), or this package's [plan] extra"
     ), proc.stderr[-2000:]
+
+
+@needs_libtpu
+def test_plan_finds_the_libtpu_setup_sh_installed():
+    """setup.sh puts libtpu out of the environment (VIT_JAX_LIBTPU_DIR): the command, run
+    as a user runs it after setup, with nothing on PYTHONPATH, plans with it."""
+    env = {"PYTHONPATH": "", "VIT_JAX_LIBTPU_DIR": LIBTPU_DIR}
+    proc = python_m("vit_jax.plan", *SMALL, "--topology=v5e-4", "--json", env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["devices"] == 4
 
 
 def test_the_planners_step_is_the_loops_step():

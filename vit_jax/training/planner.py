@@ -8,10 +8,11 @@ compiler reports of it: bytes per device, FLOPs, its own step-time estimate.
 The step is the training loop's (`step.jit_steps` with the config's model, optimizer,
 loss, mesh and remat), lowered with abstract arrays (abstract.py: nothing allocated). The
 estimate is XLA's `optimal_seconds`: a lower bound from its cost model, not a promise.
-Compiling for TPUs needs the `libtpu` package (`pip install "jax[tpu]"`, or the
-package's `[plan]` extra); installed in
-the environment of a host without TPUs, libtpu prints warnings at every `import jax` that
-uses the default platforms, so keep it out of an environment that also trains on CPU/GPU.
+Compiling for TPUs needs the `libtpu` package (`pip install "jax[tpu]"`, the package's
+`[plan]` extra, or the copy `setup.sh` puts in ~/.cache/vit_jax/, which is found there);
+installed in the environment of a host without TPUs, libtpu prints warnings at every
+`import jax` that uses the default platforms, so keep it out of an environment that also
+trains on CPU/GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import sys
 import time
 from typing import Any
 
@@ -105,14 +107,8 @@ class Plan:
         return self.total_steps * self.step_seconds * self.devices * self.cores_per_device / 86400
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out.update(
-            fits=self.fits,
-            images_per_second=self.images_per_second,
-            utilisation=self.utilisation,
-            core_days=self.core_days,
-        )
-        return out
+        derived = ("fits", "images_per_second", "utilisation", "core_days")
+        return {**dataclasses.asdict(self), **{k: getattr(self, k) for k in derived}}
 
 
 def topology_devices(topology: str) -> list[Any]:
@@ -130,7 +126,9 @@ def topology_devices(topology: str) -> list[Any]:
         )
     library = os.environ.get("TPU_LIBRARY_PATH", "")
     if not os.path.isfile(library) and importlib.util.find_spec("libtpu") is None:
-        raise ImportError(f"compiling for TPUs needs libtpu: {INSTALL}")
+        if not os.path.isfile(setup_sh := _libtpu_of_setup()):
+            raise ImportError(f"compiling for TPUs needs libtpu: {INSTALL}")
+        os.environ["TPU_LIBRARY_PATH"] = setup_sh
     from jax.experimental import topologies
 
     # No TPU is used: other processes (another plan, a test worker) may load libtpu too,
@@ -143,6 +141,14 @@ def topology_devices(topology: str) -> list[Any]:
             first = str(e).splitlines()[0]
             raise ValueError(f"TPU topology {topology!r} ({grid}): {first}") from None
     return list(desc.devices)
+
+
+def _libtpu_of_setup() -> str:
+    """Where setup.sh installs libtpu for this Python, out of the environment (the tests'
+    and the planner's; VIT_JAX_LIBTPU_DIR as setup.sh reads it)."""
+    py = f"libtpu-py{sys.version_info[0]}.{sys.version_info[1]}"
+    home = os.path.join(os.path.expanduser("~"), ".cache", "vit_jax", py)
+    return os.path.join(os.environ.get("VIT_JAX_LIBTPU_DIR", home), "libtpu", "libtpu.so")
 
 
 def num_classes_of(config: ml_collections.ConfigDict) -> int:
