@@ -116,7 +116,9 @@ def test_naflex_fields_that_cannot_work_are_refused_in_one_line(tmp_path):
     assert any("hybrid" in str(p) for p in check.problems(config))
     cfg = naflex_config(train_split="train[:10]")
     cfg.naflex.tokens_per_batch = 20
-    with pytest.raises(ValueError, match=r"tokens_per_batch=20 gives length 16 no batch: .* 64"):
+    with pytest.raises(ValueError, match=r"tokens_per_batch=20 is too small for a step of length "
+                       r"16, which takes 4 images at least .* the smallest budget that works is 64 "
+                       r"patches$"):
         data.train_iterator(cfg, global_batch=8, image_size=28, seed=0, patch_size=7,
                             batch_multiple=4, process_index=0, process_count=1)  # fmt: skip
     # The run says it before it touches the workdir: 8 devices, accum_steps 2 -> 16 a batch.
@@ -124,8 +126,9 @@ def test_naflex_fields_that_cannot_work_are_refused_in_one_line(tmp_path):
     config.dataset.naflex.tokens_per_batch = 200
     (problem,) = check.device_problems(config, 8, 1)
     assert problem.line() == (
-        "dataset.naflex.tokens_per_batch=200: gives length 16 no batch of 16 (devices x "
-        "accum_steps); set dataset.naflex.tokens_per_batch=N >= 256"
+        "dataset.naflex.tokens_per_batch=200: too small for a step of length 16, which takes "
+        "16 images at least (devices x accum_steps): the smallest budget that works is 256 "
+        "patches; set dataset.naflex.tokens_per_batch=N >= 256"
     )
     with pytest.raises(ConfigError, match="dataset.mixup"):
         train.run(tiny_config(**{"dataset.naflex.seq_lens": (9,), "dataset.mixup": 0.5}), tmp_path)

@@ -144,6 +144,17 @@ class Lengths:
         """The tokens_per_batch below which the longest length gets no batch."""
         return max(self.seq_lens) * self.multiple
 
+    def too_few(self) -> str | None:
+        """Why tokens_per_batch gives the longest length no batch, in a sentence that names
+        the smallest budget that works; None where every length gets one."""
+        if self.tokens_per_batch >= self.fewest_tokens:
+            return None
+        return (
+            f"too small for a step of length {max(self.seq_lens)}, which takes {self.multiple} "
+            f"images at least (devices x accum_steps): the smallest budget that works is "
+            f"{self.fewest_tokens} patches"
+        )
+
     @functools.cached_property
     def _block_sums(self) -> dict[int, int]:
         """A memo (block -> its examples), filled by `offset`: the frozen fields decide it."""

@@ -15,14 +15,13 @@ closes every iterator it opens.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 
 import ml_collections
 
 from vit_jax.data import config as config_lib
-from vit_jax.data import naflex, splits, tables
+from vit_jax.data import images, naflex, splits, tables
 from vit_jax.data.assemble import EvalBatch, TrainBatch
 from vit_jax.data.batches import Batches
 
@@ -117,11 +116,10 @@ def train_iterator(
             "the train split has no examples after slicing and class subsetting; check "
             "dataset.train_split, dataset.classes and dataset.examples_per_class."
         )
-    size = splits.image_size_hw(image_size)
+    size = images.parse_image_size(image_size)
     patch = _naflex_patch(cfg, patch_size)
     lengths = _lengths(cfg, global_batch, math.lcm(batch_multiple, count), seed) if patch else None
-    make = TrainBatch(cfg, cfg.train_split, size, seed, global_batch, index, count)
-    make = dataclasses.replace(make, lengths=lengths, patch=patch)
+    make = TrainBatch(cfg, cfg.train_split, size, seed, global_batch, index, count, lengths, patch)
     batches = _batches(make, range(start_step, _FOREVER), cfg)
     batches.lengths = lengths
     return batches
@@ -138,14 +136,9 @@ def _naflex_patch(cfg: ml_collections.ConfigDict, patch_size: int) -> int:
 
 def _lengths(cfg, global_batch: int, multiple: int, seed: int) -> naflex.Lengths:
     """A NaFlex run's length schedule; every length gets a batch."""
-    lens = cfg.naflex.seq_lens
     lengths = naflex.Lengths.of(cfg.naflex, global_batch, multiple, seed)
-    tokens = lengths.tokens_per_batch
-    if tokens < lengths.fewest_tokens:
-        raise ValueError(
-            f"dataset.naflex.tokens_per_batch={tokens} gives length {max(lens)} no batch: use "
-            f"at least {lengths.fewest_tokens} (length x {multiple}, devices x accum_steps)"
-        )
+    if why := lengths.too_few():
+        raise ValueError(f"dataset.naflex.tokens_per_batch={lengths.tokens_per_batch} is {why}")
     return lengths
 
 
@@ -185,5 +178,5 @@ def eval_iterator(
     lo, hi = splits.process_range(n, index, count)
     num_batches = math.ceil(math.ceil(n / count) / b)
     patch = _naflex_patch(cfg, patch_size)
-    make = EvalBatch(cfg, split, splits.image_size_hw(image_size), lo, hi, b, patch)
+    make = EvalBatch(cfg, split, images.parse_image_size(image_size), lo, hi, b, patch)
     return _batches(make, range(num_batches), cfg)

@@ -44,11 +44,12 @@ __all__ = ["ConfigError", "Problem", "check", "data_problems", "device_problems"
 TRAINABLE_CLASSIFIERS = ("token", "gap")  # 'unpooled' has no logits per image to train on
 EVERY = " (0: only after the last step)"
 RUN = {
-    "seed": integer(0), "total_steps": integer(1), "batch_size": integer(1),
-    "eval_batch_size": integer(1), "accum_steps": integer(1), "log_every": integer(0, EVERY),
-    "eval_every": integer(0, EVERY), "checkpoint_every": integer(0, EVERY),
-    "keep_checkpoints": integer(0, " (0: keep all)"), "loss": one_of(tuple(LOSSES)),
-}  # fmt: skip
+    "seed": integer(0),
+    **dict.fromkeys(("total_steps", "batch_size", "eval_batch_size", "accum_steps"), integer(1)),
+    **dict.fromkeys(("log_every", "eval_every", "checkpoint_every"), integer(0, EVERY)),
+    "keep_checkpoints": integer(0, " (0: keep all)"),
+    "loss": one_of(tuple(LOSSES)),
+}
 MODEL = {
     **dict.fromkeys(
         ("width", "depth", "num_heads", "mlp_dim", "patch_size"),
@@ -67,15 +68,17 @@ MODEL = {
     "attention": one_of(attention.CHOICES),
 }
 OPTIMIZER = {
-    "name": one_of(OPTIMIZERS), "lr": number(0, low_open=True), "decay": one_of(DECAYS),
-    "momentum": number(0, 1, high_open=True), "b1": number(0, 1, high_open=True),
-    "b2": number(0, 1, high_open=True), "weight_decay": number(0),
-    "grad_clip": number(0, note=" (0: no clipping)"), "mu_dtype": one_of(MU_DTYPES),
-}  # fmt: skip
+    "name": one_of(OPTIMIZERS),
+    "lr": number(0, low_open=True),
+    "decay": one_of(DECAYS),
+    **dict.fromkeys(("momentum", "b1", "b2"), number(0, 1, high_open=True)),
+    "weight_decay": number(0),
+    "grad_clip": number(0, note=" (0: no clipping)"),
+    "mu_dtype": one_of(MU_DTYPES),
+}
 FEWSHOT = {
     "source": lambda v: None if not v else one_of(data_config.SOURCES)(v),
-    "train_split": splits.spec_rule,
-    "test_split": splits.spec_rule,
+    **dict.fromkeys(("train_split", "test_split"), splits.spec_rule),
     "shots": lambda v: (
         None
         if isinstance(v, (tuple, list)) and v and all(is_int(k) and k >= 1 for k in v)
@@ -103,9 +106,10 @@ LORA = {
     ),
 }
 DISTRIBUTED = {
-    "num_processes": integer(0, " (0: not set)"), "process_id": integer(-1, " (-1: not set)"),
-    "timeout_seconds": number(0, low_open=True), "peer_timeout_seconds": number(0, low_open=True),
-}  # fmt: skip
+    "num_processes": integer(0, " (0: not set)"),
+    "process_id": integer(-1, " (-1: not set)"),
+    **dict.fromkeys(("timeout_seconds", "peer_timeout_seconds"), number(0, low_open=True)),
+}
 
 
 def problems(config: ml_collections.ConfigDict) -> list[Problem]:
@@ -122,9 +126,8 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
     out += _optimizer_problems(c.optimizer, c.total_steps)
     out += data_config.problems(c.dataset, "dataset.")
     out += _fewshot_problems(c.fewshot)
-    out += table_problems(c.mesh, MESH, "mesh.")
-    out += table_problems(c.distributed, DISTRIBUTED, "distributed.")
-    out += table_problems(c.store, STORE, "store.")
+    for section, table in (("mesh", MESH), ("distributed", DISTRIBUTED), ("store", STORE)):
+        out += table_problems(c[section], table, f"{section}.")
     if not isinstance(c.init_from, str):
         out.append(Problem("init_from", c.init_from, "expected a path ('' trains from scratch)"))
     out += table_problems(c.lora, LORA, "lora.")
@@ -201,8 +204,7 @@ def device_problems(config: ml_collections.ConfigDict, devices: int, processes: 
     if flex.seq_lens is not None:  # each step's batch: tokens // length, rounded to a multiple
         unit = math.lcm(per_step, processes)
         lengths = naflex.Lengths.of(flex, c.batch_size, unit, c.seed)
-        if lengths.tokens_per_batch < lengths.fewest_tokens:
-            why = f"gives length {max(flex.seq_lens)} no batch of {unit} (devices x accum_steps)"
+        if why := lengths.too_few():
             fix = f"N >= {lengths.fewest_tokens}"
             out.append(
                 Problem("dataset.naflex.tokens_per_batch", lengths.tokens_per_batch, why, fix)
