@@ -140,8 +140,7 @@ FIELDS = {
     "source": one_of(SOURCES),
     "preprocessing": one_of(pixels.METHODS),
     "decode": one_of(crop_decode.DECODES),
-    "train_split": splits.spec_rule,
-    "test_split": splits.spec_rule,
+    **dict.fromkeys(("train_split", "test_split"), splits.spec_rule),
     "classes": optional(_classes),
     "examples_per_class": optional(integer(1, " (or None: all)")),
     "subset_seed": integer(0),
@@ -149,8 +148,7 @@ FIELDS = {
     "mixup": number(0, note=" (Beta concentration; 0 turns it off)"),
     "randaugment": optional(_randaugment),
     "label_smoothing": number(0, 1, high_open=True),
-    "threads": integer(0),
-    "workers": integer(0),
+    **dict.fromkeys(("threads", "workers"), integer(0)),
 }
 
 

@@ -153,10 +153,8 @@ def check_images_exist(paths: Sequence[str]) -> None:
 
 def imagenet_class_names() -> list[str]:
     """The 1000 ImageNet-1k class names, index i on line i (see the module doc)."""
-    text = (
-        importlib.resources.files("vit_jax.data").joinpath(IMAGENET_CLASSES_FILE).read_text("utf-8")
-    )
-    return text.splitlines()
+    here = importlib.resources.files("vit_jax.data")
+    return here.joinpath(IMAGENET_CLASSES_FILE).read_text("utf-8").splitlines()
 
 
 def class_names(

@@ -52,13 +52,8 @@ HELP = (
 )
 
 # What PIL raises for a file that is not a readable image.
-DECODE_ERRORS = (
-    UnidentifiedImageError,
-    OSError,
-    SyntaxError,
-    ValueError,
-    Image.DecompressionBombError,
-)
+# (UnidentifiedImageError is an OSError.)
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
 @functools.cache

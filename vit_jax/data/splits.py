@@ -103,14 +103,6 @@ def _parse(spec: str) -> tuple[str, tuple[float, bool] | None, tuple[float, bool
     return match.group("name"), bounds[0], bounds[1]
 
 
-def image_size_hw(image_size: int | tuple[int, int]) -> tuple[int, int]:
-    """(height, width) of an int or (h, w) target size."""
-    if isinstance(image_size, int):
-        return image_size, image_size
-    h, w = image_size
-    return int(h), int(w)
-
-
 def process_range(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
     """Contiguous share [lo, hi) of process_index; shares differ in size by at most 1."""
     lo = num_examples * process_index // process_count

@@ -68,11 +68,10 @@ def select(
         counts = np.bincount(sorted_labels)
         short = [int(c) for c in np.unique(sorted_labels) if counts[c] < examples_per_class]
         if short:
+            have = [int(counts[c]) for c in short]
             logging.warning(
-                "examples_per_class=%d: classes %s have only %s examples; keeping all of them.",
-                examples_per_class,
-                short,
-                [int(counts[c]) for c in short],
+                f"examples_per_class={examples_per_class}: classes {short} have only {have} "
+                "examples; keeping all of them."
             )
         keep &= ranks < examples_per_class
     indices = np.flatnonzero(keep)

@@ -159,14 +159,10 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
         if failures and not cfg.skip_corrupt:
             raise folder_source.corrupt_error(*failures[0])
         if failures:
+            first = [path for path, _ in failures[:5]]
             logging.warning(
-                "image folder %s split %r: skipped %d corrupt image(s) of %d "
-                "(skip_corrupt=True): %s",
-                root,
-                spec,
-                len(failures),
-                len(paths),
-                [path for path, _ in failures[:5]],
+                f"image folder {root} split {spec!r}: skipped {len(failures)} corrupt image(s) "
+                f"of {len(paths)} (skip_corrupt=True): {first}"
             )
         paths, new_labels = paths[ok], new_labels[ok]
     read = images.__getitem__ if cfg.cache else (lambda i: folder_source.read(paths[i]))

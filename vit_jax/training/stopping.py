@@ -150,9 +150,7 @@ class Agreement:
         """Where no step is in flight (before the first, after the last): waits for all."""
         if not self.active:
             return requested
-        earlier = None if self._previous is None else _name(self._previous["stop"])
-        self._previous = None
-        if earlier:
+        if earlier := self.lagged(requested, None):  # the step before's, taken
             return earlier
         spread = NamedSharding(self._mesh, P(self._mesh.axis_names))  # one flag per device
         local = np.full((len(self._mesh.local_devices),), _number(requested), np.int32)

@@ -2,7 +2,7 @@
 starts (`checksums`, gathered over processes by `merge_gathered`), compared when a
 checkpoint is restored (verify.py).
 
-  leaf_name, named_leaves   a state's arrays under Orbax's names ('opt_state.1.mu.head.kernel')
+  named_leaves              a state's arrays under Orbax's names ('opt_state.1.mu.head.kernel')
   slices                    '0:32,0:64' -> a shard's index
   crc                       CRC-32 of an array's bytes, any dtype
 """
@@ -19,20 +19,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 
-def leaf_name(path: tuple) -> str:
-    """A tree path -> Orbax's name of the array ('opt_state.1.mu.head.kernel')."""
-    parts = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                parts.append(str(getattr(k, attr)))
-                break
-    return ".".join(parts)
-
-
 def named_leaves(tree: Any) -> list[tuple[str, Any]]:
-    """[(name, leaf)] of a TrainState, or of the dict tree Orbax's metadata has."""
-    return [(leaf_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+    """[(name, leaf)] of a TrainState, or of the dict tree Orbax's metadata has; a name is
+    Orbax's, the path's keys, attribute names and indices joined by dots."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [(jax.tree_util.keystr(p, simple=True, separator="."), x) for p, x in flat]
 
 
 def _slice_key(index: tuple, shape: tuple) -> str:

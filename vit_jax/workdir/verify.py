@@ -98,27 +98,24 @@ def restore_newest(
     """
     lead, damaged = jax.process_index() == 0, []
     for step in reversed(checkpoints.steps()):
-        verdict = check(checkpoints, step, target)
+        verdict, where = check(checkpoints, step, target), f"{checkpoints.directory}/{step}"
         if _everywhere(not verdict.problems):
-            if lead:
-                if not verdict.recorded:
-                    print(
-                        f"checkpoint {checkpoints.directory}/{step} has no integrity record "
-                        "(an older vit_jax, or Orbax directly, wrote it): it restores "
-                        "whole and finite; its checksums cannot be checked",
-                        flush=True,
-                    )
+            if lead and not verdict.recorded:
                 print(
-                    f"resuming from step {step} (checkpoint {checkpoints.directory}/{step})",
+                    f"checkpoint {where} has no integrity record (an older vit_jax, or Orbax "
+                    "directly, wrote it): it restores whole and finite; its checksums cannot "
+                    "be checked",
                     flush=True,
                 )
+            if lead:
+                print(f"resuming from step {step} (checkpoint {where})", flush=True)
             return verdict.state, step
         why = "; ".join(verdict.problems) or "it fails on another process"
         aside = checkpoints.set_aside(step)
         if lead:
             print(
-                f"checkpoint {checkpoints.directory}/{step} is damaged: {why}. Set aside as "
-                f"{aside} (nothing deleted); trying the one before",
+                f"checkpoint {where} is damaged: {why}. Set aside as {aside} (nothing "
+                "deleted); trying the one before",
                 flush=True,
             )
         damaged.append(f"step {step} ({why}; now {aside})")

@@ -51,33 +51,24 @@ class Plan:
         are not the original's, the resize where it is not the default, LoRA's base. What
         is unset or the default is left out, so that a workdir finished before those
         fields existed still matches."""
+        c = config
         model = {
             k: v
-            for k, v in config.model.to_dict().items()
+            for k, v in c.model.to_dict().items()
             if not (k in ("gelu", "layer_norm_eps") and v is None)
         }
-        if config.init_from:  # numerics that the file's source gives, as the run computes
-            found = read_meta(config.init_from).numerics
+        if c.init_from:  # numerics that the file's source gives, as the run computes
+            found = read_meta(c.init_from).numerics
             if found != ORIGINAL_NUMERICS:
                 model = {**found, **model}
-        state = {
-            "model": model,
-            "optimizer": config.optimizer.to_dict(),
-            "image_size": config.image_size,
-        }
-        if config.dataset.preprocessing != "tf_bilinear":
-            state["preprocessing"] = config.dataset.preprocessing
-        if config.lora.rank:  # the checkpoints hold the adapters; the base is init_from
-            digest = content_hash(resolve(config.init_from))  # a published file: its copy
-            base = {"init_from": config.init_from, "sha256": digest}
-            state["lora"] = {**config.lora.to_dict(), **base}
-        return cls(
-            config.total_steps,
-            config.checkpoint_every,
-            config.keep_checkpoints,
-            bool(config.export_npz),
-            state,
-        )
+        state = {"model": model, "optimizer": c.optimizer.to_dict(), "image_size": c.image_size}
+        if c.dataset.preprocessing != "tf_bilinear":
+            state["preprocessing"] = c.dataset.preprocessing
+        if c.lora.rank:  # the checkpoints hold the adapters; the base is init_from
+            digest = content_hash(resolve(c.init_from))  # a published file: its copy
+            base = {"init_from": c.init_from, "sha256": digest}
+            state["lora"] = {**c.lora.to_dict(), **base}
+        return cls(c.total_steps, c.checkpoint_every, c.keep_checkpoints, bool(c.export_npz), state)
 
 
 def content_hash(path: str | os.PathLike) -> str:
@@ -208,8 +199,8 @@ class Workdir:
         """
         if self.remote:
             return
-        sizes = [store.PLAIN.walk_files(p).values() for p in _step_dirs(self.checkpoints)]
-        existing = sum(sum(s) for s in sizes)
+        steps = self.checkpoints.iterdir() if self.checkpoints.exists() else []
+        existing = sum(sum(store.PLAIN.walk_files(p).values()) for p in steps if p.name.isdigit())
         need = disk_needed(plan, state_bytes, params_bytes, existing)
         free = shutil.disk_usage(self.root).free
         if free < need:
@@ -220,10 +211,6 @@ class Workdir:
                 "final.npz): free space there, choose another workdir, or lower "
                 "keep_checkpoints"
             )
-
-
-def _step_dirs(directory: store.Path) -> list[store.Path]:
-    return [p for p in directory.iterdir() if p.name.isdigit()] if directory.exists() else []
 
 
 def disk_needed(plan: Plan, state_bytes: int, params_bytes: int, existing: int) -> int:
