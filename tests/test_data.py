@@ -431,6 +431,22 @@ def test_corrupt_image_is_named_or_skipped_and_counted(tmp_path, caplog):
     assert out["mask"].sum() == 4
 
 
+def test_every_bad_file_of_the_failing_batch_is_named(tmp_path):
+    """Two bad files in one batch: the error names both (not the first alone, leaving the
+    other to a later run) and says that files of later batches may follow."""
+    make_folder(tmp_path)
+    for name in ("z_broken.jpg", "zz_broken.jpg"):
+        (tmp_path / "train" / "dog" / name).write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    cfg = folder_cfg(tmp_path)
+    for run in (lambda: train(cfg, 1, global_batch=6), lambda: eval_all(cfg, "train")):
+        with pytest.raises(data.CorruptImageError) as e:
+            run()
+        said = str(e.value)
+        assert said.startswith("2 image(s) of this batch do not decode: "), said
+        assert "z_broken.jpg" in said and "zz_broken.jpg" in said
+        assert "others may follow" in said and "skip_corrupt=True" in said
+
+
 def test_folder_class_errors(tmp_path):
     make_folder(tmp_path / "a", extra_test_class=True)
     with pytest.raises(ValueError, match=r"different classes.*only in test: \['bird'\]"):

@@ -18,7 +18,7 @@ import functools
 import ml_collections
 import numpy as np
 
-from vit_jax.data import augment, naflex, order, pixels, randaugment, tables
+from vit_jax.data import augment, folder_source, naflex, order, pixels, randaugment, tables
 from vit_jax.data.batches import Batch
 
 
@@ -85,8 +85,14 @@ class TrainBatch:
         }
 
     def __call__(self, step: int) -> Batch:
-        if self.lengths is not None:
-            return self._naflex(step)
+        try:
+            return self._naflex(step) if self.lengths is not None else self._square(step)
+        except folder_source.CorruptImageError as e:
+            table, index = self.share(step)[:2]
+            raise tables.every_bad(table, index, self.cfg.preprocessing, e) from None
+
+    def _square(self, step: int) -> Batch:
+        """Each image cropped (Inception), resized, flipped, RandAugmented, mixed up."""
         cfg = self.cfg
         table, index, slots, draws = self.share(step)
         method, area, hot = cfg.preprocessing, cfg.crop_min_area, False
@@ -139,7 +145,11 @@ class EvalBatch:
         stop = min(start + self.batch_size, self.hi)  # slots from stop - start on: padding
         table = tables.open_table(self.cfg, self.split)
         labels = np.zeros([self.batch_size, table.num_classes], np.float32)  # padding: 0
-        images = (self._naflex if self.patch else self._square)(table, start, stop, labels)
+        try:
+            images = (self._naflex if self.patch else self._square)(table, start, stop, labels)
+        except folder_source.CorruptImageError as e:
+            index = range(start, stop)
+            raise tables.every_bad(table, index, self.cfg.preprocessing, e) from None
         mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)
         return {"image": images, "label": labels, "mask": mask}
 

@@ -82,6 +82,25 @@ def crop_of(table: Table, i: int, method: str, window=None, crop=False):
         raise table.corrupt(i, str(e)) from None
 
 
+def every_bad(table: Table, index, method: str, first: Exception) -> Exception:
+    """The error of a batch of a folder whose example raised `first`: each of the batch's
+    files decoded again (the batch is lost anyway) and every one that fails named."""
+    if table.paths is None:
+        return first
+    bad = []
+    for i in index:
+        try:
+            crop_of(table, int(i), method)
+        except (ValueError, OSError):
+            bad.append(str(table.paths[int(i)]))
+    return folder_source.CorruptImageError(
+        f"{len(bad)} image(s) of this batch do not decode: {', '.join(bad)} (the first: "
+        f"{first}). Files of later batches are not checked yet, so others may follow; "
+        "dataset.skip_corrupt=True decodes every file once up front and leaves those that "
+        "fail out (counted and logged)."
+    )
+
+
 _TABLES: dict[tuple, Table] = {}
 # The classes of the idx datasets by name: Fashion-MNIST's (as its project and TFDS name
 # them) and MNIST's digits.
