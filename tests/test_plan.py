@@ -170,6 +170,16 @@ def test_plan_finds_the_libtpu_setup_sh_installed():
     assert json.loads(proc.stdout)["devices"] == 4
 
 
+@needs_libtpu
+@pytest.mark.parametrize("topology", ["v5e-1", "v6e-1"])
+def test_one_chip_topologies_plan(topology):
+    """One chip is a host of its own (libtpu's default host is 2x2 chips: "not divisible");
+    v5e gives no step-time estimate, v6e one."""
+    p = plan_json(*SMALL, f"--topology={topology}")
+    assert p["devices"] == 1 and p["fits"]
+    assert (p["step_seconds"] > 0) == (topology == "v6e-1")
+
+
 def test_the_planners_step_is_the_loops_step():
     """The planner lowers the very step the loop runs: the same StableHLO as the loop's
     construction (train._run: build_model, optim.for_config, abstract_state,

@@ -25,6 +25,10 @@ class Chip:
     hbm_bytes: int
     peak_flops: float  # bf16 FLOP/s
     cores: int  # TensorCores per device (core-days count these, as the paper's TPUv3-core-days)
+    # Whether libtpu's cost model times its steps: on v4 and v5e (libtpu 0.0.42.1) it gives
+    # ViT steps negative times, and tiny steps a positive one that is not a time either
+    # (fashion_mnist on v5e-4: 0.5 ms, "2% of peak"): none is reported.
+    estimates: bool = True
 
 
 GiB = 2**30
@@ -33,9 +37,9 @@ GiB = 2**30
 # chips one core each.
 CHIPS = {
     "TPU v3": Chip(16 * GiB, 123e12 / 2, 1),
-    "TPU v4": Chip(16 * GiB, 275e12 / 2, 1),
+    "TPU v4": Chip(16 * GiB, 275e12 / 2, 1, estimates=False),
     "TPU v5": Chip(95 * GiB, 459e12, 2),  # v5p
-    "TPU v5 lite": Chip(16 * GiB, 197e12, 1),  # v5e
+    "TPU v5 lite": Chip(16 * GiB, 197e12, 1, estimates=False),  # v5e
     "TPU v6 lite": Chip(32 * GiB, 918e12, 1),  # v6e (Trillium)
 }
 
@@ -116,7 +120,7 @@ def compiled_line(
     line += f", {amount} per device per step"
     if kernel:
         line += f", {kernel / flops:.0%} of them the attention kernel's (analytic)"
-    if seconds:  # the kernel at peak FLOP/s, as the planner counts it
+    if seconds and chip.estimates:  # the kernel at peak FLOP/s, as the planner counts it
         seconds += kernel / chip.peak_flops if chip.peak_flops else 0.0
         images = b / seconds
         return line + f"; the compiler predicts {seconds * 1e3:.0f} ms a step ({images:,.0f} img/s)"

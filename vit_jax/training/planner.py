@@ -136,11 +136,20 @@ def topology_devices(topology: str) -> list[Any]:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     with console.silenced_stderr():
         try:
-            desc = topologies.get_topology_desc(grid, "tpu")
+            desc = topologies.get_topology_desc(grid, "tpu", **_host_bounds(grid))
         except Exception as e:  # noqa: BLE001 - jaxlib's error types vary by version
             first = str(e).splitlines()[0]
             raise ValueError(f"TPU topology {topology!r} ({grid}): {first}") from None
     return list(desc.devices)
+
+
+def _host_bounds(grid: str) -> dict[str, tuple[int, ...]]:
+    """A grid smaller than a host's default 2x2 chips (v5e:1x1, one chip) is a host of its
+    own: libtpu refuses it otherwise ("not divisible by ... chips_per_host_bounds")."""
+    sides = [int(n) for n in grid.split(":")[1].split("x")]
+    if len(sides) != 2 or min(sides) >= 2:
+        return {}
+    return {"chips_per_host_bounds": (min(sides[0], 2), min(sides[1], 2), 1)}
 
 
 def _libtpu_of_setup() -> str:
@@ -219,6 +228,7 @@ def plan_on(
         total, flops, seconds = sum(held.values()) + temp, 0.0, 0.0
     else:
         temp, total, flops, seconds = compiled_figures(compiled)
+        seconds = seconds if chip.estimates else 0.0
         if known["loop"]:
             flops, seconds = 0.0, 0.0
         elif how != "xla":  # compiled.kernel_flops' count, at the sequence's tokens
