@@ -1,6 +1,7 @@
 """Parameter files people pass around: read any layout, fit to a model, write any format.
 
-  errors.py          CheckpointError: a file that cannot be read or does not fit
+  errors.py          CheckpointError: a file that cannot be read or does not fit, and
+                     `mismatches`: the tensors that do not fit, named
   architecture.py    what a checkpoint's parameters say about its model; native resolution
   meta.py            what they cannot say (GELU form, LayerNorm epsilon, class names,
                      preprocessing), one record written and read once per format

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.errors import CheckpointError, mismatches
 
 
 class Shape:
@@ -50,7 +50,10 @@ def torch_names(modules: dict[str, str]) -> dict[str, str]:
 def leaf_to_torch(name: str, a: Any) -> Any:
     """An attention or MLP tensor at `name` (its original key's tail) -> torch's Linear
     layout: q, k, v kernels [D, H, d] -> [H*d, D], out [H, d, D] -> [D, H*d], q, k, v
-    biases [H, d] -> [H*d], Dense kernels transposed; the rest as they are."""
+    biases [H, d] -> [H*d], Dense kernels transposed, conv kernels [kh, kw, in, out] ->
+    [out, in, kh, kw]; the rest (tokens, position embeddings, norms) as they are."""
+    if a.ndim == 4:
+        return a.transpose(3, 2, 0, 1)
     if name.endswith("out/kernel"):
         return a.reshape(-1, a.shape[-1]).T
     if re.search(r"(query|key|value)/kernel$", name):
@@ -62,6 +65,8 @@ def leaf_to_torch(name: str, a: Any) -> Any:
 
 def leaf_from_torch(name: str, a: np.ndarray, num_heads: int) -> np.ndarray:
     """`leaf_to_torch` undone: torch's tensor for `name` in the original layout."""
+    if a.ndim == 4:
+        return np.ascontiguousarray(a.transpose(2, 3, 1, 0))
     if name.endswith("out/kernel"):
         return a.T.reshape(num_heads, -1, a.shape[0])
     if re.search(r"(query|key|value)/kernel$", name):
@@ -87,37 +92,13 @@ def unfuse(at: str, names: Sequence[str], a: np.ndarray, num_heads: int) -> dict
     return {f"{at}/{n}/{leaf}": leaf_from_torch(f"{n}/{leaf}", p, num_heads) for n, p in parts}
 
 
-def conv_to_torch(k: Any) -> Any:
-    """Flax conv kernel [kh, kw, in, out] -> torch weight [out, in, kh, kw]."""
-    return k.transpose(3, 2, 0, 1)
-
-
-def conv_from_torch(w: np.ndarray) -> np.ndarray:
-    """torch conv weight [out, in, kh, kw] -> Flax kernel [kh, kw, in, out]."""
-    return np.ascontiguousarray(w.transpose(2, 3, 1, 0))
-
-
-def top_from_torch(key: str, a: np.ndarray) -> np.ndarray:
-    """A top-level tensor (embedding, head, norms, tokens) in this package's layout: the
-    patch-embedding conv and the head's Linear weight change layout, the rest do not."""
-    if key == "embedding/kernel":
-        return conv_from_torch(a)
-    return a.T if key == "head/kernel" else a
-
-
 def check_table(
     got: dict[str, Any], want: dict[str, Shape], source: str, layout: str, fix: str
 ) -> None:
     """Every tensor of `want` in `got` with its shape, and nothing else; else an error
     that names each missing, extra and mis-shaped tensor (the first 12)."""
-    missing = sorted(set(want) - set(got))
-    extra = sorted(set(got) - set(want))
-    shaped = sorted(k for k in set(want) & set(got) if tuple(got[k].shape) != want[k].shape)
-    lines = [f"{k} has shape {tuple(got[k].shape)}, expected {want[k].shape}" for k in shaped]
-    lines += [f"{k} is missing (expected {want[k].shape})" for k in missing]
-    lines += [f"{k} {tuple(got[k].shape)} is not in the {layout} layout" for k in extra]
-    if lines:
-        shown = lines[:12] + ([f"... and {len(lines) - 12} more"] if len(lines) > 12 else [])
+    shown = mismatches(got, want, "expected", f"not in the {layout} layout")
+    if shown:
         raise CheckpointError(
             f"{source} is not a complete {layout} checkpoint:\n  " + "\n  ".join(shown) + f"\n{fix}"
         )

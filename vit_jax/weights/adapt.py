@@ -5,8 +5,6 @@ key that still does not fit named (grouped by block, with a guess of the file's 
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 from flax import traverse_util
 
@@ -15,7 +13,7 @@ from vit_jax.models.patch_resize import resample_kernel
 from vit_jax.models.posemb import resize_posemb, resize_table
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights.architecture import POSEMB, guess_variant
-from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.errors import CheckpointError, mismatches
 from vit_jax.weights.npz import canonical, stack_blocks
 
 
@@ -116,21 +114,9 @@ def _check_fits(flat: dict, want: dict, source: str, stored: dict) -> None:
     """Raises CheckpointError naming every key that does not fit; `stored` is the tree
     as the file holds it (before the patch kernel was resampled), whose variant is
     guessed."""
-    missing = set(want) - set(flat)
-    extra = set(flat) - set(want)
-    shaped = {k for k in set(want) & set(flat) if tuple(flat[k].shape) != want[k].shape}
-    if not (missing or extra or shaped):
+    shown = mismatches(flat, want, "model expects", "not in the model", key="key ")
+    if not shown:
         return
-    shape = lambda d, k: tuple(d[k].shape)
-    problems = (
-        (shaped, lambda k: f"has shape {shape(flat, k)}, model expects {shape(want, k)}"),
-        (missing, lambda k: f"is missing (model expects {shape(want, k)})"),
-        (extra, lambda k: f"{shape(flat, k)} is not in the model"),
-    )
-    lines = [
-        f"key {k} {say(k)}{note}" for keys, say in problems for k, note in _grouped(keys).items()
-    ]
-    shown = lines[:12] + ([f"... and {len(lines) - 12} more"] if len(lines) > 12 else [])
     kernel, resampled = stored.get("embedding/kernel"), flat.get("embedding/kernel")
     if kernel is not None and resampled is not None and kernel.shape != resampled.shape:
         shown.append(
@@ -143,19 +129,3 @@ def _check_fits(flat: dict, want: dict, source: str, stored: dict) -> None:
         + f"\nThe file looks like {guess_variant(stored)}: is that the model "
         "you meant? (get_model(name, num_classes, **overrides))"
     )
-
-
-def _grouped(keys: set[str]) -> dict[str, str]:
-    """Keys in reading order (top level first), one representative per block pattern,
-    mapped to a note of the other blocks with the same problem."""
-    groups: dict[str, list[str]] = {}
-    for k in keys:
-        groups.setdefault(re.sub(r"encoderblock_\d+", "encoderblock_*", k), []).append(k)
-    out = {}
-    for pattern in sorted(groups, key=lambda p: ("encoderblock_" in p, p)):
-        ks = sorted(
-            groups[pattern],
-            key=lambda k: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", k)],
-        )
-        out[ks[0]] = f" (and in {len(ks) - 1} more blocks)" if len(ks) > 1 else ""
-    return out

@@ -33,15 +33,7 @@ from vit_jax.base import files, store
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import safetensors_io
-from vit_jax.weights._tensors import (
-    Shape,
-    check_table,
-    conv_to_torch,
-    leaf_from_torch,
-    leaf_to_torch,
-    top_from_torch,
-    torch_names,
-)
+from vit_jax.weights._tensors import Shape, check_table, leaf_from_torch, leaf_to_torch, torch_names
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.meta import Meta, checked
@@ -109,13 +101,10 @@ def to_hf(params: dict) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, a in flat.items():
         m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.*)", key)
-        if m and m[2] in _BLOCK:
-            out[f"vit.encoder.layer.{m[1]}.{_BLOCK[m[2]]}"] = leaf_to_torch(m[2], a)
-        elif key in _TOP:
-            b = conv_to_torch(a) if key == "embedding/kernel" else a
-            out[_TOP[key]] = b.T if key == "head/kernel" else b
-        else:
+        to = f"vit.encoder.layer.{m[1]}.{_BLOCK[m[2]]}" if m and m[2] in _BLOCK else _TOP.get(key)
+        if to is None:
             raise CheckpointError(f"parameter {key} {tuple(a.shape)} has no place in HF's ViT")
+        out[to] = leaf_to_torch(key, a)
     return out
 
 
@@ -246,15 +235,12 @@ def from_hf(tensors: dict[str, np.ndarray], num_heads: int) -> dict:
     block = {v: k for k, v in _BLOCK.items()}
     flat = {}
     for key, a in tensors.items():
-        a = np.asarray(a)
         m = re.fullmatch(r"vit\.encoder\.layer\.(\d+)\.(.*)", key)
-        if m and m[2] in block:
-            name = block[m[2]]
-            flat[f"Transformer/encoderblock_{m[1]}/{name}"] = leaf_from_torch(name, a, num_heads)
-        elif key in top:
-            flat[top[key]] = top_from_torch(top[key], a)
-        else:
+        name = block.get(m[2]) if m else None
+        to = f"Transformer/encoderblock_{m[1]}/{name}" if name else top.get(key)
+        if to is None:
             raise CheckpointError(f"tensor {key} {a.shape} is not in Hugging Face's ViT layout")
+        flat[to] = leaf_from_torch(to, np.asarray(a), num_heads)
     return traverse_util.unflatten_dict(flat, sep="/")
 
 

@@ -126,14 +126,9 @@ def canonical(flat: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             flat = {k[len(prefix) :]: v for k, v in flat.items()}
     flat = unstack_blocks(flat)
     if any("/MultiHeadDotProductAttention_0/" in k for k in flat):  # big_vision numbering
-
-        def rename(k: str) -> str:
-            parts = k.split("/")
-            if len(parts) > 2 and parts[1].startswith("encoderblock_"):
-                parts[2] = _NEW_TO_OLD.get(parts[2], parts[2])
-            return "/".join(parts)
-
-        flat = {rename(k): v for k, v in flat.items()}
+        block = re.compile(r"^([^/]*/encoderblock_[^/]*/)([^/]*)")
+        rename = lambda m: m[1] + _NEW_TO_OLD.get(m[2], m[2])
+        flat = {block.sub(rename, k): v for k, v in flat.items()}
     if "pos_embedding" in flat:  # big_vision: no class row; NaFlex's [n, n, D] is [1, n*n, D]
         pe = flat.pop("pos_embedding")
         pe = pe.reshape(1, -1, pe.shape[-1])

@@ -48,7 +48,6 @@ class _Graph:
         self.onnx, self.helper, self.numpy_helper = onnx, helper, numpy_helper
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
-        self.count = 0
         self.eps = float(eps)  # of every LayerNormalization
 
     def const(self, value: np.ndarray, name: str | None = None) -> str:
@@ -57,8 +56,7 @@ class _Graph:
         return name
 
     def op(self, kind: str, *inputs: str, **attrs: Any) -> str:
-        self.count += 1
-        out = f"{kind.lower()}_{self.count}"
+        out = f"{kind.lower()}_{len(self.nodes) + 1}"
         self.nodes.append(self.helper.make_node(kind, list(inputs), [out], **attrs))
         return out
 
@@ -94,12 +92,9 @@ def _attention(g: _Graph, x: str, p: dict, tokens: int, heads: int, name: str) -
     d = p["query"]["kernel"].shape[0]
     hd = d // heads
     split = g.const(np.array([-1, tokens, heads, hd], np.int64))
-    q, k, v = (
-        g.op(
-            "Reshape", g.dense(x, p[n]["kernel"].reshape(d, -1), p[n]["bias"], f"{name}_{n}"), split
-        )
-        for n in ("query", "key", "value")
-    )  # [N, T, H, hd]
+    project = lambda n: g.dense(x, p[n]["kernel"].reshape(d, -1), p[n]["bias"], f"{name}_{n}")
+    # each [N, T, H, hd]
+    q, k, v = (g.op("Reshape", project(n), split) for n in ("query", "key", "value"))
     q = g.op("Div", g.op("Transpose", q, perm=[0, 2, 1, 3]), g.const(np.float32(math.sqrt(hd))))
     logits = g.op("MatMul", q, g.op("Transpose", k, perm=[0, 2, 3, 1]))  # [N, H, T, T]
     y = g.op("MatMul", g.op("Softmax", logits, axis=-1), g.op("Transpose", v, perm=[0, 2, 1, 3]))

@@ -91,17 +91,14 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str]:
     Raises:
       FileNotFoundError, CheckpointError: as `read`.
     """
-    path = store.path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path}: no such file")
     try:
-        with path.open("rb") as f:
+        with store.path(path).open("rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             if not 2 <= n <= _MAX_HEADER:
                 raise ValueError(n)
             return dict(json.loads(f.read(n)).get("__metadata__") or {})
-    except (ValueError, struct.error):
-        return read(path)[1]  # its error names what is wrong
+    except (OSError, ValueError, struct.error):
+        return read(path)[1]  # its error names what is wrong (no such file included)
 
 
 def _plain(error: Exception, data: bytes) -> str:

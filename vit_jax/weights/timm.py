@@ -37,11 +37,8 @@ from vit_jax.weights._tensors import (
     Shape,
     check_table,
     concat,
-    conv_from_torch,
-    conv_to_torch,
     leaf_from_torch,
     leaf_to_torch,
-    top_from_torch,
     torch_names,
     unfuse,
 )
@@ -58,23 +55,24 @@ _BLOCK = torch_names(  # original name under encoderblock_{i}/ -> timm name unde
         f"{_ATT}/out": "attn.proj",
     }
 )
-_TOP = {
+_MAP, _MAP_ATT = "MAPHead_0/", "MultiHeadDotProductAttention_0"
+_TOP = {  # original key -> timm key, outside the blocks (the MAP head's k, v: fused as kv)
     "cls": "cls_token",
     POSEMB: "pos_embed",
+    _MAP + "probe": "attn_pool.latent",
     **torch_names(
-        {"embedding": "patch_embed.proj", "Transformer/encoder_norm": "norm", "head": "head"}
+        {
+            "embedding": "patch_embed.proj",
+            "Transformer/encoder_norm": "norm",
+            "head": "head",
+            _MAP + "LayerNorm_0": "attn_pool.norm",
+            _MAP + "MlpBlock_0/Dense_0": "attn_pool.mlp.fc1",
+            _MAP + "MlpBlock_0/Dense_1": "attn_pool.mlp.fc2",
+            f"{_MAP}{_MAP_ATT}/query": "attn_pool.q",
+            f"{_MAP}{_MAP_ATT}/out": "attn_pool.proj",
+        }
     ),
 }
-_MAP, _MAP_ATT = "MAPHead_0/", "MultiHeadDotProductAttention_0"
-_POOL = {"probe": "latent"} | torch_names(  # under MAPHead_0/ -> under attn_pool. (k, v: kv)
-    {
-        "LayerNorm_0": "norm",
-        "MlpBlock_0/Dense_0": "mlp.fc1",
-        "MlpBlock_0/Dense_1": "mlp.fc2",
-        f"{_MAP_ATT}/query": "q",
-        f"{_MAP_ATT}/out": "proj",
-    }
-)
 PRE_LOGITS = (
     "the checkpoint has a representation layer (pre_logits) under its head; timm's "
     "VisionTransformer has none. Convert with num_classes=K for a new head "
@@ -86,11 +84,9 @@ _GN = {"scale": "weight", "bias": "bias"}
 def _backbone_key(key: str, root_only: bool) -> str | None:
     """A hybrid stem's original key -> timm's, or None for a key outside the stem."""
     pre = "patch_embed.backbone." + ("" if root_only else "stem.")
-    if key == "conv_root/kernel":
-        return pre + "conv.weight"
-    m = re.fullmatch(r"gn_root/(scale|bias)", key)
+    m = re.fullmatch(r"conv_root/kernel|gn_root/(scale|bias)", key)
     if m:
-        return pre + "norm." + _GN[m[1]]
+        return pre + ("norm." + _GN[m[1]] if m[1] else "conv.weight")
     m = re.fullmatch(r"block(\d+)/unit(\d+)/(conv|gn)(\d|_proj)/(kernel|scale|bias)", key)
     if not m:
         return None
@@ -116,22 +112,16 @@ def to_timm(params: dict) -> dict[str, Any]:
     for key, a in flat.items():
         m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.*)", key)
         fused = re.fullmatch(_FUSED, key)
-        if m and m[2] in _BLOCK:
-            out[f"blocks.{m[1]}.{_BLOCK[m[2]]}"] = leaf_to_torch(m[2], a)
-        elif key.startswith(_MAP) and key[len(_MAP) :] in _POOL:
-            out["attn_pool." + _POOL[key[len(_MAP) :]]] = leaf_to_torch(key, a)
-        elif fused:  # one of timm's fused q, k, v (a block's) or k, v (the MAP head's)
+        to = f"blocks.{m[1]}.{_BLOCK[m[2]]}" if m and m[2] in _BLOCK else _TOP.get(key)
+        if to is None and fused:  # one of timm's fused q, k, v (a block's) or k, v (the MAP head's)
             at = f"blocks.{m[1]}.attn.qkv" if m else "attn_pool.kv"
             leaf = "weight" if fused[2] == "kernel" else "bias"
             qkv.setdefault(f"{at}.{leaf}", {})[fused[1]] = leaf_to_torch(key, a)  # [H*d(, D)]
-        elif key in _TOP:
-            t = _TOP[key]
-            out[t] = conv_to_torch(a) if key == "embedding/kernel" else a
-            out[t] = a.T if key == "head/kernel" else out[t]
-        elif _backbone_key(key, root_only) is not None:
-            out[_backbone_key(key, root_only)] = conv_to_torch(a) if a.ndim == 4 else a
-        else:
+            continue
+        to = to or _backbone_key(key, root_only)
+        if to is None:
             raise CheckpointError(f"parameter {key} {tuple(a.shape)} has no place in timm's layout")
+        out[to] = leaf_to_torch(key, a)
     for key, parts in qkv.items():  # rows q, k, v of [3D, D] (weight) or [3D] (bias); kv: k, v
         out[key] = concat([parts[n] for n in _QKV if n in parts], 0)
     return out
@@ -173,7 +163,6 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
         )
     inverse = {v: k for k, v in _TOP.items()}
     block = {v: k for k, v in _BLOCK.items()}
-    pool = {f"attn_pool.{v}": _MAP + k for k, v in _POOL.items()}
     flat: dict[str, np.ndarray] = {}
     for key, a in tensors.items():
         a = np.asarray(a)
@@ -183,14 +172,12 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
             flat[enc + block[m[2]]] = leaf_from_torch(block[m[2]], a, num_heads)
         elif m and m[2] in ("attn.qkv.weight", "attn.qkv.bias"):
             flat |= unfuse(enc + _ATT, _QKV, a, num_heads)
-        elif key in pool:
-            flat[pool[key]] = leaf_from_torch(pool[key], a, num_heads)
         elif key in ("attn_pool.kv.weight", "attn_pool.kv.bias"):
             flat |= unfuse(_MAP + _MAP_ATT, ("key", "value"), a, num_heads)
         elif key in inverse:
-            flat[inverse[key]] = top_from_torch(inverse[key], a)
+            flat[inverse[key]] = leaf_from_torch(inverse[key], a, num_heads)
         elif key.startswith("patch_embed.backbone."):
-            flat[_backbone_from(key)] = conv_from_torch(a) if a.ndim == 4 else a
+            flat[_backbone_from(key)] = leaf_from_torch(_backbone_from(key), a, num_heads)
         else:
             raise CheckpointError(
                 f"tensor {key} {a.shape} is not in timm's VisionTransformer layout (this "
