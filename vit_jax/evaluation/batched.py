@@ -1,8 +1,9 @@
 """One batched apply over an evaluation iterator: the training loop's evaluation, the
 `evaluate` command's top-k and few-shot's features all run their model through it.
 
-    for out, labels in over_batches(fn, params, batches, mesh):  # real examples only
-        ...
+    with eval_batches(cfg, split, batch_size, image_size, patch_size, mesh) as batches:
+        for out, labels in over_batches(fn, params, batches, mesh):  # real examples only
+            ...
 
 Each batch's outputs are fetched before the next batch is sent, so one step is in flight
 at a time: independent steps with collectives, several in flight at once, can deadlock
@@ -60,3 +61,23 @@ def over_batches(
         keep = np.asarray(mask) > 0
         rows = jax.tree.map(lambda x, k=keep: np.asarray(x)[k], out)
         yield rows, np.asarray(label, np.int64)[keep]
+
+
+def eval_batches(
+    cfg: Any, split: str, batch_size: int, image_size: Any, patch_size: int, mesh: Any = None
+) -> Any:
+    """`vit_jax.data.eval_iterator` over `split` of the dataset config `cfg` in batches of
+    `batch_size`: with a mesh, this process's share of global batches; without, one
+    process's. `patch_size`: the model's, NaFlex's patches (cfg.naflex.seq_lens)."""
+    from vit_jax import data  # the input pipeline: only needed to read a split
+
+    index, count = (jax.process_index(), jax.process_count()) if mesh is not None else (0, 1)
+    return data.eval_iterator(
+        cfg,
+        split,
+        global_batch=batch_size,
+        image_size=image_size,
+        patch_size=patch_size,
+        process_index=index,
+        process_count=count,
+    )

@@ -20,7 +20,7 @@ import numpy as np
 from vit_jax import data
 from vit_jax.base import console
 from vit_jax.data import config as data_config
-from vit_jax.evaluation.batched import over_batches
+from vit_jax.evaluation.batched import eval_batches, over_batches
 from vit_jax.models import predict
 from vit_jax.models.vit import VisionTransformer
 
@@ -92,15 +92,7 @@ def evaluate(
     k_head = model.num_classes or 0
     label_map, matched = head_classes(cfg, k_head, label_map, head_labels)
     n = data.num_examples(cfg, split)
-    batches = data.eval_iterator(
-        cfg,
-        split,
-        global_batch=batch_size,
-        image_size=image_size,
-        patch_size=model.patch_size,  # NaFlex cuts patches (cfg.naflex.seq_lens)
-        process_index=0,
-        process_count=1,
-    )
+    batches = eval_batches(cfg, split, batch_size, image_size, model.patch_size)
     ks = [k for k in TOP_K if k == 1 or k < k_head]
     with batches:
         bar = console.bar(batches, -(-n // batch_size), f"evaluate {cfg.name} {split}", progress)

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from vit_jax.evaluation.batched import over_batches
+from vit_jax.evaluation.batched import eval_batches, over_batches
 from vit_jax.evaluation.linear import fewshot_accuracy
 from vit_jax.models import predict
 from vit_jax.models.vit import VisionTransformer
@@ -60,15 +60,10 @@ def dataset_configs(
     Without `source`, 'fashion_mnist' reads idx files and any other name a TFDS builder.
     `preprocessing`: the resize (`vit_jax.data.pixels.METHODS`), the checkpoint's.
     """
-    configs = []
-    for name in names:
-        cfg = {"name": name, "train_split": train_split, "test_split": test_split}
-        cfg["preprocessing"] = preprocessing
-        cfg["source"] = source or ("idx" if name == "fashion_mnist" else "tfds")
-        if data_dir:
-            cfg["data_dir"] = data_dir
-        configs.append(cfg)
-    return configs
+    common = {"train_split": train_split, "test_split": test_split, "preprocessing": preprocessing}
+    extra = {"data_dir": data_dir} if data_dir else {}
+    default = lambda name: "idx" if name == "fashion_mnist" else "tfds"
+    return [{"name": n, **common, "source": source or default(n), **extra} for n in names]
 
 
 def evaluator_of(config: Any) -> FewShotEvaluator | None:
@@ -118,10 +113,8 @@ def extract_features(
     parts = list(over_batches(lambda p, b: features(p, b["image"]), params, batches, mesh))
     if not parts:
         raise ValueError("no batches to extract features from: is the split empty?")
-    return (
-        np.concatenate([np.asarray(f, np.float32) for f, _ in parts]),
-        np.concatenate([labels for _, labels in parts]),
-    )
+    features, labels = zip(*parts, strict=True)
+    return np.concatenate(features).astype(np.float32), np.concatenate(labels)
 
 
 class FewShotEvaluator:
@@ -194,23 +187,13 @@ class FewShotEvaluator:
         self, model: VisionTransformer, params: Any, cfg: Any, split: str, mesh: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """(features [n, D], labels [n]) of one split of one dataset config."""
-        from vit_jax import data
-
         if mesh is not None and self.batch_size % mesh.devices.size:
             raise ValueError(
                 f"few-shot batch_size={self.batch_size} does not split over the mesh's "
                 f"{mesh.devices.size} devices: use a multiple of {mesh.devices.size}"
             )
-        index, count = (jax.process_index(), jax.process_count()) if mesh is not None else (0, 1)
-        with data.eval_iterator(
-            cfg,
-            split,
-            global_batch=self.batch_size,
-            image_size=self.image_size,
-            patch_size=model.patch_size,  # NaFlex cuts patches (cfg.naflex.seq_lens)
-            process_index=index,
-            process_count=count,
-        ) as batches:
+        args = (cfg, split, self.batch_size, self.image_size, model.patch_size, mesh)
+        with eval_batches(*args) as batches:
             return extract_features(model, params, batches, mesh)
 
     def run(

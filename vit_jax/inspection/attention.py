@@ -34,6 +34,8 @@ reaches one); each image's values come back on its own gh x gw grid, a list of a
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -103,10 +105,8 @@ def attention_rollout(attention: jax.Array) -> jax.Array:
     a = jnp.asarray(attention).mean(axis=2)  # [L, B, N, N]
     a = a + jnp.eye(a.shape[-1], dtype=a.dtype)  # residual connection
     a = a / a.sum(-1, keepdims=True)
-    rollout = a[0]
-    for layer in range(1, a.shape[0]):
-        rollout = a[layer] @ rollout  # later layers on the left
-    return rollout
+    # the layers multiplied, later layers on the left
+    return functools.reduce(lambda rollout, layer: layer @ rollout, a[1:], a[0])
 
 
 def flow(rollout: jax.Array, num_prefix: int, valid=None, head=None) -> jax.Array:

@@ -67,10 +67,9 @@ def plot_posemb_similarity(sim: np.ndarray, path: str, title: str) -> None:
     """
     plt = pyplot()
     gh, gw = sim.shape[:2]
-    mosaic = np.full((gh * (gh + 1) - 1, gw * (gw + 1) - 1), np.nan)  # 1-pixel gaps
-    for i in range(gh):
-        for j in range(gw):
-            mosaic[i * (gh + 1) : i * (gh + 1) + gh, j * (gw + 1) : j * (gw + 1) + gw] = sim[i, j]
+    # each map [gh, gw] with a NaN row and column after it: 1-pixel gaps, the last cut off
+    gaps = np.pad(sim, [(0, 0), (0, 0), (0, 1), (0, 1)], constant_values=np.nan)
+    mosaic = gaps.transpose(0, 2, 1, 3).reshape(gh * (gh + 1), -1)[:-1, :-1]
     fig, ax = plt.subplots(figsize=(6.4, 5.6))
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")  # the gaps
     image = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation="nearest")
@@ -95,14 +94,9 @@ def plot_attention_distance(distance: np.ndarray, path: str, title: str) -> None
     depth, heads = distance.shape
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     colors = plt.get_cmap("tab20" if heads > 10 else "tab10")
+    layers = np.arange(1, depth + 1)
     for h in range(heads):
-        ax.scatter(
-            np.arange(1, depth + 1),
-            distance[:, h],
-            s=14,
-            color=colors(h % colors.N),
-            label=f"head {h + 1}",
-        )
+        ax.scatter(layers, distance[:, h], s=14, color=colors(h % colors.N), label=f"head {h + 1}")
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xlim(0.5, depth + 0.5)

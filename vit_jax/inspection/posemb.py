@@ -10,12 +10,12 @@ posemb='none' have nothing to show.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from vit_jax.models.posemb import sincos_2d
+from vit_jax.weights import architecture
 
 
 class NoPositionEmbeddings(ValueError):
@@ -58,13 +58,9 @@ def patch_embeddings(params: dict[str, Any], model: Any, grid: tuple[int, int]) 
 def stored_grid(params: dict[str, Any], model: Any) -> tuple[int, int] | None:
     """The grid a learned table was stored for (NaFlex resizes it to each image's), or None
     (sincos_2d and none store no table)."""
-    stored = params.get("Transformer", {}).get("posembed_input", {})
-    if model.posemb == "learned_2d":
-        return stored["pos_embedding_row"].shape[1], stored["pos_embedding_col"].shape[1]
-    if model.posemb != "learned":
+    if model.posemb not in ("learned", "learned_2d"):
         return None
-    side = math.isqrt(stored["pos_embedding"].shape[1] - int(model.has_class_token))
-    return side, side
+    return architecture.native_image_size(params, 1)  # tokens per side
 
 
 def cosine_similarity_maps(embeddings: np.ndarray, grid: tuple[int, int]) -> np.ndarray:

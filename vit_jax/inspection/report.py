@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from vit_jax.base import files, store
+from vit_jax.evaluation.batched import eval_batches
 from vit_jax.inspection import attention, filters, plots, posemb
 from vit_jax.inspection.relevance import attention_of, in_batches, relevance
 from vit_jax.models import naflex, predict
@@ -132,15 +133,7 @@ def sample_images(
     if seq_len:
         cfg.naflex.seq_lens = (seq_len,)
     cfg.test_split = f"test[:{num_images}]"
-    with data.eval_iterator(
-        cfg,
-        cfg.test_split,
-        global_batch=num_images,
-        image_size=image_size,
-        patch_size=patch_size,
-        process_index=0,
-        process_count=1,
-    ) as batches:
+    with eval_batches(cfg, cfg.test_split, num_images, image_size, patch_size) as batches:
         batch = next(batches)
     return jax.tree.map(lambda x: x[batch["mask"] > 0], batch["image"])
 
@@ -168,9 +161,8 @@ def compute(
     arrays, skipped = {}, {}
     try:
         pca = filters.filter_pca(filters.embedding_kernel(params, model), num_components)
-        arrays["filters_pca_components"] = pca.components
-        arrays["filters_pca_explained_variance"] = pca.explained_variance
-        arrays["filters_pca_variance_ratio"] = pca.variance_ratio
+        # filters_pca_components, _explained_variance and _variance_ratio
+        arrays |= {f"filters_pca_{k}": v for k, v in vars(pca).items()}
     except filters.NotPixelFilters as e:
         skipped["filters"] = f"filters figure skipped: {e}"
     try:
@@ -265,12 +257,11 @@ def write(
         plots.plot_posemb_similarity(a["posemb_similarity"], path(PNG["posemb"]), title)
         written.append(path(PNG["posemb"]))
     plots.plot_attention_distance(a["attention_distance"], path(PNG["distance"]), title)
-    upsample = (
-        lambda maps: [  # the images drawn (the first, maybe fewer than computed)
-            attention.upsample(m, np.shape(image)[:2])
-            for m, image in zip(maps, images, strict=False)
-        ]
-    )  # [H, W] or [K, H, W] each: every image at its own size
+
+    def upsample(maps: Any) -> list[np.ndarray]:  # of the images drawn (maybe fewer than computed)
+        # [H, W] or [K, H, W] each: every image at its own size
+        return [attention.upsample(m, np.shape(i)[:2]) for m, i in zip(maps, images, strict=False)]
+
     plots.plot_rollout(images, upsample(a["rollout"]), path(PNG["rollout"]), title, names)
     written += [path(PNG["distance"]), path(PNG["rollout"])]
     if "relevance" in a:
