@@ -162,8 +162,8 @@ def parse_flags(argv: list[str]) -> list[str]:
 FLAGS_OF_ARGUMENTS = {
     "name=NAME": "--model=NAME", "num_heads=H": "--override=num_heads=H",
     "posemb='sincos_2d'": "--override=posemb=sincos_2d", "image_size=(H, W)": "--image_size=H,W",
-    "num_classes=K": "--num_classes=K", "format='npz'": "--format=npz",
-    "format='onnx'": "--format=onnx", "format='timm'": "--format=timm",
+    "num_classes=K": "--num_classes=K",
+    **{f"format='{name}'": f"--format={name}" for name in ("npz", "onnx", "timm")},
     "paths=[PATH, ...]": "--image=PATH (repeat for more)", "out=DIR": "--out=DIR",
 }  # fmt: skip
 
@@ -294,21 +294,20 @@ def seq_len() -> int | None:
     return flags.FLAGS["seq_len"].value if "seq_len" in flags.FLAGS else None
 
 
-def naflex_note(loaded: Any) -> str | None:
+def naflex_note(loaded: Any) -> None:
     """Says on stderr (stdout is the command's results) what --seq_len does to the loaded
-    model, and returns that line: which position table it resizes to each image's grid.
-    None without --seq_len or without a stored table."""
+    model: which position table it resizes to each image's grid. Nothing without --seq_len
+    or without a stored table."""
     n, model, path = seq_len(), loaded.model, flags.FLAGS.checkpoint
     if not n or model.posemb not in ("learned", "learned_2d"):
-        return None  # sincos_2d is made for each grid; none has nothing to resize
+        return  # sincos_2d is made for each grid; none has nothing to resize
     gh, gw = model.grid(loaded.image_size)  # the grid the table was stored for
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    note = (
+    print(
         f"NaFlex at {n} patches: the {gh}x{gw} position embeddings of {name} are resized to "
-        "each image's own grid"
+        "each image's own grid",
+        file=sys.stderr,
     )
-    print(note, file=sys.stderr)
-    return note
 
 
 def is_run(checkpoint: str) -> bool:

@@ -46,48 +46,28 @@ def define_flags() -> None:
 
 def main() -> None:
     from vit_jax.data import images
+    from vit_jax.models import lora
     from vit_jax.weights import convert
+    from vit_jax.weights.meta import Meta
 
     f = flags.FLAGS
-    overrides = cli.model_overrides()
+    overrides = cli.model_overrides()  # bad flags fail before anything is read
     size = images.parse_image_size(f.image_size)
-    try:
-        if cli.is_run(f.checkpoint):  # its newest checkpoint; LoRA's adapters merged
-            from vit_jax.models import lora
-            from vit_jax.training import outputs
-            from vit_jax.weights.meta import Meta
-
-            run = outputs.load_run(f.checkpoint, size, **overrides)
-            meta = Meta(preprocessing=f.preprocessing or run.preprocessing)
-            done = convert.write(
-                lora.merge(run.params, run.model.lora),
-                run.model.clone(lora=None),
-                run.image_size,
-                f.format,
-                f.out,
-                meta,
-            )
-        else:
-            done = convert.convert(
-                f.checkpoint,
-                f.format,
-                f.out,
-                f.model,
-                size,
-                f.num_classes,
-                f.patch_size,
-                labels=f.labels,
-                preprocessing=f.preprocessing,
-                **overrides,
-            )
-    except TypeError as e:  # an override that is no model option
-        raise ValueError(f"--override: {e}") from None
-    h, w = done.image_size
+    if cli.is_run(f.checkpoint):  # its newest checkpoint; LoRA's adapters merged
+        run = cli.load_model()
+        params, model = lora.merge(run.params, run.model.lora), run.model.clone(lora=None)
+        meta = Meta(preprocessing=run.preprocessing)
+        done = convert.write(params, model, run.image_size, f.format, f.out, meta)
+    else:
+        args = (f.model, size, f.num_classes, f.patch_size, f.labels, f.preprocessing)
+        try:
+            done = convert.convert(f.checkpoint, f.format, f.out, *args, **overrides)
+        except TypeError as e:  # an override that is no model option
+            raise ValueError(f"--override: {e}") from None
     print(f"wrote {done.fmt} {done.out}: {cli.model_title(f.model, f.checkpoint, done.image_size)}")
-    c = done.model.channels
-    layout = (
-        f"NCHW [N, {c}, {h}, {w}]" if done.fmt in ("timm", "hf") else f"NHWC [N, {h}, {w}, {c}]"
-    )
+    c, (h, w) = done.model.channels, done.image_size
+    nchw = done.fmt in ("timm", "hf")
+    layout = f"NCHW [N, {c}, {h}, {w}]" if nchw else f"NHWC [N, {h}, {w}, {c}]"
     classes = done.model.num_classes or 0
     print(f"{classes} classes; its input: {layout} float32 images in [-1, 1]; load it with:")
     print(done.how_to_load)

@@ -123,7 +123,7 @@ def main() -> None:
         dataset["classes"] = parse_classes(f.classes)
     if f.seq_len:  # each image at its own aspect ratio, as patches (vit_jax/data/naflex.py)
         dataset["naflex"] = {"seq_lens": (f.seq_len,)}
-    label_map = parse_labels(f.labels) if f.labels else None
+    mapping = parse_labels(f.labels) if f.labels else None
     loaded = cli.load_model(head=True)
     cli.naflex_note(loaded)
     dataset["preprocessing"] = loaded.preprocessing
@@ -132,22 +132,13 @@ def main() -> None:
         raise ValueError(f"{f.checkpoint} has no classification head: nothing to evaluate")
     try:
         result = classify.evaluate(
-            model,
-            params,
-            dataset,
-            f.split,
-            size,
-            f.batch_size,
-            label_map,
-            f.progress,
-            loaded.labels,
+            model, params, dataset, f.split, size, f.batch_size, mapping, f.progress, loaded.labels
         )
     except classify.NarrowHead as e:  # said in flags
         ids = lambda c: f"--classes={c if isinstance(c, str) else ','.join(map(str, c))}"  # noqa: E731
         raise ValueError(e.advice(ids, "--labels")) from None
     title = cli.model_title(f.model, f.checkpoint, size)
-    classes = result["classes"]
-    subset = f" classes {','.join(map(str, classes))}" if classes else ""
+    subset = f" classes {','.join(map(str, result['classes']))}" if result["classes"] else ""
     if result["matched_by_name"]:
         subset += " (matched to the head's classes by name)"
     scores = ", ".join(

@@ -45,17 +45,14 @@ def format_table(results: dict[str, dict[int, float]]) -> str:
     ('5000-shot') or its numbers ('100.00%'), whichever is wider.
     """
     shots = sorted({k for row in results.values() for k in row})
-    width = max([len("dataset")] + [len(name) for name in results])
-    header = {k: f"{k}-shot" for k in shots}
-    cells = {
-        name: {k: f"{100 * row[k]:.2f}%" if k in row else "-" for k in shots}
-        for name, row in results.items()
-    }
-    col = {k: max([len(header[k])] + [len(c[k]) for c in cells.values()]) for k in shots}
-    lines = [f"{'dataset':<{width}}" + "".join(f"  {header[k]:>{col[k]}}" for k in shots)]
-    for name, row in cells.items():
-        lines.append(f"{name:<{width}}" + "".join(f"  {row[k]:>{col[k]}}" for k in shots))
-    return "\n".join(lines)
+    rows = [["dataset", *(f"{k}-shot" for k in shots)]]
+    for name, row in results.items():
+        rows.append([name, *(f"{100 * row[k]:.2f}%" if k in row else "-" for k in shots)])
+    width, *cols = (max(map(len, column)) for column in zip(*rows, strict=True))
+    return "\n".join(
+        f"{name:<{width}}" + "".join(f"  {c:>{w}}" for c, w in zip(cells, cols, strict=True))
+        for name, *cells in rows
+    )
 
 
 def main() -> None:

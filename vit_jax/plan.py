@@ -54,31 +54,22 @@ def define_flags() -> None:
 
 def table(p) -> str:
     """The plan as aligned lines: bytes per device by kind, then speed and cost."""
-    rows = [
-        (
-            "topology",
-            f"{p.topology}: {p.devices} x {p.device_kind}, mesh {p.mesh} "
-            f"(compiled here in {p.compile_seconds:.0f} s)",
-        ),
-        (
-            "batch",
-            f"{p.batch_size} global, {p.batch_size // p.devices} per device"
-            f"{', remat' if p.remat else ''}",
-        ),
-        ("sequence", sequence_row(p)),
-        ("parameters", console.size(p.param_bytes)),
-        ("optimizer state", console.size(p.optimizer_bytes)),
-        ("input batch", console.size(p.batch_bytes)),
-        ("temporaries", console.size(p.temp_bytes)),
-        (
-            "total per device",
-            f"{console.size(p.total_bytes)} of {console.size(p.hbm_bytes)} HBM: "
-            f"{'fits' if p.fits else 'does NOT fit'}",
-        ),
-        *speed_rows(p),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    rows = {
+        "topology": f"{p.topology}: {p.devices} x {p.device_kind}, mesh {p.mesh} "
+        f"(compiled here in {p.compile_seconds:.0f} s)",
+        "batch": f"{p.batch_size} global, {p.batch_size // p.devices} per device"
+        f"{', remat' if p.remat else ''}",
+        "sequence": sequence_row(p),
+        "parameters": console.size(p.param_bytes),
+        "optimizer state": console.size(p.optimizer_bytes),
+        "input batch": console.size(p.batch_bytes),
+        "temporaries": console.size(p.temp_bytes),
+        "total per device": f"{console.size(p.total_bytes)} of {console.size(p.hbm_bytes)} HBM: "
+        f"{'fits' if p.fits else 'does NOT fit'}",
+        **speed_rows(p),
+    }
+    width = max(map(len, rows))
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows.items())
 
 
 def sequence_row(p) -> str:
@@ -89,43 +80,33 @@ def sequence_row(p) -> str:
     return out + (f"; the attention kernel pads them to {p.kernel_tokens}" if pad else "")
 
 
-def speed_rows(p) -> list[tuple[str, str]]:
+def speed_rows(p) -> dict[str, str]:
     """The table's rows of FLOPs, step time, images/s and cost, or why the compiler gave
     none: the step did not compile, its loop hides them, or its cost model said nothing."""
     fused = f", {p.kernel_flops:.3g} of them the attention kernel's" if p.kernel_flops else ""
     if not p.compiled:
-        return [("step time", "not compiled: XLA refused the step, out of memory")]
+        return {"step time": "not compiled: XLA refused the step, out of memory"}
     if p.loop:  # compiled.loop_of
-        return [
-            (
-                "FLOPs, step time",
-                f"no estimate: XLA counts the {p.loop} loop's body "
-                f"once; plan with --config.{p.loop}={LOOPLESS[p.loop]} for them",
-            )
-        ]
+        return {
+            "FLOPs, step time": f"no estimate: XLA counts the {p.loop} loop's body once; "
+            f"plan with --config.{p.loop}={LOOPLESS[p.loop]} for them"
+        }
+    flops = {"FLOPs per step": f"{p.flops:.3g} per device{fused}"}
     if p.step_seconds <= 0:  # the cost model gave no usable time (planner.compiled_figures)
-        return [
-            ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
-            ("step time", "no estimate: the compiler's cost model gave none for this step"),
-        ]
-    return [
-        ("FLOPs per step", f"{p.flops:.3g} per device{fused}"),
-        (
-            "step time",
-            f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound"
-            f"{'; the kernel at peak FLOP/s' if p.kernel_flops else ''})",
-        ),
-        (
-            "images/s",
-            f"{p.images_per_second:,.0f} ({p.images_per_second / p.devices:,.0f} per device)",
-        ),
-        ("utilisation", f"{100 * p.utilisation:.0f}% of peak bf16 FLOP/s at that time"),
-        (
-            "total",
-            f"{p.total_steps:,} steps: {p.total_steps * p.step_seconds / 3600:,.1f} h, "
-            f"{p.core_days:,.2f} TPU-core-days",
-        ),
-    ]
+        return {
+            **flops,
+            "step time": "no estimate: the compiler's cost model gave none for this step",
+        }
+    per_device = p.images_per_second / p.devices
+    return {
+        **flops,
+        "step time": f"{1000 * p.step_seconds:.1f} ms (compiler estimate, a lower bound"
+        f"{'; the kernel at peak FLOP/s' if p.kernel_flops else ''})",
+        "images/s": f"{p.images_per_second:,.0f} ({per_device:,.0f} per device)",
+        "utilisation": f"{100 * p.utilisation:.0f}% of peak bf16 FLOP/s at that time",
+        "total": f"{p.total_steps:,} steps: {p.total_steps * p.step_seconds / 3600:,.1f} h, "
+        f"{p.core_days:,.2f} TPU-core-days",
+    }
 
 
 LOOPLESS = {"model.scan": "False", "accum_steps": "1"}  # the settings without the loop
@@ -133,16 +114,15 @@ LOOPLESS = {"model.scan": "False", "accum_steps": "1"}  # the settings without t
 
 def advice(p) -> str:
     """What to change when a plan does not fit: the bytes over, and the levers."""
-    over = p.total_bytes - p.hbm_bytes
     levers = []
     if not p.remat:
         levers.append("--config.model.remat=True (recomputes activations: less temporaries)")
     if p.mesh.get("fsdp", 1) == 1 and p.devices > 1:
         levers.append(f"--config.mesh.fsdp={p.devices} (shards parameters and Adam's state)")
     levers.append("a smaller --config.batch_size, or --config.accum_steps=2 (same batch)")
-    tries = "; ".join(levers)
     search = "" if getattr(p, "seq_len", None) else " (--fit searches)"
-    return f"{console.size(over)} over the device's HBM; try {tries}{search}"
+    over = console.size(p.total_bytes - p.hbm_bytes)
+    return f"{over} over the device's HBM; try {'; '.join(levers)}{search}"
 
 
 # The paper's Table 2 (TPUv3-core-days) and the runs behind it (Sections 4.1-4.2, B.1).
@@ -165,10 +145,8 @@ def main() -> None:
     devices = planner.topology_devices(topology)
     if lens := config.dataset.naflex.seq_lens:  # a NaFlex run: a length at the loop's batch
         if not seq_len and not flags.FLAGS.json:
-            longest = "planning the longest, whose attention holds the most"
-            print(
-                f"NaFlex lengths {lengths_said(config, devices)}: {longest} (--seq_len=N: another)"
-            )
+            longest = "planning the longest, whose attention holds the most (--seq_len=N: another)"
+            print(f"NaFlex lengths {lengths_said(config, devices)}: {longest}")
         seq_len = seq_len or max(lens)
         config = at_length(config, len(devices), seq_len)
     if flags.FLAGS.compare:
@@ -177,11 +155,8 @@ def main() -> None:
         fit(config, devices, topology, classes)
     else:
         p = planner.plan_on(config, devices, topology, classes, seq_len)
-        if flags.FLAGS.json:
-            print(json.dumps(p.to_json()))
-            return
-        print(table(p))
-        if not p.fits:
+        print(json.dumps(p.to_json()) if flags.FLAGS.json else table(p))
+        if not p.fits and not flags.FLAGS.json:
             print(advice(p))
 
 
@@ -242,11 +217,8 @@ def fit(config, devices: list, topology: str, classes: int | None) -> None:
                 fits, over = (plan.to_json() if plan else None for plan in (good, bad))
                 print(json.dumps(dict(sharding=how, compiles=n, fits=fits, does_not_fit=over)))
             elif good is None:
-                print(
-                    f"{how}: no batch fits ({bad.batch_size}: {console.size(bad.total_bytes)}), "
-                    f"{n} compiles",
-                    flush=True,
-                )
+                said = f"no batch fits ({bad.batch_size}: {console.size(bad.total_bytes)}),"
+                print(f"{how}: {said} {n} compiles", flush=True)
             else:
                 top = f", {bad.batch_size} does not" if bad else " (the search's limit)"
                 print(
