@@ -146,6 +146,18 @@ def test_a_plan_that_does_not_fit_says_by_how_much_and_what_to_change():
     assert "--config.mesh.fsdp=8" in proc.stdout
 
 
+@pytest.mark.parametrize("seq_len", ["-3", "0"])
+def test_a_seq_len_that_is_no_length_is_one_line(seq_len):
+    """As infer, evaluate and fewshot refuse it (it was JAX's traceback at -3, and 0 planned
+    the square model)."""
+    proc = python_m("vit_jax.plan", *SMALL, "--topology=v3-8", f"--seq_len={seq_len}")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines()[0] == (
+        f"error: flag --seq_len={seq_len}: {seq_len} is not a positive integer "
+        "(python -m vit_jax.plan --help lists the flags)"
+    )
+
+
 def test_unknown_topology_and_missing_libtpu_are_one_line_each():
     proc = python_m("vit_jax.plan", *SMALL, "--topology=v9-8", env=WITH_LIBTPU)
     assert proc.returncode == 1 and proc.stdout == ""

@@ -48,7 +48,9 @@ def define_flags() -> None:
     flags.DEFINE_bool("json", False, "print one JSON object (--fit, --compare: one per line)")
     flags.DEFINE_bool("fit", False, "the largest batch that fits, per remat and sharding")
     flags.DEFINE_bool("compare", False, "the paper's Table 2 compute against the estimate")
-    flags.DEFINE_integer("seq_len", None, "NaFlex: patches a row, instead of square images")
+    flags.DEFINE_integer(
+        "seq_len", None, "NaFlex: patches a row, instead of square images", lower_bound=1
+    )
     flags.mark_flags_as_required(["config", "topology"])
 
 
