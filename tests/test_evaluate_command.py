@@ -184,6 +184,31 @@ def test_an_image_folder_needs_only_the_evaluated_split(five_class_head, tmp_pat
     assert "--source=folder needs --data_dir=DIR" in capsys.readouterr().err
 
 
+def test_a_corrupt_file_in_a_folder_is_named_and_skip_corrupt_leaves_it_out(
+    five_class_head, tmp_path, capsys
+):
+    """The error names the flag that leaves it out, and evaluate has that flag."""
+    from vit_jax import evaluate as command
+
+    path, model, params = five_class_head
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, (10, 28, 28, 3), dtype=np.uint8)
+    labels = np.arange(10) % 5
+    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+        os.makedirs(tmp_path / "test" / f"c{label}", exist_ok=True)
+        Image.fromarray(image).save(tmp_path / "test" / f"c{label}" / f"{i:02d}.png")
+    (tmp_path / "test" / "c0" / "zz.png").write_bytes(b"\x89PNG not a png")
+    args = [f"--checkpoint={path}", "--dataset=mine", "--source=folder", "--progress=false"]
+    args += [f"--data_dir={tmp_path}", "--classes=0,1,2,3,4"]
+    assert run_command(command, *args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "zz.png" in err and "--skip_corrupt" in err
+    assert run_command(command, *args, "--skip_corrupt") == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    n, hits = top1_hits(model, params, images, labels, [0, 1, 2, 3, 4])
+    assert result["examples"] == n == 10 and result["top1"] == hits / n
+
+
 def test_the_library_names_arguments_not_flags(five_class_head):
     """classify.evaluate, called as a library: the narrow-head error names the dataset's
     'classes' and the label_map argument; flags are the command's words alone."""

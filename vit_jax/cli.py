@@ -178,6 +178,12 @@ def in_flags(message: str) -> str:
 # ---------------------------------------------------------------- commands that load a checkpoint
 
 
+SKIP_CORRUPT = (
+    "Image folders: leave out files that do not decode (counted and logged), as "
+    "dataset.skip_corrupt does in training; each file is decoded once up front."
+)
+
+
 def define_model_flags(naflex: bool = False) -> None:
     """--checkpoint, --model, --override, --image_size, --patch_size, --numerics and
     --preprocessing, shared by the commands that load a checkpoint (classify, few-shot,

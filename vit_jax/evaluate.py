@@ -68,6 +68,7 @@ def define_flags() -> None:
     flags.DEFINE_string("labels", None, "Head class of each dataset class (list or file).")
     flags.DEFINE_integer("batch_size", 64, "Images per forward pass.", lower_bound=1)
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
+    flags.DEFINE_bool("skip_corrupt", False, cli.SKIP_CORRUPT)
 
 
 def parse_classes(items: list[str]) -> tuple[int, ...]:
@@ -121,6 +122,8 @@ def main() -> None:
         dataset["data_dir"] = f.data_dir
     if f.classes:
         dataset["classes"] = parse_classes(f.classes)
+    if f.skip_corrupt:
+        dataset["skip_corrupt"] = True
     if f.seq_len:  # each image at its own aspect ratio, as patches (vit_jax/data/naflex.py)
         dataset["naflex"] = {"seq_lens": (f.seq_len,)}
     mapping = parse_labels(f.labels) if f.labels else None

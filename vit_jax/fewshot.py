@@ -36,6 +36,7 @@ def define_flags() -> None:
     flags.DEFINE_string("train_split", "train", "Split the shots are drawn from.")
     flags.DEFINE_string("test_split", "test", "Split accuracy is measured on, e.g. test[:2000].")
     flags.DEFINE_integer("batch_size", 64, "Images per forward pass.", lower_bound=1)
+    flags.DEFINE_bool("skip_corrupt", False, cli.SKIP_CORRUPT)
 
 
 def format_table(results: dict[str, dict[int, float]]) -> str:
@@ -63,7 +64,13 @@ def main() -> None:
         raise ValueError(f"--shots={','.join(f.shots)}: expected integers like 1,5,10,25") from None
     loaded = cli.load_model(head=False)
     datasets = fewshot.dataset_configs(
-        f.dataset, f.source, f.data_dir, f.train_split, f.test_split, loaded.preprocessing
+        f.dataset,
+        f.source,
+        f.data_dir,
+        f.train_split,
+        f.test_split,
+        loaded.preprocessing,
+        f.skip_corrupt,
     )
     cli.naflex_note(loaded)
     model, params, size = loaded.model, loaded.params, loaded.image_size

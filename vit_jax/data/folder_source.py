@@ -33,8 +33,8 @@ class CorruptImageError(ValueError):
 def corrupt_error(path: str, detail: str) -> CorruptImageError:
     return CorruptImageError(
         f"image {path} does not decode ({detail}). Replace or delete the file, or set "
-        "dataset.skip_corrupt=True to leave unreadable files out (they are counted "
-        "and logged)."
+        "dataset.skip_corrupt=True (evaluate's and fewshot's --skip_corrupt) to leave "
+        "unreadable files out (they are counted and logged)."
     )
 
 

@@ -96,8 +96,8 @@ def every_bad(table: Table, index, method: str, first: Exception) -> Exception:
     return folder_source.CorruptImageError(
         f"{len(bad)} image(s) of this batch do not decode: {', '.join(bad)} (the first: "
         f"{first}). Files of later batches are not checked yet, so others may follow; "
-        "dataset.skip_corrupt=True decodes every file once up front and leaves those that "
-        "fail out (counted and logged)."
+        "dataset.skip_corrupt=True (evaluate's and fewshot's --skip_corrupt) decodes every "
+        "file once up front and leaves those that fail out (counted and logged)."
     )
 
 

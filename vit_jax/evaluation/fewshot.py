@@ -54,13 +54,16 @@ def dataset_configs(
     train_split: str = "train",
     test_split: str = "test",
     preprocessing: str = "tf_bilinear",
+    skip_corrupt: bool = False,
 ) -> list[dict]:
     """Dataset configs (fields of vit_jax.data.default_config()) for the named datasets.
 
     Without `source`, 'fashion_mnist' reads idx files and any other name a TFDS builder.
-    `preprocessing`: the resize (`vit_jax.data.pixels.METHODS`), the checkpoint's.
+    `preprocessing`: the resize (`vit_jax.data.pixels.METHODS`), the checkpoint's;
+    `skip_corrupt`: image folders' files that do not decode left out (dataset.skip_corrupt).
     """
     common = {"train_split": train_split, "test_split": test_split, "preprocessing": preprocessing}
+    common |= {"skip_corrupt": True} if skip_corrupt else {}
     extra = {"data_dir": data_dir} if data_dir else {}
     default = lambda name: "idx" if name == "fashion_mnist" else "tfds"
     return [{"name": n, **common, "source": source or default(n), **extra} for n in names]
