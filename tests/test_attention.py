@@ -193,3 +193,18 @@ def test_the_cudnn_adapter_masks_by_lengths_only_where_padding_is_last(monkeypat
     run = functools.partial(jax.nn.dot_product_attention, scale=1.0, implementation="xla")
     gap = np.asarray(by_lengths(run, q, k, v, jnp.asarray(middle)))  # what lengths would do
     assert np.abs(gap[middle] - want(middle)[middle]).max() > 1e-2
+
+
+def test_the_cudnn_adapter_traces_both_branches_for_cudnn_itself():
+    """Under jit lax.cond traces the length path and the mask path alike, so both must be
+    what JAX's cuDNN implementation accepts (its boolean mask becomes a bias, refused
+    unless [B, 1, N, N]): traced here on the CPU with its cuDNN version check stubbed."""
+    from unittest import mock
+
+    fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    q = jnp.zeros((2, 9, 2, 16), jnp.bfloat16)  # an odd length: one pad token more
+    valid = np.array([[1, 1, 0, 0, 1, 1, 1, 0, 0], [1] * 9], bool)
+    step = jax.jit(lambda q, m: attention.cudnn(q, q, q, mask=m))
+    with mock.patch.object(fused, "check_cudnn_version", lambda *a, **k: None):
+        out = jax.eval_shape(step, q, attention.Mask.of(valid))
+    assert out.shape == (2, 9, 2, 16) and out.dtype == jnp.bfloat16

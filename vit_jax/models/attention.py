@@ -1,6 +1,6 @@
 """How each block's softmax(q kᵀ) v is computed: the choices of `VisionTransformer.attention`.
 
-  xla     the explicit softmax of layers.SelfAttention, whose [B, H, N, N] probabilities
+  xla     the explicit softmax (layers.explicit), whose [B, H, N, N] probabilities
           inspection reads: inspection always takes this path, whatever the model's choice.
   splash  Pallas' splash attention, the TPU kernel (v4 and newer), in Pallas' interpret
           mode when the compile target is a CPU (slowly: for tests and checks).
@@ -161,7 +161,9 @@ def by_lengths(run, q, k, v, valid):
 
 
 def by_mask(run, q, k, v, valid):
-    """Padding anywhere: each key masked by its own flag ([B, 1, 1, N'] broadcast)."""
-    keys = jnp.pad(valid, ((0, 0), (0, q.shape[1] - valid.shape[1])))  # the odd pad: False
+    """Padding anywhere: each key masked by its own flag, as [B, 1, N', N'] (cuDNN refuses
+    a bias that is broadcast over the queries: "Bias must have same seq length as QKV")."""
+    b, n = q.shape[:2]
+    keys = jnp.pad(valid, ((0, 0), (0, n - valid.shape[1])))  # the odd pad: False
     keys = keys | ~keys.any(-1, keepdims=True)  # a row of padding alone: every key, finite
-    return run(q, k, v, mask=keys[:, None, None, :])
+    return run(q, k, v, mask=jnp.broadcast_to(keys[:, None, None, :], (b, 1, n, n)))

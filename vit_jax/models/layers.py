@@ -111,7 +111,8 @@ class SelfAttention(nn.Module):
 
 class CrossAttention(nn.Module):
     """MAP's probe [B, 1, D] attending to the tokens [B, N, D] (not to padding), with
-    SelfAttention's parameters and maps; always the explicit softmax (one query)."""
+    SelfAttention's parameters and maps; always the explicit softmax (one query), and no
+    attention dropout (the MAP head never drops out, as big_vision's)."""
 
     opts: BlockOptions
 

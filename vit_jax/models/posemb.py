@@ -141,9 +141,11 @@ class PositionEmbedding(nn.Module):
         rows = table.shape[1] - prefix
         side = math.isqrt(rows)
         if side * side != rows:
+            grids = [(h, rows // h) for h in range(1, rows + 1) if rows % h == 0]
             raise ValueError(
-                f"NaFlex input reads a square grid of position embeddings; this table holds "
-                f"{rows} patch rows: build the model with posemb_grid=(gh, gw)"
+                f"NaFlex input on a model without posemb_grid reads a square table; this one "
+                f"holds {rows} patch rows: build the model with posemb_grid set to its grid, "
+                f"one of {grids} (weights.load_model sets it from the file)"
             )
         return side, side
 
@@ -153,14 +155,17 @@ class PositionEmbedding(nn.Module):
         if self.has_variable("params", name):
             stored = tuple(self.get_variable("params", name).shape)
             if stored != shape:
-                why = "the model's posemb_grid"
-                if t.full is not None:
-                    why = f"these images make a {t.full[0]}x{t.full[1]} grid of patches, which"
+                if t.full is None:  # NaFlex: the table was made for another posemb_grid
+                    raise ValueError(
+                        f"position embeddings {name} have shape {stored}, but the model's "
+                        f"posemb_grid {tuple(self.grid)} needs {shape}: build the model with "
+                        "the grid the table was made on (weights.load_model sets it)"
+                    )
                 raise ValueError(
-                    f"position embeddings {name} have shape {stored}, but {why} needs "
-                    f"{shape}: resize them with vit_jax.weights.load_pretrained(path, model, "
-                    "image_size) or resize_posemb(), or feed images of the resolution they "
-                    "were trained at"
+                    f"position embeddings {name} have shape {stored}, but these images make "
+                    f"a {t.full[0]}x{t.full[1]} grid of patches, which needs {shape}: resize "
+                    "them with vit_jax.weights.load_pretrained(path, model, image_size) or "
+                    "resize_posemb(), or feed images of the resolution they were trained at"
                 )
         return self.param(name, nn.initializers.normal(0.02), shape, self.param_dtype)
 

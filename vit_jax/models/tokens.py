@@ -4,8 +4,9 @@ each sits on its image's patch grid, and which are real. Images and NaFlex patch
 real and every image fills one grid, row-major (`full`), which the position embeddings
 read as the published code did (one table added, a NumPy sin-cos table).
 
-Prefix tokens (the class token; registers next) lead the sequence: real, at (0, 0), and
-read by no position table that has no row for them.
+Prefix tokens (the class token; registers next) lead the sequence, real; their coordinates
+are (0, 0) and mean nothing: every position kind skips the first `prefix` tokens (`learned`
+stores a row of its own for them).
 """
 
 from __future__ import annotations

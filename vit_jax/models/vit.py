@@ -68,8 +68,9 @@ class VisionTransformer(nn.Module):
       patch_size: patch side on the input (or on the stem's feature map for hybrids).
       width, depth, num_heads, mlp_dim: the transformer's size.
       resnet_stages: None for a plain ViT; stage depths of the hybrid stem (() = root only).
-      classifier: 'token' (class token), 'gap' (mean of tokens, no class token),
-        'unpooled' (no pooling, no class token: per-token outputs).
+      classifier: 'token' (class token), 'gap' (mean of tokens, no class token), 'map'
+        (big_vision's attention pooling, no class token), 'unpooled' (no pooling, no class
+        token: per-token outputs).
       representation_size: width of the tanh 'pre_logits' layer (None: no such layer).
       posemb: 'learned' | 'none' | 'learned_2d' | 'sincos_2d' (see models/posemb.py).
       dropout, attention_dropout, stochastic_depth: rates (stochastic depth grows
@@ -88,8 +89,9 @@ class VisionTransformer(nn.Module):
       attention: how softmax(q kᵀ) v is computed (models/attention.py): 'xla', 'splash',
         'cudnn', or 'auto' (the platform's fused kernel where it pays, else 'xla').
       posemb_grid: (gh, gw) of the stored position tables, fixed by the model and never by
-        a batch; images of another grid and NaFlex patches read them resized. None: the
-        grid of the images applied (the paper's, a table per resolution).
+        a batch: images must make this grid (load_model resizes a table to another), NaFlex
+        patches read it resized to each image's. None: the grid of the images applied (the
+        paper's, a table per resolution); NaFlex patches then read a stored square table.
     """
 
     num_classes: int | None
