@@ -65,3 +65,15 @@ def test_a_grid_that_is_not_square_is_written_with_the_weights_and_read_back(tmp
         model.apply({"params": params}, x[:, :16, :16])
     square = get_model(None, 5, **SIZES, posemb=posemb, posemb_grid=(4, 4))
     assert Meta.of_model(square).posemb_grid is None  # the table's rows tell it: nothing written
+
+
+def test_a_model_converted_at_a_size_that_is_not_square_loads_at_it(tmp_path):
+    """convert.write of a model built without posemb_grid records the grid of the size it
+    writes at, so the file loads there without naming the size."""
+    from vit_jax.weights import convert
+
+    model = get_model("testing", 3, patch_size=8)
+    params = model.init(jax.random.key(0), jnp.zeros((1, 32, 48, 3)))["params"]
+    convert.write(params, model, (32, 48), "npz", tmp_path / "x.npz")
+    loaded = weights.load(tmp_path / "x.npz")
+    assert loaded.model.posemb_grid == (4, 6) and loaded.image_size == (32, 48)

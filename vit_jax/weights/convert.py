@@ -140,7 +140,8 @@ def write(
     labels = checked(meta.labels, model.num_classes or 0, "the class names")
     if fmt == "hf" and labels is None and model.num_classes == 1000:
         labels = images.imagenet_class_names()
-    meta = Meta.of_model(model, labels, meta.preprocessing)
+    grid = model.posemb_grid or model.grid(size)  # the table's, at the size written
+    meta = Meta.of_model(model.clone(posemb_grid=grid), labels, meta.preprocessing)
     if fmt == "npz":
         npz.save_npz(out, params, meta)
         how = f"vit_jax.weights.load_model({out!r})"
