@@ -63,7 +63,8 @@ fi
 # libtpu for the planner's tests (python -m vit_jax.plan compiles for TPU topologies on this
 # CPU), the version this JAX pins for jax[tpu], in a directory of its own
 # (~700 MB): installed in the environment, every `import jax` that starts the default
-# backends on a host without TPUs prints libtpu's warnings. The tests put it on PYTHONPATH.
+# backends on a host without TPUs prints libtpu's warnings. The tests put it on PYTHONPATH;
+# `python -m vit_jax.plan` finds it there by itself.
 # One directory per Python: each resolves its own JAX, which pins its own libtpu.
 PYV=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 LIBTPU_DIR="${VIT_JAX_LIBTPU_DIR:-$HOME/.cache/vit_jax/libtpu-py$PYV}"

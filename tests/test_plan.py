@@ -168,7 +168,9 @@ def test_unknown_topology_and_missing_libtpu_are_one_line_each():
         pytest.skip("libtpu is importable without VIT_JAX_LIBTPU_DIR here")
     assert proc.stderr.splitlines()[0] == (
         'error: compiling for TPUs needs libtpu: pip install "jax[tpu]" (libtpu, the version '
-        "this JAX pins; it compiles for TPUs on any host), or this package's [plan] extra"
+        "this JAX pins; it compiles for TPUs on any host), or this package's [plan] extra, or "
+        "run ./setup.sh, whose copy in VIT_JAX_LIBTPU_DIR (default "
+        "~/.cache/vit_jax/libtpu-pyX.Y) is found"
     ), proc.stderr[-2000:]
 
 

@@ -55,7 +55,8 @@ NUM_CLASSES = {
 # worker hostnames, a source trace) to fd 2: silenced while it starts or compiles.
 INSTALL = (
     'pip install "jax[tpu]" (libtpu, the version this JAX pins; it compiles for TPUs on any '
-    "host), or this package's [plan] extra"
+    "host), or this package's [plan] extra, or run ./setup.sh, whose copy in "
+    "VIT_JAX_LIBTPU_DIR (default ~/.cache/vit_jax/libtpu-pyX.Y) is found"
 )
 
 
