@@ -445,6 +445,10 @@ def test_every_bad_file_of_the_failing_batch_is_named(tmp_path):
         assert said.startswith("2 image(s) of this batch do not decode: "), said
         assert "z_broken.jpg" in said and "zz_broken.jpg" in said
         assert "others may follow" in said and "skip_corrupt=True" in said
+    with pytest.raises(data.CorruptImageError) as e:  # cached: every file decoded first
+        data.num_examples(folder_cfg(tmp_path, cache=True), "train")
+    said = str(e.value)
+    assert said.startswith("2 images do not decode: ") and "zz_broken.jpg" in said, said
 
 
 def test_folder_class_errors(tmp_path):

@@ -175,8 +175,15 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
         ok, images, failures = folder_source.decode_all(
             paths, cfg.cache, cfg.preprocessing, encoded
         )
-        if failures and not cfg.skip_corrupt:
+        if len(failures) == 1 and not cfg.skip_corrupt:
             raise folder_source.corrupt_error(*failures[0])
+        if failures and not cfg.skip_corrupt:  # every file was decoded: each one is named
+            raise folder_source.CorruptImageError(
+                f"{len(failures)} images do not decode: {', '.join(p for p, _ in failures)} "
+                f"(the first: {failures[0][1]}). Replace or delete them, or set "
+                "dataset.skip_corrupt=True (evaluate's and fewshot's --skip_corrupt) to leave "
+                "them out (counted and logged)."
+            )
         if failures:
             first = [path for path, _ in failures[:5]]
             logging.warning(
