@@ -55,11 +55,9 @@ def bar(
     the loop runs and one at the end, 'eval test: 12/40 (30%) 1m00s'.
     """
     out = stream if stream is not None else sys.stderr
-    if tty is None:
-        tty = bool(getattr(out, "isatty", lambda: False)())
-    start, width = clock(), 30
-    last_line = start
-    i = 0
+    tty = bool(getattr(out, "isatty", lambda: False)()) if tty is None else tty
+    start = last_line = clock()
+    i, width = 0, 30
     for i, item in enumerate(items, 1):
         yield item
         if not (enabled and total):
@@ -68,16 +66,12 @@ def bar(
         if tty:
             fill = "#" * int(width * min(i / total, 1.0))
             out.write(f"\r{desc} [{fill:<{width}}] {i}/{total} {duration(now - start)}")
-            out.flush()
         elif i < total and now - last_line >= every_seconds:
             out.write(f"{desc}: {i}/{total} ({100 * i // total}%) {duration(now - start)}\n")
-            out.flush()
             last_line = now
+        out.flush()
     if enabled and total:
-        if tty:
-            out.write("\n")
-        else:
-            out.write(f"{desc}: {i}/{total} done in {duration(clock() - start)}\n")
+        out.write("\n" if tty else f"{desc}: {i}/{total} done in {duration(clock() - start)}\n")
         out.flush()
 
 

@@ -90,7 +90,6 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     Raises:
         FileExistsError: `path` exists and is not an empty directory (`check_new`).
     """
-    path = store.path(path)
     check_new(path)
     with scratch_dir(path) as tmp:
         yield tmp

@@ -40,8 +40,7 @@ def give_up(message: str, together: bool = True) -> None:
     `together=False`: a process is lost (parallel/distributed.py), nobody to wait for."""
     exits.leaving.set()
     sys.stdout.flush()
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
+    print(f"error: {message}", file=sys.stderr, flush=True)
     if together:
         _with_the_others()
     os._exit(EX_TEMPFAIL)
@@ -89,10 +88,8 @@ class Window:
             self.cause = " ".join(str(error).split())[:200] or type(error).__name__
             if self.since is None:
                 self.since = now
-                retrying = f"retrying for up to {self.seconds:g} s"
-                print(
-                    f"the store at {self.url} did not answer ({self.cause}); {retrying}", flush=True
-                )
+                silent = f"the store at {self.url} did not answer ({self.cause})"
+                print(f"{silent}; retrying for up to {self.seconds:g} s", flush=True)
             lasted = now - self.since
         if lasted >= self.seconds:
             self.stop(

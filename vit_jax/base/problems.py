@@ -49,8 +49,7 @@ class ConfigError(ValueError):
 
 
 def raise_if_any(problems: Iterable[Problem], what: str = "config") -> None:
-    problems = list(problems)
-    if problems:
+    if problems := list(problems):
         raise ConfigError(problems, what)
 
 
@@ -82,11 +81,8 @@ def number(
     """A finite number in the interval [low, high] (or open at either end)."""
 
     def rule(v: Any) -> str | None:
-        ok = is_number(v)
-        if ok and low is not None:
-            ok = v > low if low_open else v >= low
-        if ok and high is not None:
-            ok = v < high if high_open else v <= high
+        ok = is_number(v) and (low is None or (v > low if low_open else v >= low))
+        ok = ok and (high is None or (v < high if high_open else v <= high))
         interval = _interval(low, high, low_open, high_open)
         return None if ok else f"expected a finite number {interval}{note}"
 

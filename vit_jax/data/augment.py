@@ -50,12 +50,9 @@ def crop_window(
     for a in range(ATTEMPTS):
         area = (min_area + (1.0 - min_area) * u[2 * a]) * h * w
         ratio = math.exp(lo + (hi - lo) * u[2 * a + 1]) * (w / h if own_aspect else 1.0)
-        cw = int(round(math.sqrt(area * ratio)))
-        ch = int(round(math.sqrt(area / ratio)))
+        cw, ch = int(round(math.sqrt(area * ratio))), int(round(math.sqrt(area / ratio)))
         if 0 < ch <= h and 0 < cw <= w:
-            y0 = int(u[-3] * (h - ch + 1))
-            x0 = int(u[-2] * (w - cw + 1))
-            return y0, x0, ch, cw
+            return int(u[-3] * (h - ch + 1)), int(u[-2] * (w - cw + 1)), ch, cw
     return 0, 0, h, w
 
 
@@ -63,11 +60,6 @@ def one_hot(labels: np.ndarray, num_classes: int, smoothing: float = 0.0) -> np.
     """int [b] -> float32 [b, K] targets: (1 - s) * onehot + s / K."""
     target = np.eye(num_classes, dtype=np.float32)[labels]
     return target * np.float32(1.0 - smoothing) + np.float32(smoothing / num_classes)
-
-
-def mixup_weight(seed: int, step: int, alpha: float) -> np.float32:
-    """The mixup weight of a step, ~ Beta(alpha, alpha)."""
-    return np.float32(generator(seed, MIXUP_SALT, step).beta(alpha, alpha))
 
 
 def mixup(batch: dict[str, np.ndarray], seed: int, step: int, alpha: float) -> None:
@@ -79,7 +71,7 @@ def mixup(batch: dict[str, np.ndarray], seed: int, step: int, alpha: float) -> N
     folded rule makes of the reversed batch with weight 1 - lam, reversed and rotated
     by one (a test checks it), and a shuffled batch is as likely in either order.
     """
-    lam = mixup_weight(seed, step, alpha)
+    lam = np.float32(generator(seed, MIXUP_SALT, step).beta(alpha, alpha))
     for key in ("image", "label"):
         mix(batch[key], lam)
 

@@ -42,9 +42,8 @@ def train_share(
     """
     b = global_batch // process_count
     slots = slice(process_index * b, (process_index + 1) * b)
-    positions = (step * global_batch if first is None else first) + np.arange(
-        slots.start, slots.stop, dtype=np.int64
-    )  # [b]
+    start = step * global_batch if first is None else first
+    positions = start + np.arange(slots.start, slots.stop, dtype=np.int64)  # [b]
     epochs = positions // n
     index = np.empty(b, np.int64)
     for epoch in np.unique(epochs):  # one epoch, or two where the step straddles a boundary

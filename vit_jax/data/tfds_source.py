@@ -22,10 +22,8 @@ from vit_jax.base import console
 
 
 def _name(builder) -> str:
-    name = builder.name
-    if builder.builder_config is not None:
-        name += f"/{builder.builder_config.name}"
-    return name
+    config = builder.builder_config
+    return builder.name if config is None else f"{builder.name}/{config.name}"
 
 
 def prepare_command(builder) -> str:

@@ -70,8 +70,7 @@ def fit(x: np.ndarray, y: np.ndarray, l2: float, standardize: bool = True) -> Li
     """
     if l2 < 0:
         raise ValueError(f"l2={l2} is negative: use l2 >= 0 (0 = plain least squares)")
-    x = np.asarray(x, np.float64)
-    y = np.asarray(y, np.float64)
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if x.ndim != 2 or y.ndim != 2 or len(x) != len(y) or len(x) == 0:
         raise ValueError(
             f"expected features [n, D] and targets [n, K] with n > 0, got {x.shape} and {y.shape}"
@@ -80,20 +79,16 @@ def fit(x: np.ndarray, y: np.ndarray, l2: float, standardize: bool = True) -> Li
     mean_x, mean_y = x.mean(0), y.mean(0)  # [D], [K]
     scale = x.std(0) if standardize else np.ones(d)
     scale = np.where(scale > 1e-8 * max(float(scale.max()), 1e-30), scale, 1.0)  # [D]
-    xc = (x - mean_x) / scale  # [n, D]
-    yc = y - mean_y  # [n, K]
-    solve = np.linalg.solve if l2 > 0 else _min_norm_solve  # l2 > 0: positive definite
+    xc, yc = (x - mean_x) / scale, y - mean_y  # [n, D], [n, K]
+    # l2 > 0: positive definite; l2 = 0: the centred Gram matrix is singular (rank <= n - 1),
+    # the minimum-norm solution a^+ b
+    solve = np.linalg.solve if l2 > 0 else lambda a, b: np.linalg.lstsq(a, b, rcond=None)[0]
     if n >= d:
         w = solve(xc.T @ xc + l2 * np.eye(d), xc.T @ yc)  # [D, K]
     else:
         w = xc.T @ solve(xc @ xc.T + l2 * np.eye(n), yc)  # [D, n] @ [n, K]
     w = w / scale[:, None]  # back to raw features
     return LinearFit(w=w, b=mean_y - mean_x @ w)
-
-
-def _min_norm_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a^+ b: with l2 = 0 the centred Gram matrix is singular (rank <= n - 1)."""
-    return np.linalg.lstsq(a, b, rcond=None)[0]
 
 
 def fit_predict(
@@ -119,8 +114,7 @@ def fit_predict(
     """
     train_y = np.asarray(train_y, np.int64)
     k = int(train_y.max()) + 1 if num_classes is None else num_classes
-    model = fit(train_x, targets(train_y, k), l2, standardize)
-    return np.argmax(model(test_x), axis=-1)
+    return np.argmax(fit(train_x, targets(train_y, k), l2, standardize)(test_x), axis=-1)
 
 
 def choose_shots(labels: np.ndarray, k: int, seed: int) -> np.ndarray:

@@ -32,6 +32,7 @@ import numpy as np
 
 from vit_jax.inspection.attention import flow, on_grids
 from vit_jax.models import naflex, per_block
+from vit_jax.models.predict import in_batches
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -71,16 +72,6 @@ def attention_of(model: VisionTransformer, params: Any, x: Any) -> tuple[jax.Arr
     if model.classifier == "map":
         head = head_of(state["intermediates"], "attention").astype(jnp.float32)
     return att.astype(jnp.float32), head
-
-
-def in_batches(fn: Any, batch_size: int, *args: Any) -> Any:
-    """`fn(*batch)` over `args` (arrays [N, ...] or NaFlex batches, N rows each) in batches
-    of one shape (the tail padded with copies of the last row: one compile); [N, ...] out."""
-    n = len(jax.tree.leaves(args)[0])
-    b = min(batch_size, n)
-    args = jax.tree.map(lambda a: np.concatenate([a, np.repeat(a[-1:], -n % b, 0)]), args)
-    out = [fn(*jax.tree.map(lambda a, i=i: a[i : i + b], args)) for i in range(0, n, b)]
-    return jax.tree.map(lambda *o: np.concatenate(o)[:n], *out)
 
 
 @functools.lru_cache(maxsize=8)
@@ -149,6 +140,5 @@ def relevance(
             f"class {int(bad[0])} is not one of the head's {model.num_classes} "
             f"classes (0-{model.num_classes - 1})"
         )
-    fn = functools.partial(_relevance_fn(model), params)
-    flows = in_batches(fn, batch_size, x, classes)  # [N, K, n]
+    flows = in_batches(functools.partial(_relevance_fn(model), params), batch_size, x, classes)
     return on_grids(flows, x if naflex.is_naflex(x) else model.grid(x.shape[1:3]))

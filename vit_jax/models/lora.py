@@ -20,13 +20,7 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 # config.lora.targets -> the Dense modules they adapt ('mlp': both of the MLP's)
-TARGETS = {
-    "query": ("query",),
-    "key": ("key",),
-    "value": ("value",),
-    "out": ("out",),
-    "mlp": ("Dense_0", "Dense_1"),
-}
+TARGETS = {t: (t,) for t in ("query", "key", "value", "out")} | {"mlp": ("Dense_0", "Dense_1")}
 MARK = "_lora_"  # in every adapter's parameter name
 
 
@@ -96,18 +90,14 @@ def merge(params: dict, lora: Lora | None) -> dict:
     Stacked (scanned) blocks carry a leading depth axis on the kernel and both factors."""
     if lora is None:
         return params
-    out = {}
-    for key, value in params.items():
-        if MARK in key:
-            continue
-        out[key] = merge(value, lora) if isinstance(value, dict) else value
-    for key in params:
-        if key.endswith(f"{MARK}a"):
-            name = key[: -len(MARK) - 1]
-            a, b, w = params[key], params[f"{name}{MARK}b"], out[name]["kernel"]
-            product = lambda a, b: jnp.tensordot(a, b, 1)
-            if a.ndim + b.ndim - 2 > w.ndim:  # [L, ...]: one product per block
-                product = jax.vmap(product)
-            delta = lora.scale * product(a.astype(jnp.float32), b.astype(jnp.float32))
-            out[name] = {**out[name], "kernel": (w + delta).astype(w.dtype)}
+    out = {
+        k: merge(v, lora) if isinstance(v, dict) else v for k, v in params.items() if MARK not in k
+    }
+    for name in [k.removesuffix(f"{MARK}a") for k in params if k.endswith(f"{MARK}a")]:
+        a, b, w = params[f"{name}{MARK}a"], params[f"{name}{MARK}b"], out[name]["kernel"]
+        product = lambda a, b: jnp.tensordot(a, b, 1)
+        if a.ndim + b.ndim - 2 > w.ndim:  # [L, ...]: one product per block
+            product = jax.vmap(product)
+        delta = lora.scale * product(a.astype(jnp.float32), b.astype(jnp.float32))
+        out[name] = {**out[name], "kernel": (w + delta).astype(w.dtype)}
     return out

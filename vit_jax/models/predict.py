@@ -3,9 +3,9 @@
 `logits` is the one inference call (no dropout): the training loop's jitted eval step,
 classification, probabilities and features all go through it. `map_batches` runs a
 jitted function over an [N, ...] array or a NaFlex batch in batches of one shape (the tail
-padded, so it compiles once) and drops the padding. The jitted functions are cached per model
-(`logits_fn`, `probabilities_fn`, `features_fn`), so a command, the evaluators and the
-figures compile each once per shape, not per call.
+padded, so it compiles once) and drops the padding (`in_batches`: of any function of rows).
+The jitted functions are cached per model (`logits_fn`, `probabilities_fn`, `features_fn`),
+so a command, the evaluators and the figures compile each once per shape, not per call.
 """
 
 from __future__ import annotations
@@ -36,19 +36,31 @@ def logits_fn(model: VisionTransformer) -> Callable:
 @functools.lru_cache(maxsize=16)
 def probabilities_fn(model: VisionTransformer) -> Callable:
     """Jitted (params, images [B, H, W, C]) -> softmax probabilities [B, K] (float32)."""
-    softmax = lambda p, images: jax.nn.softmax(logits(model, p, images).astype(jnp.float32), -1)
-    return jax.jit(softmax)
+    return jax.jit(lambda p, x: jax.nn.softmax(logits(model, p, x).astype(jnp.float32), -1))
 
 
 @functools.lru_cache(maxsize=16)
 def features_fn(model: VisionTransformer) -> Callable:
     """Jitted (params, images [B, H, W, C]) -> pre-logits features [B, D]."""
-    features = lambda p, images: apply_with_intermediates(model, p, images)[1]["pre_logits"]
-    return jax.jit(features)  # the unused intermediates are pruned by XLA
+    # the unused intermediates are pruned by XLA
+    return jax.jit(lambda p, x: apply_with_intermediates(model, p, x)[1]["pre_logits"])
+
+
+def in_batches(fn: Callable, batch_size: int, *args: Any) -> Any:
+    """`fn(*batch)` over `args` (arrays [N, ...] or NaFlex batches, N rows each) in batches
+    of min(batch_size, N) rows, all of one shape: the tail is padded with copies of the last
+    row (so a NaFlex padding row is a real input, not a row of padding alone, which no path
+    promises), so it compiles once. NumPy [N, ...] out, per leaf."""
+    n = len(jax.tree.leaves(args)[0])
+    b = min(batch_size, n)
+    args = jax.tree.map(lambda a: np.concatenate([a, np.repeat(a[-1:], -n % b, 0)]), args)
+    rows = lambda i: jax.tree.map(lambda a: a[i : i + b], args)  # [b, ...] from row i
+    out = [jax.device_get(fn(*rows(i))) for i in range(0, n, b)]
+    return jax.tree.map(lambda *o: np.concatenate(o)[:n], *out)
 
 
 def map_batches(fn: Callable, params: Any, images: Any, batch_size: int = 32) -> Any:
-    """`fn(params, batch)` over `images` in batches of min(batch_size, N).
+    """`fn(params, batch)` over `images` in batches of min(batch_size, N) (`in_batches`).
 
     Args:
       fn: a jitted function of (params, [b, ...]) whose outputs (any tree of arrays)
@@ -63,18 +75,9 @@ def map_batches(fn: Callable, params: Any, images: Any, batch_size: int = 32) ->
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     x = images if naflex.is_naflex(images) else np.asarray(images, np.float32)
-    n = len(jax.tree.leaves(x)[0])
-    if n == 0:
+    if len(jax.tree.leaves(x)[0]) == 0:
         raise ValueError("no images to process")
-    b = min(batch_size, n)
-    # One compiled shape: the tail is padded with copies of the last example, so a NaFlex
-    # padding row is a real input (not a row of padding alone, which no path promises).
-    x = jax.tree.map(lambda a: np.concatenate([a, np.repeat(a[-1:], -n % b, axis=0)]), x)
-    outputs = []
-    for start in range(0, n, b):
-        out = jax.device_get(fn(params, jax.tree.map(lambda a, s=start: a[s : s + b], x)))
-        outputs.append(jax.tree.map(np.asarray, out))
-    return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outputs)
+    return in_batches(functools.partial(fn, params), batch_size, x)
 
 
 def predict(model: VisionTransformer, params: Any, images: Any, batch_size: int = 32) -> np.ndarray:
@@ -96,7 +99,6 @@ def top_k(probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     if k < 1:
         raise ValueError(f"k must be positive, got {k}")
     probs = np.asarray(probs)
-    k = min(k, probs.shape[-1])
     indices = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
     return indices, np.take_along_axis(probs, indices, axis=-1)
 

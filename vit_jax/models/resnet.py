@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 Dtype = Any
+NHWC = ("NHWC", "HWIO", "NHWC")  # the convolutions' dimension numbers
 
 
 def standardize(w: jax.Array, eps: float = 1e-5) -> jax.Array:
@@ -32,16 +33,11 @@ class StdConv(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:  # [B, H, W, C] -> [B, H/s, W/s, F]
-        k = self.kernel_size
-        shape = (k, k, x.shape[-1], self.features)
+        shape = (self.kernel_size, self.kernel_size, x.shape[-1], self.features)
         w = self.param("kernel", nn.initializers.lecun_normal(), shape, self.param_dtype)
         w = standardize(w.astype(jnp.float32)).astype(self.dtype)
         return jax.lax.conv_general_dilated(
-            x.astype(self.dtype),
-            w,
-            (self.stride, self.stride),
-            "SAME",
-            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            x.astype(self.dtype), w, (self.stride, self.stride), "SAME", dimension_numbers=NHWC
         )
 
 
@@ -85,11 +81,10 @@ class ResNetStage(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        dtypes = (self.dtype, self.param_dtype)
         for u in range(self.units):
             stride = self.stride if u == 0 else 1  # the stage's first unit carries it
-            x = ResidualUnit(
-                self.features, stride, self.dtype, self.param_dtype, name=f"unit{u + 1}"
-            )(x)
+            x = ResidualUnit(self.features, stride, *dtypes, name=f"unit{u + 1}")(x)
         return x
 
 

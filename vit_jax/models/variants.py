@@ -22,13 +22,9 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
     "H": (1280, 32, 16, 5120),
 }
 
-# ResNet stems of the hybrids: stage depths (empty = the root alone).
-RESNETS: dict[str, tuple[int, ...]] = {
-    "R": (),
-    "R26": (2, 2, 2, 2),
-    "R50": (3, 4, 9),  # R50+ViT-B_16 keeps three stages: 16 px per token.
-    "R50x4": (3, 4, 6, 3),  # The full four-stage ResNet-50: 32 px per token.
-}
+# ResNet stems of the hybrids: stage depths (empty = the root alone). R50+ViT-B_16 keeps
+# three stages (16 px per token); R50x4 is the full four-stage ResNet-50 (32 px per token).
+RESNETS = {"R": (), "R26": (2, 2, 2, 2), "R50": (3, 4, 9), "R50x4": (3, 4, 6, 3)}
 
 # published name: (size, patch size on the input or the stem's feature map, stem, extra options)
 VARIANTS: dict[str, tuple[str, int, str | None, dict[str, Any]]] = {
@@ -81,19 +77,15 @@ def variant_config(name: str) -> dict[str, Any]:
             patch, stem = _hybrid_patch(name, stem, patch)
     width, depth, heads, mlp = SIZES[size]
     cfg = dict(width=width, depth=depth, num_heads=heads, mlp_dim=mlp, patch_size=patch)
-    cfg["resnet_stages"] = None if stem is None else RESNETS[stem]
-    cfg.update(extra)
-    return cfg
+    return {**cfg, "resnet_stages": None if stem is None else RESNETS[stem], **extra}
 
 
 def _hybrid_patch(name: str, stem: str, pixels: int) -> tuple[int, str]:
     """Patch size on the stem's map for a short hybrid name: R50+B/16 -> (1, 'R50')."""
-    if stem == "R50" and pixels == 32:
-        stem = "R50x4"
+    stem = "R50x4" if stem == "R50" and pixels == 32 else stem
     if stem not in RESNETS:
         raise ValueError(f"unknown ResNet stem {stem!r} in {name!r}: use one of {sorted(RESNETS)}")
-    stages = RESNETS[stem]
-    down = 4 * 2 ** max(len(stages) - 1, 0)
+    down = 4 * 2 ** max(len(RESNETS[stem]) - 1, 0)
     if pixels % down:
         raise ValueError(
             f"{name!r}: the {stem} stem downsamples {down}x, so the patch size in pixels "
