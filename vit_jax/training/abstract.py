@@ -57,10 +57,7 @@ def loop_step(
 def argument_bytes(state: Any, batch: Any) -> dict[str, int]:
     """Bytes per device of the step's arguments (abstract, with their shardings): the
     parameters, the optimizer state and the batch, under Plan's names for them."""
-
-    def held(tree: Any) -> int:
-        return sharding.bytes_per_device(tree, jax.tree.map(lambda x: x.sharding, tree))
-
+    held = lambda tree: sharding.bytes_per_device(tree, jax.tree.map(lambda x: x.sharding, tree))
     return dict(
         param_bytes=held(state.model_params),
         optimizer_bytes=held(state.opt_state),

@@ -14,6 +14,7 @@ The command is `python -m vit_jax.recipe` (the README's main job).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -79,13 +80,11 @@ def run(
         **{k: v for k, v in results["pretrain"].items() if k.startswith(fewshot.PREFIX)},
     }
     path = store.path(workdir) / "recipe.json"
-    try:
-        unchanged = json.loads(path.read_text()) == summary  # a rerun of a finished recipe
-    except (OSError, ValueError):
-        unchanged = False
-    if not unchanged:
-        with files.atomic_write(path, "w") as f:
-            json.dump(summary, f, indent=2, sort_keys=True)
+    with contextlib.suppress(OSError, ValueError):  # unreadable: written again
+        if json.loads(path.read_text()) == summary:  # a rerun of a finished recipe
+            return summary
+    with files.atomic_write(path, "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
     return summary
 
 

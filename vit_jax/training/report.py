@@ -53,22 +53,20 @@ class Throughput:
         self.total, self.batch, self.devices, self.clock = total_steps, batch, devices, clock
         self.last_step, self.last_time = start_step, clock()
 
-    def compiled(self, step: int) -> float:
-        """The first step (compile included) ended at `step`: restarts the clock; its seconds."""
+    def pause(self, step: int) -> float:
+        """Restarts the clock at `step` after work that is not training (evaluation,
+        saving, the first step's compile); the seconds since it last started."""
         now = self.clock()
         took, self.last_step, self.last_time = now - self.last_time, step, now
         return took
 
-    def pause(self, step: int) -> None:
-        """Restart the clock after work that is not training (evaluation, saving)."""
-        self.last_step, self.last_time = step, self.clock()
+    compiled = pause  # the first step (compile included) ended at `step`
 
     def update(self, step: int) -> dict[str, float]:
         """Speed and ETA over the steps since the last update, pause or compile;
         {} when no step was timed since (the log line right after compiling)."""
-        now = self.clock()
-        steps, secs = step - self.last_step, max(now - self.last_time, 1e-9)
-        self.last_step, self.last_time = step, now
+        steps = step - self.last_step
+        secs = max(self.pause(step), 1e-9)
         if steps <= 0:
             return {}
         b = self.batch
@@ -156,8 +154,7 @@ def write_fewshot(writer: Any, step: int, evals: dict) -> None:
 def write_summary(path: Any, summary: dict[str, Any], via: store.Store = store.PLAIN) -> None:
     """Writes a run's summary.json at `path`, whole or not at all (non-finite: null)."""
     clean = {
-        k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-        for k, v in summary.items()
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.items()
     }
     with files.atomic_write(path, "w", via=via) as f:
         json.dump(clean, f, indent=2, sort_keys=True)
@@ -166,7 +163,7 @@ def write_summary(path: Any, summary: dict[str, Any], via: store.Store = store.P
 # ---------------------------------------------------------------------- TensorBoard
 
 
-class EventWriter:
+class EventWriter(contextlib.AbstractContextManager):
     """Scalars per step into WORKDIR/events.out.tfevents.*, on the loop's thread (a full disk
     killed tensorboardX's writer thread: a traceback, then a hung loop). A failed write raises,
     naming the directory and `resume()`'s words. Flushed at once, each UPLOAD_SECONDS, at end."""
@@ -233,9 +230,6 @@ class EventWriter:
             with open(os.path.join(self._local, name), "rb") as source:
                 with files.atomic_write(self._remote / name, via=self._via) as f:
                     shutil.copyfileobj(source, f)
-
-    def __enter__(self) -> EventWriter:
-        return self
 
     def __exit__(self, kind: object, *exc: object) -> None:
         self._resume = self._resume if kind is None else None  # no waits for a suppressed error

@@ -72,12 +72,9 @@ class Start:
 
     @classmethod
     def of(cls, config: Any) -> Start:
+        patch = config.model.get("patch_size")
         return cls(
-            config.seed,
-            config.image_size,
-            config.init_from or None,
-            config.reset_head,
-            config.model.get("patch_size"),
+            config.seed, config.image_size, config.init_from or None, config.reset_head, patch
         )
 
 
@@ -89,10 +86,9 @@ def schedule(cfg: Any, total_steps: int) -> optax.Schedule:
     (one of DECAYS) down to `cfg.end_lr` at `total_steps`."""
     warmup = min(int(cfg.warmup_steps), total_steps)
     rest = max(total_steps - warmup, 1)
+    alpha = cfg.end_lr / cfg.lr if cfg.lr else 0  # cosine's: the fraction it ends at
     after = {
-        "cosine": lambda: optax.cosine_decay_schedule(
-            cfg.lr, rest, alpha=cfg.end_lr / cfg.lr if cfg.lr else 0
-        ),
+        "cosine": lambda: optax.cosine_decay_schedule(cfg.lr, rest, alpha=alpha),
         "linear": lambda: optax.linear_schedule(cfg.lr, cfg.end_lr, rest),
         "constant": lambda: optax.constant_schedule(cfg.lr),
     }[cfg.decay]()
@@ -180,13 +176,8 @@ def new_state(
         x = jnp.zeros((1, start.image_size, start.image_size, model.channels), jnp.float32)
         params = lora.overlay(model.init(jax.random.key(start.seed), x)["params"], params)
     params, frozen = lora.split(params) if model.lora else (params, None)
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        opt_state=tx.init(params),
-        rng=jax.random.key_data(jax.random.fold_in(jax.random.key(start.seed), 1)),
-        frozen=frozen,
-    )
+    rng = jax.random.key_data(jax.random.fold_in(jax.random.key(start.seed), 1))
+    return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), rng, frozen)
 
 
 def abstract_state(start: Start, model: VisionTransformer, tx: Any) -> TrainState:
@@ -240,10 +231,8 @@ def restore_or_create(
     abstract = abstract_state(start, model, tx)
     shardings = sharding.tree_shardings(mesh, abstract)
     target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        abstract.saved(),
-        shardings.saved(),
-    )
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    ).saved()
     state, _ = verify.restore_newest(checkpoints, target, from_scratch_if_damaged)
     if state is None:
         return create_state(start, model, tx, mesh)

@@ -44,21 +44,15 @@ def sigmoid_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
 LOSSES = {"softmax_xent": softmax_xent, "sigmoid_xent": sigmoid_xent}  # config.loss: [B, K] -> [B]
 
 
-def loss_and_grads(
-    model,
-    params,
-    batch: dict,
-    rng: jax.Array,
-    accum_steps: int,
-    loss_name: str = "softmax_xent",
-    frozen: Any = None,
-):
-    """(mean loss, gradients of `params`, not of `frozen`: LoRA's base) over the batch, in
-    `accum_steps` micro-batches: micro-batch i takes examples i, i + accum, ..., so each is
-    spread over all devices."""
+def loss_and_grads(model, state: TrainState, batch: dict, accum_steps: int, loss_name: str):
+    """(mean loss, gradients of `state.params`, not of `state.frozen`: LoRA's base) over the
+    batch, in `accum_steps` micro-batches: micro-batch i takes examples i, i + accum, ...,
+    so each is spread over all devices. Dropout's key is the state's, folded with its step."""
+    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    params = state.params
 
     def loss_fn(p, images, labels, key):
-        p = lora.overlay(frozen, p)  # [the adapters and head, over the base]
+        p = lora.overlay(state.frozen, p)  # [the adapters and head, over the base]
         logits = model.apply({"params": p}, images, train=True, rngs={"dropout": key})
         return LOSSES[loss_name](logits, labels).mean()
 
@@ -80,23 +74,13 @@ def loss_and_grads(
 
 
 def train_step(
-    state: TrainState,
-    batch: dict,
-    *,
-    model,
-    tx: optax.GradientTransformation,
-    lr_fn: optax.Schedule,
-    accum_steps: int = 1,
-    loss_name: str = "softmax_xent",
+    state: TrainState, batch: dict, *, model, tx, lr_fn, accum_steps: int, loss_name: str
 ) -> tuple[TrainState, dict]:
     """One optimizer step on one global batch. A finite gradient norm means every
     gradient is finite, and from finite gradients SGD and Adam make finite updates short
     of overflow, so only the loss and the norm are checked here (a pass over the new
     state costs ~3% of a step); the loop checks the whole state before each save."""
-    rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    loss, grads = loss_and_grads(
-        model, state.params, batch, rng, accum_steps, loss_name, state.frozen
-    )
+    loss, grads = loss_and_grads(model, state, batch, accum_steps, loss_name)
     grad_norm = optax.tree.norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     metrics = {
@@ -121,13 +105,7 @@ def eval_step(params: Any, batch: dict, *, model, loss_name: str = "softmax_xent
 
 
 def jit_steps(
-    model,
-    tx,
-    lr_fn,
-    mesh: jax.sharding.Mesh,
-    state_shardings: Any,
-    accum_steps: int = 1,
-    loss_name: str = "softmax_xent",
+    model, tx, lr_fn, mesh, state_shardings, accum_steps: int = 1, loss_name: str = "softmax_xent"
 ):
     """The jitted train and eval steps (the contract is above): what the loop runs and the
     planner compiles for a TPU topology (`config.accum_steps`, `config.loss`)."""

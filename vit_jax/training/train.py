@@ -26,7 +26,7 @@ import ml_collections
 from vit_jax import data
 from vit_jax.base import console
 from vit_jax.evaluation import fewshot as fewshot_lib
-from vit_jax.evaluation.batched import over_batches
+from vit_jax.evaluation.batched import eval_batches, over_batches
 from vit_jax.models import count_params
 from vit_jax.parallel import distributed, sharding
 from vit_jax.training import abstract, check, compiled, outputs, report, stopping
@@ -160,18 +160,15 @@ def _start(
     )
     writer = None
     if distributed.is_lead():
-        writer = report.EventWriter(wd.root, saver.rerun_sentence, wd.store)
-        running.enter_context(writer)
+        writer = running.enter_context(report.EventWriter(wd.root, saver.rerun_sentence, wd.store))
     fewshot = fewshot_lib.evaluator_of(config)
-    loop = Loop(config, mesh, model, train_step, eval_step, saver, writer, fewshot, stop)
-    return loop, state
+    return Loop(config, mesh, model, train_step, eval_step, saver, writer, fewshot, stop), state
 
 
 def _summary(
     config: Any, state: TrainState, merged: Any, metrics: dict, evals: dict, seconds: float
 ) -> dict[str, Any]:
     """summary.json: what the run trained, how far, and what it reached."""
-    skipped = state_lib.skipped_steps(state.opt_state)
     return {
         "model": config.model.name,
         "steps": int(jax.device_get(state.step)),
@@ -180,7 +177,7 @@ def _summary(
         "accuracy": evals["accuracy"],
         "eval_loss": evals["loss"],
         "train_loss": metrics.get("loss"),
-        "skipped_steps": int(jax.device_get(skipped)),
+        "skipped_steps": int(jax.device_get(state_lib.skipped_steps(state.opt_state))),
         **{k: v for k, v in evals.items() if k.startswith(fewshot_lib.PREFIX)},
         "img_per_sec_per_device": metrics.get("img_per_sec_per_device"),
         "wall_seconds": seconds,
@@ -204,6 +201,7 @@ def train_loop(
     skipped = int(jax.device_get(state_lib.skipped_steps(state.opt_state)))
     guard = stopping.FiniteGuard(loop.saver, config.skip_nonfinite, start, skipped)
     agree = stopping.Agreement(mesh)
+    few_every = config.fewshot.every or config.eval_every
     _stop_if_asked(loop, state, agree)  # a signal during start-up
     speed = _starting(loop, state, getattr(batches, "lengths", None))
     metrics, evals, compiled_for = {}, {}, set()
@@ -221,11 +219,7 @@ def train_loop(
         stopping_on = agree.lagged(loop.stop.requested, m)
         save = due(step, config.checkpoint_every, total) or bool(stopping_on)
         evaluating = due(step, config.eval_every, total) and not stopping_on
-        few = (
-            loop.fewshot is not None
-            and not stopping_on
-            and due(step, config.fewshot.every or config.eval_every, total)
-        )
+        few = loop.fewshot is not None and not stopping_on and due(step, few_every, total)
         if log or save:  # before any save: nothing non-finite is ever written
             metrics = {k: float(v) for k, v in jax.device_get(m).items() if k != "stop"}
             if log:  # timed here: the step is done, the checks below are not training
@@ -301,28 +295,22 @@ def _stop(loop: Loop, step: int, signal_name: str, saved: bool) -> None:
     loop.saver.wait()
     if loop.writer is not None:
         loop.writer.flush()
-    checkpoint = f"{loop.saver.directory}/{step}"
-    if not saved and step not in loop.saver.steps():
-        checkpoint = None
-    raise stopping.stopped(step, signal_name, checkpoint)
+    saved = saved or step in loop.saver.steps()
+    raise stopping.stopped(step, signal_name, f"{loop.saver.directory}/{step}" if saved else None)
 
 
 def evaluate(loop: Loop, params: Any) -> dict[str, float]:
     """Accuracy and loss over the whole test split (each example exactly once)."""
-    config = loop.config
+    config, size = loop.config, loop.config.eval_batch_size
     split = config.dataset.test_split
     n = data.num_examples(config.dataset, split)
-    batches = data.eval_iterator(
-        config.dataset,
-        split,
-        global_batch=config.eval_batch_size,
-        image_size=config.image_size,
-        patch_size=loop.model.patch_size,
+    batches = eval_batches(
+        config.dataset, split, size, config.image_size, loop.model.patch_size, loop.mesh
     )
     show = distributed.is_lead() and config.progress_bars
     correct = loss = count = 0.0
     with batches:
-        bar = console.bar(batches, -(-n // config.eval_batch_size), f"eval {split}", show)
+        bar = console.bar(batches, -(-n // size), f"eval {split}", show)
         for out, _ in over_batches(loop.eval_step, params, bar, loop.mesh):
             correct += float(out["correct"].sum())
             loss += float(out["loss"].sum())
