@@ -80,9 +80,13 @@ def test_a_plan_counts_what_an_independent_count_gives(topology, devices, kind, 
     forward = 2 * matmul * tokens + 2 * 2 * tokens * tokens * d * depth
     expected = 3 * forward * 64 / devices
     assert 0.8 * expected < p["flops"] < 1.5 * expected, (p["flops"], expected)
-    assert p["step_seconds"] > 0 and p["fits"] and p["hbm_bytes"] == compiled.CHIPS[kind].hbm_bytes
-    assert p["images_per_second"] == pytest.approx(64 / p["step_seconds"])
+    assert p["fits"] and p["hbm_bytes"] == compiled.CHIPS[kind].hbm_bytes
     assert 0 < p["compile_seconds"] < 600 and p["compiled"]
+    if not compiled.CHIPS[kind].estimates:  # v5e: libtpu's cost model times no step
+        assert p["step_seconds"] == 0 and not p["images_per_second"]
+        return
+    assert p["step_seconds"] > 0
+    assert p["images_per_second"] == pytest.approx(64 / p["step_seconds"])
     steps_total = c.total_steps
     assert p["core_days"] == pytest.approx(steps_total * p["step_seconds"] * devices / 86400)
 
