@@ -204,6 +204,63 @@ def test_the_lock_on_gs_is_a_create_if_absent_by_the_store(gcs, capsys):
     )
 
 
+@pytest.mark.parametrize("runs", [2, 3])
+def test_runs_racing_for_one_stale_lock_on_gs_exactly_one_holds_it(gcs, monkeypatch, capsys, runs):
+    """Every run has judged the lock stale and reached its removal before any removes it,
+    then they go on one at a time: the removal is conditional on the generation judged
+    (ifGenerationMatch), so only the first removes it; the others find its lock."""
+    import fsspec.asyn
+    from test_lock import GONE, assert_one_holds, race
+
+    workdir = f"gs://{BUCKET}/race{runs}"
+    key = f"{BUCKET}/race{runs}/{lock.NAME}"
+    stale = dict(GONE, beat_at=time.time() - 2 * lock.STALE_SECONDS)
+    fs().pipe_file(key, json.dumps(stale).encode())
+
+    def hook(at_removal) -> None:
+        real = fsspec.asyn.sync
+
+        def sync(loop, func, *args, **kwargs):  # every gcsfs call of a thread goes here
+            name, target = getattr(func, "__name__", ""), "/".join(map(str, args[-2:]))
+            deleting = name == "_call" and args[:1] == ("DELETE",) and target == key
+            if deleting or (name.startswith("_rm") and key in str(args[:1])):
+                at_removal()
+            return real(loop, func, *args, **kwargs)
+
+        monkeypatch.setattr(fsspec.asyn, "sync", sync)
+
+    results = race(workdir, runs, monkeypatch, hook)
+    monkeypatch.undo()
+    assert_one_holds(results, json.loads(fs().cat(key)), capsys)
+    assert objects(workdir) == {lock.NAME: objects(workdir)[lock.NAME]}
+
+
+def test_a_heartbeat_on_gs_never_overwrites_a_lock_taken_over(gcs):
+    workdir = f"gs://{BUCKET}/beaten"
+    key = f"{BUCKET}/beaten/{lock.NAME}"
+    mine = lock.acquire(workdir)
+    lock.beat(store.path(f"gs://{key}"), mine)  # its own: rewritten, a new generation
+    assert json.loads(fs().cat(key))["beat_at"] > mine["beat_at"]
+    other = json.dumps(dict(mine, host="other", beat_at=time.time())).encode()
+    fs().rm(key)
+    fs().pipe_file(key, other)  # another run took it over
+    with pytest.raises(lock.LockLost, match=f"the lock gs://{key} was taken over by another"):
+        lock.beat(store.path(f"gs://{key}"), mine)
+    lock.release(workdir, mine)
+    assert fs().cat(key) == other  # neither rewritten nor removed
+
+
+def test_an_empty_lock_on_gs_ages_by_the_objects_updated_time(gcs, capsys):
+    workdir = f"gs://{BUCKET}/empty"
+    fs().pipe_file(f"{BUCKET}/empty/{lock.NAME}", b"")  # died between create and write
+    with pytest.raises(lock.WorkdirLocked, match="heartbeat 0s ago"):
+        lock.acquire(workdir, stale_after=2.0)
+    time.sleep(2.5)
+    mine = lock.acquire(workdir, stale_after=2.0)
+    assert json.loads(fs().cat(f"{BUCKET}/empty/{lock.NAME}")) == mine
+    assert "taking over the lock of gs://bkt/empty from host None" in capsys.readouterr().out
+
+
 @needs_embedded_data
 def test_the_commands_read_a_checkpoint_on_gs_and_write_their_outputs_there(gcs, reference, capsys):
     """evaluate, fewshot, infer, figures and convert, each with --checkpoint on the store

@@ -16,9 +16,51 @@ import warnings
 from typing import NoReturn
 
 DEBUG_ENV = "VIT_JAX_DEBUG"
-# Set when a thread ends the process with its own line (outage.give_up): what the main
-# thread fails with meanwhile (the distributed runtime shut under it) is not said.
-leaving = threading.Event()
+# A run whose workdir lock another run took over (workdir/lock.py) stops at once with one
+# `error:` line and this status, saving nothing more: not 75 (run it again), as a rerun
+# would be refused while the other run holds the workdir.
+LOCK_LOST = 73
+LEAVE_SECONDS = 180.0  # the longest a leaver takes: outage.give_up waits 60 s for the others
+
+
+class _Mute:
+    """A stream whose write and flush never fail (a broken pipe, a closed or absent
+    stderr): what a process that is leaving says cannot stop it from leaving."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream.stream if isinstance(stream, _Mute) else stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except Exception:  # noqa: BLE001 (nobody is left to tell)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+class _Leaving(threading.Event):
+    """Set when a thread ends the process with its own line and `status` (outage.give_up's
+    75): what the main thread fails with meanwhile (the distributed runtime shut under it)
+    is not said (`_last_word`). From then on stdout and stderr cannot fail (`_Mute`), and
+    if the leaver fails anyway, the main thread's last word ends the process for it."""
+
+    status, by = 75, None
+
+    def set(self, status: int = 75) -> None:
+        self.status, self.by = status, threading.current_thread()
+        sys.stdout, sys.stderr = _Mute(sys.stdout), _Mute(sys.stderr)
+        super().set()
+
+
+leaving = _Leaving()
 
 
 def debug() -> bool:
@@ -100,8 +142,11 @@ def _last_word(text: str) -> None:
     and unraisable reports are silenced first; VIT_JAX_DEBUG=1 keeps them (and the traceback)."""
     import logging
 
-    if leaving.is_set():
-        threading.Event().wait()  # the thread that set it exits the process
+    if leaving.is_set():  # the thread that set it exits the process, unless it failed
+        if leaving.by is not threading.current_thread() and leaving.by is not None:
+            leaving.by.join(LEAVE_SECONDS)
+        sys.stdout.flush()
+        os._exit(leaving.status)
     sys.stdout.flush()
     logging.disable(logging.CRITICAL)  # absl's logs go through the standard logging
     warnings.simplefilter("ignore")  # at exit: 'coroutine ... was never awaited' (Orbax's)

@@ -39,11 +39,13 @@ def give_up(message: str, together: bool = True) -> None:
     TensorStore's threads may be waiting on the store, and nothing may wait for them.
     `together=False`: a process is lost (parallel/distributed.py), nobody to wait for."""
     exits.leaving.set()
-    sys.stdout.flush()
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    if together:
-        _with_the_others()
-    os._exit(EX_TEMPFAIL)
+    try:  # whatever a write or the others do, the process ends
+        sys.stdout.flush()
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        if together:
+            _with_the_others()
+    finally:
+        os._exit(EX_TEMPFAIL)
 
 
 def _with_the_others(seconds: float = 60.0) -> None:
