@@ -5,6 +5,7 @@ decode_jpeg_and_inception_crop + resize. Every file is generated here."""
 from __future__ import annotations
 
 import io
+import re
 import sys
 
 import numpy as np
@@ -137,6 +138,31 @@ def test_corrupt_and_truncated_files_raise_what_the_full_decode_raises():
         assert str(crop.value) == str(full.value)
     with pytest.raises(ValueError, match=r"crop window \(0, 40, 2, 9\) is not inside the 40x48"):
         crop_decode.decode_crop(data, (0, 40, 2, 9))
+
+
+def test_the_module_itself_refuses_a_bad_window_before_it_allocates():
+    """The C module called directly (crop_decode.py checks first): an empty, negative or
+    outside window, and numbers whose sums or products overflow an int or a Py_ssize_t, are
+    a ValueError naming the window: never a SystemError, MemoryError or OverflowError."""
+    module, data = crop_decode.native(), jpeg(40, 48)
+    big = [2**31 - 1, 2**31, 2**32, 2**62, 2**63 - 1, 2**63, 2**64, 2**100]
+    boxes = [(0, 0, b, b) for b in big] + [(b, 0, 1, 1) for b in big] + [(0, b, 1, 1) for b in big]
+    boxes += (
+        [(-b, 0, 1, 1) for b in big] + [(0, -b, 1, 1) for b in big] + [(0, 0, -b, 1) for b in big]
+    )
+    boxes += [(1, 1, 2**31 - 1, 1), (39, 47, 2, 1), (40, 0, 1, 1), (0, 48, 1, 1), (0, 0, 41, 48)]
+    boxes += [(-1, 0, 1, 1), (0, -1, 1, 1), (0, 0, 0, 1), (0, 0, 1, 0), (0, 0, 40, 49)]
+    for box in boxes:
+        named = re.escape(f"crop window ({', '.join(map(str, box))}) is ")
+        for fast in (True, False):
+            with pytest.raises(ValueError, match=named + "(empty|not inside the 40x48 image)"):
+                module.decode(data, *box, fast)
+        with pytest.raises(ValueError, match="empty|Not a JPEG"):
+            module.decode(b"not a JPEG", *box, True)  # empty first, then the file
+    assert (
+        module.decode(data, np.int64(39), 47, 1, 1, True)
+        == crop_decode.decode_crop(data, (39, 47, 1, 1)).tobytes()
+    )
 
 
 def test_the_gil_is_released_while_decoding():

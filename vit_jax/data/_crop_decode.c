@@ -9,10 +9,13 @@
  * fast: the integer-fast DCT (TensorFlow's) or the accurate one. Grayscale comes out as
  * RGB; CMYK and YCCK as TensorFlow converts them. Any libjpeg error or corrupt-data
  * warning raises ValueError with libjpeg's message: the caller then decodes the file as
- * before (vit_jax/data/crop_decode.py). The GIL is released while decoding. */
+ * before (vit_jax/data/crop_decode.py). A window that is empty or not inside the image,
+ * however large its numbers, is a ValueError naming it, found before anything is
+ * allocated (crop_decode.py checks it too). The GIL is released while decoding. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <setjmp.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,81 +55,119 @@ static void copy_row(const JSAMPLE *row, int shift, int width, int cmyk, int ado
   }
 }
 
-/* The window (top, left, height, width) of `data` into `out`; 0, or -1 with
- * err->message set. Runs without the GIL: no Python calls in here. */
-static int decode_window(const unsigned char *data, size_t size, const int *win, int fast,
-                         unsigned char *out, Errors *err) {
-  struct jpeg_decompress_struct cinfo;
-  JSAMPLE *volatile row = NULL; /* volatile: read again after a longjmp */
-  cinfo.err = jpeg_std_error(&err->mgr);
+/* Reads `data`'s header into `cinfo`; 0, or -1 with err->message set and `cinfo`
+ * destroyed. Runs with the GIL: it only parses markers. */
+static int open_jpeg(j_decompress_ptr cinfo, const unsigned char *data, size_t size,
+                     Errors *err) {
+  cinfo->err = jpeg_std_error(&err->mgr);
   err->mgr.error_exit = fail;
   err->mgr.emit_message = warn;
   if (setjmp(err->jump)) {
+    jpeg_destroy_decompress(cinfo);
+    return -1;
+  }
+  jpeg_create_decompress(cinfo);
+  jpeg_mem_src(cinfo, data, (unsigned long)size);
+  jpeg_read_header(cinfo, TRUE);
+  return 0;
+}
+
+/* The window (top, left, height, width) of the opened image, which `decode` found inside
+ * it, into `out`; 0, or -1 with err->message set. `cinfo` is destroyed either way. Runs
+ * without the GIL: no Python calls in here. */
+static int decode_window(j_decompress_ptr cinfo, const int *win, int fast,
+                         unsigned char *out, Errors *err) {
+  JSAMPLE *volatile row = NULL; /* volatile: read again after a longjmp */
+  if (setjmp(err->jump)) {
     free(row);
-    jpeg_destroy_decompress(&cinfo);
+    jpeg_destroy_decompress(cinfo);
     return -1;
   }
-  jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, data, (unsigned long)size);
-  jpeg_read_header(&cinfo, TRUE);
-  int cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
-  cinfo.dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
-  cinfo.do_fancy_upsampling = TRUE; /* TensorFlow's fancy_upscaling default */
+  int cmyk = cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK;
+  cinfo->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+  cinfo->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
+  cinfo->do_fancy_upsampling = TRUE; /* TensorFlow's fancy_upscaling default */
   int top = win[0], left = win[1], height = win[2], width = win[3];
-  if (top < 0 || left < 0 || height <= 0 || width <= 0 ||
-      top + height > (int)cinfo.image_height || left + width > (int)cinfo.image_width) {
-    snprintf(err->message, JMSG_LENGTH_MAX, "crop window (%d, %d, %d, %d) is not inside the "
-             "%ux%u image", top, left, height, width, cinfo.image_height, cinfo.image_width);
-    jpeg_destroy_decompress(&cinfo);
-    return -1;
-  }
-  jpeg_start_decompress(&cinfo);
+  jpeg_start_decompress(cinfo);
   JDIMENSION x = (JDIMENSION)left, w = (JDIMENSION)width;
-  jpeg_crop_scanline(&cinfo, &x, &w); /* x down to the iMCU, w widened to match */
-  jpeg_skip_scanlines(&cinfo, (JDIMENSION)top);
-  row = malloc((size_t)cinfo.output_width * cinfo.output_components);
+  jpeg_crop_scanline(cinfo, &x, &w); /* x down to the iMCU, w widened to match */
+  jpeg_skip_scanlines(cinfo, (JDIMENSION)top);
+  row = malloc((size_t)cinfo->output_width * cinfo->output_components);
   if (row == NULL) {
     strcpy(err->message, "out of memory");
-    jpeg_destroy_decompress(&cinfo);
+    jpeg_destroy_decompress(cinfo);
     return -1;
   }
   for (int y = 0; y < height; y++) {
     JSAMPLE *rows[1] = {row};
-    jpeg_read_scanlines(&cinfo, rows, 1); /* a memory source never suspends */
-    copy_row(row, left - (int)x, width, cmyk, cinfo.saw_Adobe_marker,
+    jpeg_read_scanlines(cinfo, rows, 1); /* a memory source never suspends */
+    copy_row(row, left - (int)x, width, cmyk, cinfo->saw_Adobe_marker,
              out + (size_t)y * width * 3);
   }
   free(row);
-  jpeg_destroy_decompress(&cinfo); /* the rows below the window are never decoded */
+  jpeg_destroy_decompress(cinfo); /* the rows below the window are never decoded */
   return 0;
 }
 
+/* The window's four numbers as long long: an int too large either way becomes
+ * LLONG_MAX or LLONG_MIN, which no image holds, so no sum or product below overflows. */
+static int window_of(PyObject *const *objects, long long *win) {
+  for (int i = 0; i < 4; i++) {
+    int overflow;
+    win[i] = PyLong_AsLongLongAndOverflow(objects[i], &overflow);
+    if (win[i] == -1 && PyErr_Occurred()) return -1;
+    if (overflow) win[i] = overflow > 0 ? LLONG_MAX : LLONG_MIN;
+  }
+  return 0;
+}
+
+/* A ValueError naming the window: "crop window (top, left, height, width) <what>". */
+static PyObject *refuse(PyObject *const *objects, const char *what) {
+  return PyErr_Format(PyExc_ValueError, "crop window (%S, %S, %S, %S) %s", objects[0],
+                      objects[1], objects[2], objects[3], what);
+}
+
+/* Every check comes before anything is allocated: the window non-empty, then (the header
+ * read) inside the image. libjpeg bounds the image's sides (JPEG_MAX_DIMENSION), so a
+ * window inside it fits an int and its height * width * 3 bytes a Py_ssize_t. */
 static PyObject *decode(PyObject *self, PyObject *args) {
   Py_buffer data;
+  PyObject *objects[4], *out = NULL;
+  long long v[4];
   int win[4], fast, status;
+  char inside[64];
   Errors err;
-  if (!PyArg_ParseTuple(args, "y*iiiip", &data, &win[0], &win[1], &win[2], &win[3], &fast))
+  struct jpeg_decompress_struct cinfo;
+  if (!PyArg_ParseTuple(args, "y*OOOOp", &data, &objects[0], &objects[1], &objects[2],
+                        &objects[3], &fast))
     return NULL;
-  if (win[2] <= 0 || win[3] <= 0) {
-    PyBuffer_Release(&data);
-    return PyErr_Format(PyExc_ValueError, "crop window (%d, %d, %d, %d) is empty", win[0],
-                        win[1], win[2], win[3]);
+  if (window_of(objects, v) != 0) {
+    /* not integers: its TypeError */
+  } else if (v[2] <= 0 || v[3] <= 0) {
+    refuse(objects, "is empty");
+  } else if (open_jpeg(&cinfo, data.buf, (size_t)data.len, &err) != 0) {
+    PyErr_Format(PyExc_ValueError, "%s", err.message);
+  } else if (v[0] < 0 || v[1] < 0 || v[2] > (long long)cinfo.image_height - v[0] ||
+             v[3] > (long long)cinfo.image_width - v[1] || v[2] > PY_SSIZE_T_MAX / 3 / v[3]) {
+    snprintf(inside, sizeof inside, "is not inside the %ux%u image", cinfo.image_height,
+             cinfo.image_width);
+    jpeg_destroy_decompress(&cinfo);
+    refuse(objects, inside);
+  } else if ((out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(v[2] * v[3] * 3))) ==
+             NULL) {
+    jpeg_destroy_decompress(&cinfo);
+  } else {
+    for (int i = 0; i < 4; i++) win[i] = (int)v[i];
+    unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    status = decode_window(&cinfo, win, fast, pixels, &err);
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+      Py_CLEAR(out);
+      PyErr_Format(PyExc_ValueError, "%s", err.message);
+    }
   }
-  PyObject *out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)win[2] * win[3] * 3);
-  if (out == NULL) {
-    PyBuffer_Release(&data);
-    return NULL;
-  }
-  unsigned char *pixels = (unsigned char *)PyByteArray_AS_STRING(out);
-  Py_BEGIN_ALLOW_THREADS
-  status = decode_window(data.buf, (size_t)data.len, win, fast, pixels, &err);
-  Py_END_ALLOW_THREADS
   PyBuffer_Release(&data);
-  if (status != 0) {
-    Py_DECREF(out);
-    return PyErr_Format(PyExc_ValueError, "%s", err.message);
-  }
   return out;
 }
 

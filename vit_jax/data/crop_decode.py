@@ -99,7 +99,7 @@ def _header(data: bytes) -> tuple[int, int, int] | None:
 
     try:
         return (*simplejpeg.decode_jpeg_header(data)[:2], pixels.orientation(data))
-    except (ValueError, IndexError, RuntimeError):  # pixels.decode names what is wrong
+    except (ValueError, LookupError, RuntimeError):  # pixels.decode names what is wrong
         return None
 
 
@@ -132,6 +132,7 @@ def decode_crop(
     header = _header(data)
     if header is not None:
         h, w, turn = header
+        turn = turn if turn in pixels.UPRIGHT else 1  # as pixels.decode: 9, 61, ... as stored
         box = _box(window, *((w, h) if turn >= 5 else (h, w)))
         y0, x0, ch, cw = _stored(box, turn, h, w)
         try:

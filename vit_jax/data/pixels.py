@@ -152,7 +152,7 @@ def _jpeg(data: bytes, method: str) -> np.ndarray | None:
         out = simplejpeg.decode_jpeg(
             data, colorspace="GRAY" if gray else "RGB", fastdct=method == "tf_bilinear"
         )
-    except (ValueError, IndexError, RuntimeError):  # PIL's path names what is wrong
+    except (ValueError, LookupError, RuntimeError):  # PIL's path (simplejpeg's KeyError too)
         return None
     out = np.repeat(out, 3, -1) if gray else out
     upright = UPRIGHT.get(turn)
