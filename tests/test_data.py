@@ -442,7 +442,7 @@ def test_every_bad_file_of_the_failing_batch_is_named(tmp_path):
         with pytest.raises(data.CorruptImageError) as e:
             run()
         said = str(e.value)
-        assert said.startswith("2 image(s) of this batch do not decode: "), said
+        assert said.startswith("2 images do not decode: "), said
         assert "z_broken.jpg" in said and "zz_broken.jpg" in said
         assert "others may follow" in said and "skip_corrupt=True" in said
     with pytest.raises(data.CorruptImageError) as e:  # cached: every file decoded first

@@ -30,11 +30,17 @@ class CorruptImageError(ValueError):
     """An image file that does not decode."""
 
 
-def corrupt_error(path: str, detail: str) -> CorruptImageError:
+def corrupt_error(
+    path: str, detail: str, more: tuple[str, ...] = (), later: str = ""
+) -> CorruptImageError:
+    """`path` does not decode (`detail`), nor do the files `more`; `later`: what follows."""
+    what = f"image {path} does not decode ({detail})"
+    if more:
+        what = f"{1 + len(more)} images do not decode: {', '.join((path, *more))} ({detail})"
     return CorruptImageError(
-        f"image {path} does not decode ({detail}). Replace or delete the file, or set "
-        "dataset.skip_corrupt=True (evaluate's and fewshot's --skip_corrupt) to leave "
-        "unreadable files out (they are counted and logged)."
+        f"{what}.{later} Replace or delete the file(s), or set dataset.skip_corrupt=True "
+        "(evaluate's and fewshot's --skip_corrupt) to leave unreadable files out (they are "
+        "counted and logged)."
     )
 
 

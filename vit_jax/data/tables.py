@@ -93,12 +93,8 @@ def every_bad(table: Table, index, method: str, first: Exception) -> Exception:
             crop_of(table, int(i), method)
         except (ValueError, OSError):
             bad.append(str(table.paths[int(i)]))
-    return folder_source.CorruptImageError(
-        f"{len(bad)} image(s) of this batch do not decode: {', '.join(bad)} (the first: "
-        f"{first}). Files of later batches are not checked yet, so others may follow; "
-        "dataset.skip_corrupt=True (evaluate's and fewshot's --skip_corrupt) decodes every "
-        "file once up front and leaves those that fail out (counted and logged)."
-    )
+    later = " Later batches are not read yet: others may follow."
+    return folder_source.corrupt_error(bad[0], str(first), tuple(bad[1:]), later)
 
 
 _TABLES: dict[tuple, Table] = {}
@@ -175,15 +171,9 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
         ok, images, failures = folder_source.decode_all(
             paths, cfg.cache, cfg.preprocessing, encoded
         )
-        if len(failures) == 1 and not cfg.skip_corrupt:
-            raise folder_source.corrupt_error(*failures[0])
         if failures and not cfg.skip_corrupt:  # every file was decoded: each one is named
-            raise folder_source.CorruptImageError(
-                f"{len(failures)} images do not decode: {', '.join(p for p, _ in failures)} "
-                f"(the first: {failures[0][1]}). Replace or delete them, or set "
-                "dataset.skip_corrupt=True (evaluate's and fewshot's --skip_corrupt) to leave "
-                "them out (counted and logged)."
-            )
+            (path, detail), more = failures[0], tuple(p for p, _ in failures[1:])
+            raise folder_source.corrupt_error(path, detail, more)
         if failures:
             first = [path for path, _ in failures[:5]]
             logging.warning(
