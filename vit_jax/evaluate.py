@@ -69,6 +69,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch_size", 64, "Images per forward pass.", lower_bound=1)
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
     flags.DEFINE_bool("skip_corrupt", False, cli.SKIP_CORRUPT)
+    cli.FLAGS_OF_ARGUMENTS["dataset.skip_corrupt=True"] = "--skip_corrupt"  # in its errors
 
 
 def parse_classes(items: list[str]) -> tuple[int, ...]:

@@ -37,6 +37,7 @@ def define_flags() -> None:
     flags.DEFINE_string("test_split", "test", "Split accuracy is measured on, e.g. test[:2000].")
     flags.DEFINE_integer("batch_size", 64, "Images per forward pass.", lower_bound=1)
     flags.DEFINE_bool("skip_corrupt", False, cli.SKIP_CORRUPT)
+    cli.FLAGS_OF_ARGUMENTS["dataset.skip_corrupt=True"] = "--skip_corrupt"  # in its errors
 
 
 def format_table(results: dict[str, dict[int, float]]) -> str:

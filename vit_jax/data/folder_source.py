@@ -39,8 +39,7 @@ def corrupt_error(
         what = f"{1 + len(more)} images do not decode: {', '.join((path, *more))} ({detail})"
     return CorruptImageError(
         f"{what}.{later} Replace or delete the file(s), or set dataset.skip_corrupt=True "
-        "(evaluate's and fewshot's --skip_corrupt) to leave unreadable files out (they are "
-        "counted and logged)."
+        "to leave unreadable files out (they are counted and logged)."
     )
 
 

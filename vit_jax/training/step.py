@@ -74,7 +74,14 @@ def loss_and_grads(model, state: TrainState, batch: dict, accum_steps: int, loss
 
 
 def train_step(
-    state: TrainState, batch: dict, *, model, tx, lr_fn, accum_steps: int, loss_name: str
+    state: TrainState,
+    batch: dict,
+    *,
+    model,
+    tx,
+    lr_fn,
+    accum_steps: int = 1,
+    loss_name: str = "softmax_xent",
 ) -> tuple[TrainState, dict]:
     """One optimizer step on one global batch. A finite gradient norm means every
     gradient is finite, and from finite gradients SGD and Adam make finite updates short
