@@ -339,3 +339,35 @@ def defined_flags(module_name: str) -> set[str]:
     finally:
         for name in new:
             delattr(flags.FLAGS, name)
+
+
+def assert_recorded(got: dict, path, least_sets: int = 1) -> None:
+    """`got` {name: array} against the sets recorded in the .npz at `path`, one per JAX
+    version and CPU (`cpu_signature`: XLA:CPU rounds the last bits by the CPU it compiles
+    for), keyed 'JAX/CPU/name': bit for bit against this machine's set, within
+    FIDELITY_ATOL of every set. VIT_JAX_RECORD_LOGITS=1 adds this machine's set where it
+    has none (run it on the code the figures are to be held to)."""
+    import zlib
+
+    recorded = {}
+    if os.path.exists(path):
+        with np.load(path) as f:
+            recorded = {k: f[k] for k in f.files}
+    cpu = f"{zlib.crc32(cpu_signature().encode()):08x}"
+    here = f"{jax.__version__}/{cpu}/"
+    mine = {k.removeprefix(here): v for k, v in recorded.items() if k.startswith(here)}
+    if os.environ.get("VIT_JAX_RECORD_LOGITS") and not mine:
+        recorded |= {here + k: v for k, v in got.items()} | {f"cpu/{cpu}": cpu_signature()}
+        np.savez(path, **recorded)
+        mine = got
+    sets = {"/".join(k.split("/")[:2]) for k in recorded if not k.startswith("cpu/")}
+    assert len(sets) >= least_sets, f"{len(sets)} sets recorded in {path}"
+    assert all(f"cpu/{s.split('/')[1]}" in recorded for s in sets)
+    for key, value in got.items():
+        if mine:
+            np.testing.assert_array_equal(value, mine[key], err_msg=key)
+        for s in sets:  # every JAX on every CPU recorded agrees to the fidelity tolerance
+            want = recorded[f"{s}/{key}"]
+            np.testing.assert_allclose(
+                value, want, atol=FIDELITY_ATOL, rtol=0, err_msg=f"{s}/{key}"
+            )

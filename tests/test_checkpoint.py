@@ -1,17 +1,14 @@
 """Published .npz checkpoints: every layout, exact logits against NumPy, resizing, errors."""
 
-import os
-import zlib
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from helpers import (
     FIDELITY_ATOL,
     assert_npz_equal,
+    assert_recorded,
     assert_trees_equal,
-    cpu_signature,
     images,
     logits,
     quiet_params,
@@ -73,23 +70,7 @@ def test_published_files_load_to_the_recorded_logits(tmp_path):
     within FIDELITY_ATOL of every recorded set elsewhere. VIT_JAX_RECORD_LOGITS=1 adds
     this machine's set where it has none."""
     got = published_logits(tmp_path)
-    with np.load(RECORDED) as f:
-        recorded = {k: f[k] for k in f.files}
-    cpu = f"{zlib.crc32(cpu_signature().encode()):08x}"
-    here = f"{jax.__version__}/{cpu}/"
-    mine = {k.removeprefix(here): v for k, v in recorded.items() if k.startswith(here)}
-    if os.environ.get("VIT_JAX_RECORD_LOGITS") and not mine:
-        recorded |= {here + k: v for k, v in got.items()} | {f"cpu/{cpu}": cpu_signature()}
-        np.savez(RECORDED, **recorded)
-        mine = got
-    sets = {k.rsplit("/", 1)[0] for k in recorded if not k.startswith("cpu/")}
-    assert len(sets) >= 2 and all(f"cpu/{s.split('/')[1]}" in recorded for s in sets)
-    for key, value in got.items():
-        if mine:
-            np.testing.assert_array_equal(value, mine[key], err_msg=key)
-        for s in sets:  # every JAX on every CPU recorded agrees to the fidelity tolerance
-            np.testing.assert_allclose(value, recorded[f"{s}/{key}"], atol=FIDELITY_ATOL, rtol=0,
-                                       err_msg=f"{s}/{key}")  # fmt: skip
+    assert_recorded(got, RECORDED, least_sets=2)
     assert np.abs(got["plain_32"]).max() > 0.5  # not near-zeros
 
 

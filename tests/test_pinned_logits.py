@@ -3,19 +3,15 @@ one token structure for images and NaFlex patches, one mask contract): a few mod
 kind, each position embedding and pooling, images and NaFlex batches of mixed grids with
 padding, with `scan` and without, recorded by the code before that change (at ce6dabf).
 
-Bit for bit on a machine of the recorded JAX and CPU (`cpu_signature`: XLA:CPU rounds the
-last bits by the CPU it compiles for), within FIDELITY_ATOL of every recorded set elsewhere.
-VIT_JAX_RECORD_LOGITS=1 adds this machine's set where it has none (run it on the code the
-figures are to be held to)."""
+Held to the record by helpers.assert_recorded: bit for bit on a machine of the recorded JAX
+and CPU, within FIDELITY_ATOL of every recorded set elsewhere."""
 
-import os
-import zlib
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from helpers import FIDELITY_ATOL, cpu_signature
+from helpers import assert_recorded
 
 from vit_jax.models import apply_with_intermediates, get_model, naflex
 
@@ -70,24 +66,5 @@ def pinned() -> dict[str, np.ndarray]:
 
 def test_logits_and_maps_are_those_recorded():
     got = pinned()
-    recorded = {}
-    if RECORDED.exists():
-        with np.load(RECORDED) as f:
-            recorded = {k: f[k] for k in f.files}
-    cpu = f"{zlib.crc32(cpu_signature().encode()):08x}"
-    here = f"{jax.__version__}/{cpu}/"
-    mine = {k.removeprefix(here): v for k, v in recorded.items() if k.startswith(here)}
-    if os.environ.get("VIT_JAX_RECORD_LOGITS") and not mine:
-        recorded |= {here + k: v for k, v in got.items()} | {f"cpu/{cpu}": cpu_signature()}
-        np.savez(RECORDED, **recorded)
-        mine = got
-    sets = {k.rsplit("/", 2)[0] for k in recorded if not k.startswith("cpu/")}
-    assert sets, f"nothing recorded in {RECORDED.name}"
-    for key, value in got.items():
-        if mine:
-            np.testing.assert_array_equal(value, mine[key], err_msg=key)
-        for s in sets:
-            np.testing.assert_allclose(
-                value, recorded[f"{s}/{key}"], atol=FIDELITY_ATOL, rtol=0, err_msg=f"{s}/{key}"
-            )
+    assert_recorded(got, RECORDED)
     assert min(np.abs(v).max() for k, v in got.items() if "attention" not in k) > 0.1
