@@ -334,12 +334,13 @@ def held(
             beat(path, mine, via)
         except Exception as e:  # noqa: BLE001 (the store's: the window stops the run if it must)
             if isinstance(e, LockLost):  # another run holds the workdir: save nothing more
-                exits.leaving.status = exits.LOCK_LOST  # what ends it if this thread fails
-                exits.leaving.set()
-                sys.stdout.flush()
-                sys.stderr.write(f"error: {e}\n")
-                sys.stderr.flush()
-                os._exit(exits.LOCK_LOST)
+                exits.leaving.set(exits.LOCK_LOST)  # its status ends it if this thread fails
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.write(f"error: {e}\n")
+                    sys.stderr.flush()
+                finally:
+                    os._exit(exits.LOCK_LOST)
 
     try:
         with every(HEARTBEAT_SECONDS, heartbeat, "vit_jax-lock-heartbeat"):
