@@ -58,14 +58,19 @@ def patchify(images: Any, patch_size: int, seq_len: int | None = None) -> dict[s
     if gh * gw > n:
         raise ValueError(f"a {gh}x{gw} grid has {gh * gw} patches, more than seq_len={n}")
     rows = x.reshape(b, gh, p, gw, p, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, gh * gw, -1)
-    y, xs = np.mgrid[:gh, :gw]
-    coords = np.stack([y.ravel(), xs.ravel()], axis=-1).astype(np.int32)  # [gh*gw, 2]
+    coords = grid_coords(gh, gw)  # [gh*gw, 2]
     pad = n - gh * gw
     return {
         "patches": np.pad(rows, ((0, 0), (0, pad), (0, 0))).astype(np.float32),
         "coords": np.broadcast_to(np.pad(coords, ((0, pad), (0, 0))), (b, n, 2)).copy(),
         "valid": np.broadcast_to(np.arange(n) < gh * gw, (b, n)).copy(),
     }
+
+
+def grid_coords(gh: int, gw: int) -> np.ndarray:
+    """The (row, column) of each patch of a gh x gw grid, row-major: int32 [gh*gw, 2]."""
+    rows, cols = np.mgrid[:gh, :gw]
+    return np.stack([rows.ravel(), cols.ravel()], axis=-1).astype(np.int32)
 
 
 def grids(x: dict[str, Any]) -> Any:

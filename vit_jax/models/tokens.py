@@ -45,8 +45,7 @@ class Tokens:
     def of_image(cls, x: jax.Array) -> Tokens:
         """An image's patch embeddings [B, gh, gw, D]: every token real, the grid full."""
         b, gh, gw, d = x.shape
-        rows, cols = np.mgrid[:gh, :gw]
-        coords = np.stack([rows.ravel(), cols.ravel()], axis=-1).astype(np.int32)  # [N, 2]
+        coords = naflex.grid_coords(gh, gw)  # [N, 2]
         return cls(
             x.reshape(b, gh * gw, d),  # [B, N, D]
             jnp.broadcast_to(coords, (b, gh * gw, 2)),
