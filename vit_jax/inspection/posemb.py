@@ -46,7 +46,7 @@ def patch_embeddings(params: dict[str, Any], model: Any, grid: tuple[int, int]) 
             [np.repeat(row[:, None], gw, axis=1), np.repeat(col[None], gh, axis=0)], axis=-1
         )  # [gh, gw, D]
         return pe.reshape(gh * gw, -1)
-    pe = np.asarray(stored["pos_embedding"][0])[int(model.has_class_token) :]  # [N, D]
+    pe = np.asarray(stored["pos_embedding"][0])[model.posemb_prefix :]  # [N, D]
     if len(pe) != gh * gw:
         raise ValueError(
             f"{len(pe)} position embeddings do not make a {gh}x{gw} grid: adapt the parameters "

@@ -78,7 +78,7 @@ def attention_of(model: VisionTransformer, params: Any, x: Any) -> tuple[jax.Arr
 def _relevance_fn(model: VisionTransformer):
     """Jitted (params, images [B, H, W, C] or a NaFlex batch, classes [B, K]) -> each
     patch's relevance [B, K, n] (retraced per shape)."""
-    prefix = int(model.has_class_token)
+    prefix = model.num_prefix
     made = lambda p, x: model.apply({"params": p}, x, mutable=["perturbations"])[1]
 
     @jax.jit

@@ -69,7 +69,7 @@ class Inspection:
 def _analysis_fn(model: VisionTransformer):
     """Jitted (params, images [B, H, W, C] or a NaFlex batch) -> (distance [B, L, H],
     rollout flow [B, n]); the full attention [L, B, H, N, N] never leaves the device."""
-    prefix = int(model.has_class_token)
+    prefix = model.num_prefix
 
     @jax.jit
     def analyse(params: Any, x: Any) -> tuple[jax.Array, jax.Array]:

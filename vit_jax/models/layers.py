@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models import attention
+from vit_jax.models import attention, rope
 from vit_jax.models.lora import Lora, adapted
 from vit_jax.models.posemb import PositionEmbedding
 from vit_jax.models.tokens import Tokens
@@ -28,11 +28,15 @@ xavier = nn.initializers.xavier_uniform()
 tiny_normal = nn.initializers.normal(stddev=1e-6)
 
 
-GELUS = ("tanh", "exact")  # the tanh approximation (the original ViT's), or erf
+# the tanh approximation (the original ViT's), erf, or OpenAI CLIP's x·σ(1.702x)
+GELUS = ("tanh", "exact", "quick")
+QKV_BIASES = ("qkv", "qv", "")  # which of the query, key and value projections have a bias
 
 
 def gelu(x: jax.Array, form: str) -> jax.Array:
     """GELU in one of GELUS."""
+    if form == "quick":
+        return x * jax.nn.sigmoid(1.702 * x)
     return nn.gelu(x, approximate=form == "tanh")
 
 
@@ -51,6 +55,13 @@ class BlockOptions:
     param_dtype: Dtype = jnp.float32
     lora: Lora | None = None  # low-rank adapters on some of the Dense modules (lora.py)
     attention: str = "auto"  # how softmax(q kᵀ) v is computed: one of attention.CHOICES
+    # The towers' deltas (VisionTransformer's docstring names their sources):
+    swiglu: bool = False  # silu(gate(x)) * Dense_0(x) instead of gelu(Dense_0(x))
+    mlp_norm: bool = False  # a LayerNorm on the MLP's hidden layer (EVA-02)
+    attention_norm: bool = False  # a LayerNorm on the heads' output (EVA-02 CLIP)
+    qkv_bias: str = "qkv"  # one of QKV_BIASES
+    layer_scale: float | None = None  # LayerScale's initial value; None: none
+    rope: str | None = None  # rotary embeddings, one of rope.KINDS
 
     @property
     def dtypes(self) -> dict[str, Dtype]:
@@ -73,9 +84,15 @@ class MlpBlock(nn.Module):
             n, kernel_init=xavier, bias_init=tiny_normal, name=name, **o.dtypes
         )
         d = x.shape[-1]
-        x = gelu(adapted(self, "Dense_0", dense(o.mlp_dim, "Dense_0"), x), o.gelu)  # [B, N, F]
-        x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
-        x = adapted(self, "Dense_1", dense(d, "Dense_1"), x)  # [B, N, D]
+        h = adapted(self, "Dense_0", dense(o.mlp_dim, "Dense_0"), x)  # [B, N, F]
+        if o.swiglu:  # SwiGLU: the gate's SiLU times Dense_0
+            h = nn.silu(adapted(self, "gate", dense(o.mlp_dim, "gate"), x)) * h
+        else:
+            h = gelu(h, o.gelu)
+        h = nn.Dropout(o.dropout)(h, deterministic=not self.train)
+        if o.mlp_norm:
+            h = nn.LayerNorm(epsilon=o.layer_norm_eps, name="norm", **o.dtypes)(h)
+        x = adapted(self, "Dense_1", dense(d, "Dense_1"), h)  # [B, N, D]
         return nn.Dropout(o.dropout)(x, deterministic=not self.train)
 
 
@@ -94,10 +111,16 @@ class SelfAttention(nn.Module):
     train: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask: attention.Mask | None = None) -> jax.Array:
-        """x [B, N, D] attends to itself; `mask`: the tokens that count (not padding)."""
+    def __call__(
+        self, x: jax.Array, mask: attention.Mask | None = None, theta: jax.Array | None = None
+    ) -> jax.Array:
+        """x [B, N, D] attends to itself; `mask`: the tokens that count (not padding);
+        `theta`: the patches' rotary angles (rope.py), the prefix tokens unrotated."""
         o = self.opts
         q, k, v = project(self, x, x)  # [B, N, H, hd] each
+        if theta is not None:
+            prefix = x.shape[1] - theta.shape[1]
+            q, k = (rope.rotate(a, theta, o.rope, prefix) for a in (q, k))
         how = attention.choose(o.attention, x.shape[1], o.dtype, o.attention_dropout * self.train)
         read = (
             self.is_mutable_collection("intermediates")
@@ -129,7 +152,7 @@ def project(module: nn.Module, x: jax.Array, kv: jax.Array) -> tuple[jax.Array, 
         raise ValueError(f"width {d} is not divisible by num_heads={o.num_heads}")
     hd = d // o.num_heads
     proj = lambda name: nn.DenseGeneral(
-        (o.num_heads, hd), kernel_init=xavier, name=name, **o.dtypes
+        (o.num_heads, hd), use_bias=name[0] in o.qkv_bias, kernel_init=xavier, name=name, **o.dtypes
     )
     q = adapted(module, "query", proj("query"), x) / jnp.sqrt(hd).astype(o.dtype)
     return q, adapted(module, "key", proj("key"), kv), adapted(module, "value", proj("value"), kv)
@@ -156,7 +179,11 @@ def explicit(module: nn.Module, q, k, v, mask: attention.Mask | None) -> jax.Arr
 
 
 def output(module: nn.Module, y: jax.Array, d: int) -> jax.Array:  # [B, N, H, hd] -> [B, N, D]
-    out = nn.DenseGeneral(d, axis=(-2, -1), kernel_init=xavier, name="out", **module.opts.dtypes)
+    o = module.opts
+    if o.attention_norm:  # one LayerNorm over all heads' features
+        axes = dict(reduction_axes=(-2, -1), feature_axes=(-2, -1))
+        y = nn.LayerNorm(epsilon=o.layer_norm_eps, name="norm", **axes, **o.dtypes)(y)
+    out = nn.DenseGeneral(d, axis=(-2, -1), kernel_init=xavier, name="out", **o.dtypes)
     return adapted(module, "out", out, y, in_axes=2)
 
 
@@ -178,18 +205,27 @@ class Encoder1DBlock(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, droppath: jax.Array | float = 0.0, mask: attention.Mask | None = None
+        self,
+        x: jax.Array,
+        droppath: jax.Array | float = 0.0,
+        mask: attention.Mask | None = None,
+        theta: jax.Array | None = None,
     ) -> jax.Array:
         o = self.opts  # x [B, N, D]; mask: the tokens others attend to (None: all)
         ln = lambda name: nn.LayerNorm(epsilon=o.layer_norm_eps, name=name, **o.dtypes)
-        y = ln("LayerNorm_0")(x)
-        y = SelfAttention(o, self.train, name="MultiHeadDotProductAttention_1")(y, mask)
-        y = nn.Dropout(o.dropout)(y, deterministic=not self.train)
         drop = self.train and self.stochastic_depth
-        x = x + (drop_path(self, y, droppath) if drop else y)
-        y = ln("LayerNorm_2")(x)
-        y = MlpBlock(o, self.train, name="MlpBlock_3")(y)
-        x = x + (drop_path(self, y, droppath) if drop else y)
+
+        def residual(x: jax.Array, y: jax.Array, scale: str) -> jax.Array:
+            if o.layer_scale is not None:  # LayerScale: a learned gain per feature
+                init = nn.initializers.constant(o.layer_scale)
+                y = y * self.param(scale, init, (x.shape[-1],), o.param_dtype).astype(y.dtype)
+            return x + (drop_path(self, y, droppath) if drop else y)
+
+        y = ln("LayerNorm_0")(x)
+        y = SelfAttention(o, self.train, name="MultiHeadDotProductAttention_1")(y, mask, theta)
+        x = residual(x, nn.Dropout(o.dropout)(y, deterministic=not self.train), "layer_scale_1")
+        y = MlpBlock(o, self.train, name="MlpBlock_3")(ln("LayerNorm_2")(x))
+        x = residual(x, y, "layer_scale_2")
         self.sow("intermediates", "output", x)
         return x
 
@@ -197,17 +233,23 @@ class Encoder1DBlock(nn.Module):
 class _ScanBlock(Encoder1DBlock):
     """The block as a scan body: (carry, per-layer input) -> (carry, output)."""
 
-    def __call__(self, x, droppath, mask):  # type: ignore[override]
-        return super().__call__(x, droppath, mask), None
+    def __call__(self, x, droppath, mask, theta):  # type: ignore[override]
+        return super().__call__(x, droppath, mask, theta), None
 
 
 class Encoder(nn.Module):
-    """Position embeddings, `depth` blocks, final LayerNorm ('encoder_norm')."""
+    """Position embeddings, [a LayerNorm ('pre_norm')], `depth` blocks, final LayerNorm
+    ('encoder_norm'; none where the model normalises the pooled features instead)."""
 
     opts: BlockOptions
     depth: int
     posemb: str = "learned"
     posemb_grid: tuple[int, int] | None = None  # the stored tables' grid (posemb.py)
+    embed_prefix: bool = True  # the prefix tokens have rows in a `learned` table
+    pre_norm: bool = False
+    final_norm: bool = True
+    rope_base: float | None = None  # None: the rope kind's own (rope.BASES)
+    rope_grid: tuple[int, int] | None = None  # EVA's reference grid; None: the image's
     stochastic_depth: float = 0.0
     remat: bool = False
     scan: bool = False
@@ -216,10 +258,17 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, t: Tokens) -> jax.Array:  # t.x [B, S, D] -> [B, S, D]
         o = self.opts
-        x = PositionEmbedding(self.posemb, self.posemb_grid, o.param_dtype, name="posembed_input")(
-            t
-        ).astype(o.dtype)
+        pe = PositionEmbedding(
+            self.posemb, self.posemb_grid, o.param_dtype, self.embed_prefix, name="posembed_input"
+        )
+        x = pe(t).astype(o.dtype)
         x = nn.Dropout(o.dropout)(x, deterministic=not self.train)
+        ln = lambda name: nn.LayerNorm(epsilon=o.layer_norm_eps, name=name, **o.dtypes)
+        x = ln("pre_norm")(x) if self.pre_norm else x
+        theta = None  # the patches' rotary angles, the same in every block
+        if o.rope is not None:
+            hd = x.shape[-1] // o.num_heads
+            theta = rope.angles(t, o.rope, hd, self.rope_base, self.rope_grid)
         # Stochastic depth grows linearly with depth, from 0 at the first block.
         rates = np.linspace(0.0, self.stochastic_depth, self.depth, dtype=np.float32)
         kw = dict(opts=o, stochastic_depth=self.stochastic_depth > 0, train=self.train)
@@ -231,14 +280,14 @@ class Encoder(nn.Module):
                 variable_axes=axes,
                 length=self.depth,
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(0, nn.broadcast),
+                in_axes=(0, nn.broadcast, nn.broadcast),
             )
-            x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates), t.mask)
+            x, _ = stack(name="encoderblock", **kw)(x, jnp.asarray(rates), t.mask, theta)
         else:
             block = nn.remat(Encoder1DBlock) if self.remat else Encoder1DBlock
             for i in range(self.depth):
-                x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]), t.mask)
-        return nn.LayerNorm(epsilon=o.layer_norm_eps, name="encoder_norm", **o.dtypes)(x)
+                x = block(name=f"encoderblock_{i}", **kw)(x, float(rates[i]), t.mask, theta)
+        return ln("encoder_norm")(x) if self.final_norm else x
 
 
 class MAPHead(nn.Module):

@@ -49,12 +49,13 @@ def sincos_at(y: Any, x: Any, width: int, temperature: float = 10_000.0, xp: Any
     return xp.concatenate([xp.sin(x), xp.cos(x), xp.sin(y), xp.cos(y)], axis=-1)
 
 
-def learned(table: jax.Array, t: Tokens, grid: tuple[int, int]) -> jax.Array:
-    """The `learned` table [1, prefix + gh*gw, D] at the tokens: as stored on its own full
-    grid (the paper's); else its grid resized to each image's and read at each patch."""
+def learned(table: jax.Array, t: Tokens, grid: tuple[int, int], k: int) -> jax.Array:
+    """The `learned` table [1, k + gh*gw, D] (k prefix rows) at the tokens: as stored on
+    its own full grid (the paper's); else its grid resized to each image's and read at
+    each patch."""
     if t.full == grid:
-        return table  # [1, S, D]
-    prefix, rows = table[0, : t.prefix], table[0, t.prefix :]
+        return table  # [1, k + N, D]
+    prefix, rows = table[0, :k], table[0, k:]
     rows = rows.reshape(*grid, rows.shape[-1])  # [gh, gw, D]
     at = naflex.table_at(rows, t.grids, t.coords[:, t.prefix :])  # [B, N, D]
     return jnp.concatenate([jnp.broadcast_to(prefix, (at.shape[0], *prefix.shape)), at], 1)
@@ -91,6 +92,8 @@ class PositionEmbedding(nn.Module):
     kind: str = "learned"
     grid: tuple[int, int] | None = None
     param_dtype: Any = jnp.float32
+    embed_prefix: bool = True  # the prefix tokens have rows in a `learned` table (timm's
+    # no_embed_class is False)
 
     @nn.compact
     def __call__(self, t: Tokens) -> jax.Array:  # t.x [B, S, D] -> [B, S, D]
@@ -100,9 +103,11 @@ class PositionEmbedding(nn.Module):
         if self.kind == "sincos_2d":
             pe = sincos(t, d)
         elif self.kind == "learned":
-            grid = self._grid(t, "pos_embedding", t.prefix)
-            table = self._table("pos_embedding", (1, t.prefix + grid[0] * grid[1], d), t)
-            return t.x + learned(table, t, grid).astype(t.x.dtype)
+            k = t.prefix if self.embed_prefix else 0
+            grid = self._grid(t, "pos_embedding", k)
+            table = self._table("pos_embedding", (1, k + grid[0] * grid[1], d), t)
+            pe = jnp.pad(learned(table, t, grid, k), ((0, 0), (t.prefix - k, 0), (0, 0)))
+            return t.x + pe.astype(t.x.dtype)
         elif self.kind == "learned_2d":
             if d % 2:
                 raise ValueError(f"learned_2d position embeddings need an even width, got {d}")
@@ -200,3 +205,42 @@ def resize_posemb(posemb: np.ndarray, new_grid: tuple[int, int], num_prefix: int
 def resize_table(table: np.ndarray, n: int) -> np.ndarray:
     """Resize one axis table [1, g, D/2] of learned_2d embeddings to [1, n, D/2]."""
     return scipy.ndimage.zoom(table, (1, n / table.shape[1], 1), order=1).astype(table.dtype)
+
+
+RESIZES = ("bilinear", "bicubic", "bicubic_aa")  # the paper's, and PyTorch's two bicubics
+
+
+def torch_weights(n_in: int, n_out: int, antialias: bool) -> np.ndarray:
+    """The [n_out, n_in] weights of PyTorch's bicubic `F.interpolate` along one axis
+    (align_corners=False): Keys' cubic with a = -0.75, edges clamped; with `antialias`,
+    PIL's filter (a = -0.5), widened by the scale when shrinking."""
+    scale, w = n_in / n_out, np.zeros((n_out, n_in))
+
+    def cubic(x: np.ndarray, a: float) -> np.ndarray:
+        x = np.abs(x)
+        near, far = ((a + 2) * x - (a + 3)) * x * x + 1, (((x - 5) * x + 8) * x - 4) * a
+        return np.where(x < 1, near, np.where(x < 2, far, 0.0))
+
+    for i in range(n_out):
+        if antialias:  # ATen's _upsample_bicubic2d_aa
+            support, inv = 2 * max(scale, 1.0), 1 / max(scale, 1.0)
+            centre = scale * (i + 0.5)
+            lo = max(int(centre - support + 0.5), 0)
+            js = np.arange(lo, min(int(centre + support + 0.5), n_in))
+            f = cubic((js - centre + 0.5) * inv, -0.5)
+            np.add.at(w[i], js, f / f.sum())
+        else:  # ATen's upsample_bicubic2d
+            real = scale * (i + 0.5) - 0.5
+            j, t = int(np.floor(real)), real - np.floor(real)
+            f = cubic(np.array([t + 1, t, 1 - t, 2 - t]), -0.75)
+            np.add.at(w[i], np.clip(np.arange(j - 1, j + 3), 0, n_in - 1), f)
+    return w
+
+
+def resize_torch(grid: np.ndarray, new_hw: tuple[int, int], antialias: bool) -> np.ndarray:
+    """[gh, gw, D] -> [gh', gw', D] as PyTorch's bicubic interpolation does (timm's
+    resample_abs_pos_embed: antialias; transformers' Dinov2: none)."""
+    rows = torch_weights(grid.shape[0], new_hw[0], antialias)
+    cols = torch_weights(grid.shape[1], new_hw[1], antialias)
+    out = np.einsum("ah,hwd,bw->abd", rows, grid.astype(np.float64), cols)
+    return out.astype(grid.dtype)

@@ -11,8 +11,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models import naflex, resnet
-from vit_jax.models.layers import GELUS, BlockOptions, Encoder, MAPHead
+from vit_jax.models import naflex, resnet, rope
+from vit_jax.models.attention import Mask
+from vit_jax.models.layers import GELUS, QKV_BIASES, BlockOptions, Encoder, MAPHead
 from vit_jax.models.lora import Lora
 from vit_jax.models.posemb import KINDS
 from vit_jax.models.tokens import Tokens
@@ -34,6 +35,7 @@ class PatchEmbedding(nn.Module):
 
     features: int
     patch_size: int
+    use_bias: bool = True
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -45,13 +47,16 @@ class PatchEmbedding(nn.Module):
         kernel = self.param(
             "kernel", nn.initializers.lecun_normal(), (p, p, c, self.features), self.param_dtype
         )
-        bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
         if x.ndim == 4:
             b, h, w, c = x.shape
             x = x.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
             x = x.reshape(b, h // p, w // p, p * p * c)  # [B, gh, gw, P*P*C]
         k = kernel.reshape(p * p * c, self.features).astype(self.dtype)
-        return jnp.dot(x.astype(self.dtype), k) + bias.astype(self.dtype)  # [B, gh, gw, D]
+        x = jnp.dot(x.astype(self.dtype), k)  # [B, gh, gw, D]
+        if not self.use_bias:  # a LayerNorm follows (pre_norm)
+            return x
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype)
+        return x + bias.astype(self.dtype)
 
 
 class VisionTransformer(nn.Module):
@@ -92,6 +97,36 @@ class VisionTransformer(nn.Module):
         a batch: images must make this grid (load_model resizes a table to another), NaFlex
         patches read it resized to each image's. None: the grid of the images applied (the
         paper's, a table per resolution); NaFlex patches then read a stored square table.
+
+    The towers' deltas (docs/formats.md, "Towers"; each default is the paper's; the names
+    in brackets are the timm / transformers parameters a field reads):
+      class_token: whether a class token leads (None: the classifier's, 'token' only).
+      registers: learned register tokens after the class token, no position embedding,
+        dropped before pooling (Darcet et al. 2024; DINOv3's storage tokens) [reg_token /
+        embeddings.register_tokens].
+      embed_prefix: the class (and register) tokens take rows of the `learned` table, as
+        the paper's class row; False: timm's no_embed_class (DeiT III, DINOv2 with
+        registers, DINOv3) [pos_embed].
+      layer_scale: LayerScale's initial value (Touvron et al. 2021, CaiT; DINOv2/v3):
+        a learned gain per feature on each residual branch [ls1.gamma, gamma_1 /
+        layer_scale1.lambda1]; None: none.
+      pre_norm: a LayerNorm before the blocks, and no patch bias (CLIP's ln_pre)
+        [norm_pre / pre_layrnorm].
+      fc_norm: the final LayerNorm on the pooled features instead of on the tokens
+        (timm's avg pooling, BEiT, EVA-02) [fc_norm].
+      swiglu: a SwiGLU MLP, silu(gate(x)) * Dense_0(x) (Shazeer 2020; DINOv2 g, DINOv3
+        H+, EVA-02) [mlp.fc1 packed, or fc1_g/fc1_x / gate_proj/up_proj]; mlp_dim is the
+        hidden width of each half.
+      mlp_norm: a LayerNorm on the MLP's hidden layer (EVA-02's scale_mlp) [mlp.norm].
+      attention_norm: a LayerNorm on the heads' output before `out` (EVA-02 CLIP's
+        scale_attn_inner) [attn.norm].
+      qkv_bias: the projections with a bias, 'qkv', 'qv' (DINOv3 with biases, EVA-02:
+        no key bias) [q_bias, v_bias] or '' (DINOv3).
+      rope: 2D rotary embeddings on queries and keys, 'dinov3' or 'eva' (models/rope.py;
+        with posemb 'none', DINOv3's; with a learned table, EVA-02's); rope_base: its
+        base (None: 100 for dinov3, 10000 for eva); rope_grid: EVA's reference grid
+        (ref_feat_shape), None: each image's own.
+      gelu may also be 'quick', OpenAI CLIP's x·σ(1.702x).
     """
 
     num_classes: int | None
@@ -118,6 +153,19 @@ class VisionTransformer(nn.Module):
     lora: Lora | None = None
     attention: str = "auto"  # models/attention.py: xla, splash, cudnn, or auto
     posemb_grid: tuple[int, int] | None = None
+    class_token: bool | None = None
+    registers: int = 0
+    embed_prefix: bool = True
+    layer_scale: float | None = None
+    pre_norm: bool = False
+    fc_norm: bool = False
+    swiglu: bool = False
+    mlp_norm: bool = False
+    attention_norm: bool = False
+    qkv_bias: str = "qkv"
+    rope: str | None = None
+    rope_base: float | None = None
+    rope_grid: tuple[int, int] | None = None
 
     @property
     def token_stride(self) -> int:
@@ -140,6 +188,12 @@ class VisionTransformer(nn.Module):
             param_dtype=self.param_dtype,
             lora=self.lora,
             attention=self.attention,
+            swiglu=self.swiglu,
+            mlp_norm=self.mlp_norm,
+            attention_norm=self.attention_norm,
+            qkv_bias=self.qkv_bias,
+            layer_scale=self.layer_scale,
+            rope=self.rope,
         )
 
     @property
@@ -149,7 +203,17 @@ class VisionTransformer(nn.Module):
 
     @property
     def has_class_token(self) -> bool:
-        return self.classifier == "token"
+        return self.classifier == "token" if self.class_token is None else self.class_token
+
+    @property
+    def num_prefix(self) -> int:
+        """Tokens before the patches: the class token, then the registers."""
+        return int(self.has_class_token) + self.registers
+
+    @property
+    def posemb_prefix(self) -> int:
+        """Rows of a `learned` table before the patches' (the prefix's, or none)."""
+        return self.num_prefix if self.embed_prefix else 0
 
     def grid(self, image_size: tuple[int, int]) -> tuple[int, int]:
         """Patch grid (gh, gw) for an image of (H, W) pixels."""
@@ -159,32 +223,49 @@ class VisionTransformer(nn.Module):
     def __call__(self, images: jax.Array | dict, *, train: bool = False) -> jax.Array:
         self._check(images)
         dtypes = dict(dtype=self.dtype, param_dtype=self.param_dtype)
-        embed = PatchEmbedding(self.width, self.patch_size, name="embedding", **dtypes)
+        embed = PatchEmbedding(
+            self.width, self.patch_size, not self.pre_norm, name="embedding", **dtypes
+        )
         t = self._tokens(embed, images)  # t.x [B, N, D]: the one path from here on
         b, _, d = t.x.shape
+        prefix = []
         if self.has_class_token:
-            cls = self.param("cls", nn.initializers.zeros, (1, 1, d), self.param_dtype)
-            t = t.with_prefix(jnp.tile(cls, (b, 1, 1)))  # [B, 1+N, D]
+            prefix.append(self.param("cls", nn.initializers.zeros, (1, 1, d), self.param_dtype))
+        if self.registers:
+            init = nn.initializers.normal(0.02)
+            prefix.append(self.param("reg", init, (1, self.registers, d), self.param_dtype))
+        if prefix:  # [B, k + N, D]
+            t = t.with_prefix(jnp.tile(jnp.concatenate(prefix, axis=1), (b, 1, 1)))
         x = Encoder(
             self.block_options,
             self.depth,
             posemb=self.posemb,
             posemb_grid=self.posemb_grid,
+            embed_prefix=self.embed_prefix,
+            pre_norm=self.pre_norm,
+            final_norm=not self.fc_norm,
+            rope_base=self.rope_base,
+            rope_grid=self.rope_grid,
             stochastic_depth=self.stochastic_depth,
             remat=self.remat,
             scan=self.scan,
             train=train,
             name="Transformer",
         )(t)
+        cls, k = x[:, 0], self.num_prefix
+        x, mask = x[:, k:], None if t.mask is None else Mask.of(t.mask.valid[:, k:])  # patches
         if self.classifier == "token":
-            x = x[:, 0]  # [B, D]
-        elif self.classifier == "gap" and t.mask is None:
+            x = cls  # [B, D]
+        elif self.classifier == "gap" and mask is None:
             x = jnp.mean(x, axis=1)  # [B, D]
         elif self.classifier == "gap":  # the mean of the patches, not of the padding
-            valid = t.mask.valid
+            valid = mask.valid
             x = (x * valid[..., None]).sum(1) / jnp.maximum(valid.sum(1), 1)[:, None]
         elif self.classifier == "map":
-            x = MAPHead(self.block_options, name="MAPHead_0")(x, t.mask)  # [B, D]
+            x = MAPHead(self.block_options, name="MAPHead_0")(x, mask)  # [B, D]
+        if self.fc_norm:
+            ln = nn.LayerNorm(epsilon=self.layer_norm_eps, name="fc_norm", **dtypes)
+            x = ln(x)
         if self.representation_size:
             x = nn.tanh(nn.Dense(self.representation_size, name="pre_logits", **dtypes)(x))
         self.sow("intermediates", "representation", x)  # the "pre_logits" features
@@ -221,6 +302,12 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"unknown posemb {self.posemb!r}: use one of {KINDS}")
         if self.gelu not in GELUS:
             raise ValueError(f"unknown gelu {self.gelu!r}: use one of {GELUS}")
+        if self.qkv_bias not in QKV_BIASES:
+            raise ValueError(f"unknown qkv_bias {self.qkv_bias!r}: use one of {QKV_BIASES}")
+        if self.rope is not None and self.rope not in rope.KINDS:
+            raise ValueError(f"unknown rope {self.rope!r}: use one of {rope.KINDS} or None")
+        if self.classifier == "token" and not self.has_class_token:
+            raise ValueError("classifier='token' pools the class token: leave class_token on")
         if not 0 < self.layer_norm_eps < 1:
             raise ValueError(
                 f"layer_norm_eps={self.layer_norm_eps}: expected a small positive number "

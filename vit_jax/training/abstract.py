@@ -70,7 +70,7 @@ def sequence(model: Any, mesh: Any, image_size: int, seq_len: int | None) -> tup
     blocks at `image_size`, or at `seq_len` patches a row, compiled for `mesh`."""
 
     def on_mesh() -> tuple[int, int, str]:
-        tokens = (seq_len or math.prod(model.grid((image_size,) * 2))) + int(model.has_class_token)
+        tokens = (seq_len or math.prod(model.grid((image_size,) * 2))) + model.num_prefix
         how = attention.choose(model.attention, tokens, model.dtype, model.attention_dropout)
         block = {"splash": attention.BLOCK, "cudnn": 2}.get(how, 1)
         return tokens, -(-tokens // block) * block, how

@@ -77,7 +77,7 @@ def loop_of(config: Any) -> str | None:
 def tokens_of(model: Any, x: Any) -> int:
     """The tokens a row of input `x` makes: images [B, H, W, C] or a NaFlex dict."""
     n = x["patches"].shape[1] if isinstance(x, dict) else math.prod(model.grid(x.shape[1:3]))
-    return n + int(model.has_class_token)
+    return n + model.num_prefix
 
 
 def kernel_flops(model: Any, n: int, per_device: float) -> float:

@@ -64,7 +64,7 @@ def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[in
     if POSEMB in flat and POSEMB in want:
         stored, wanted = flat[POSEMB].shape, want[POSEMB].shape
         if stored != wanted and stored[-1] == wanted[-1]:  # another grid, the same width
-            flat[POSEMB] = resize_posemb(flat[POSEMB], (gh, gw), int(model.has_class_token))
+            flat[POSEMB] = resize_posemb(flat[POSEMB], (gh, gw), model.posemb_prefix)
     for k, n in ((POSEMB + "_row", gh), (POSEMB + "_col", gw)):
         if k in flat and k in want and flat[k].shape[1] != n:
             flat[k] = resize_table(flat[k], n)

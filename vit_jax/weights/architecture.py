@@ -74,17 +74,53 @@ def classifier(flat_params: dict[str, Any]) -> str:
     return "map" if "MAPHead_0/probe" in flat_params else "gap"
 
 
+_BLOCK0 = "Transformer/encoderblock_0/"
+_ATT0 = _BLOCK0 + "MultiHeadDotProductAttention_1/"
+
+
+def towers(f: dict[str, Any]) -> dict[str, Any]:
+    """The towers' fields a flat tree fixes (VisionTransformer's docstring): registers,
+    LayerScale (its initial value is not stored: 1e-5 stands for it), pre_norm, fc_norm,
+    SwiGLU, the MLP's and the heads' LayerNorms, the projections' biases, and whether the
+    prefix has rows in the position table."""
+    out = dict(
+        registers=int(np.shape(f["reg"])[1]) if "reg" in f else 0,
+        layer_scale=1e-5 if _BLOCK0 + "layer_scale_1" in f else None,
+        pre_norm="Transformer/pre_norm/scale" in f,
+        fc_norm="fc_norm/scale" in f,
+        swiglu=_BLOCK0 + "MlpBlock_3/gate/kernel" in f,
+        mlp_norm=_BLOCK0 + "MlpBlock_3/norm/scale" in f,
+        attention_norm=_ATT0 + "norm/scale" in f,
+        qkv_bias="".join(a[0] for a in ("query", "key", "value") if f"{_ATT0}{a}/bias" in f),
+    )
+    if "cls" in f and "MAPHead_0/probe" in f:
+        out["class_token"] = True
+    prefix = int("cls" in f) + out["registers"]
+    if prefix and POSEMB in f:  # rows for the prefix, or (timm's no_embed_class) none
+        rows = np.shape(f[POSEMB])[1]
+        square = lambda n: n > 0 and round(np.sqrt(n)) ** 2 == n
+        out["embed_prefix"] = not (square(rows) and not square(rows - prefix))
+    return out
+
+
+def posemb_prefix(f: dict[str, Any]) -> int:
+    """Rows of the `learned` table before the patches' (flat tree)."""
+    t = towers(f)
+    return (int("cls" in f) + t["registers"]) if t.get("embed_prefix", True) else 0
+
+
 def architecture(params: dict) -> dict[str, Any]:
     """Every `VisionTransformer` field a parameter tree (original layout) fixes.
 
     Returns:
       fields for `get_model(name, num_classes, **fields)`: the sizes, resnet_stages,
       channels, classifier (`classifier`),
-      representation_size (None without pre_logits), and posemb ('learned' or
-      'learned_2d'; None when the file has no learned position embeddings).
+      representation_size (None without pre_logits), posemb ('learned' or
+      'learned_2d'; None when the file has no learned position embeddings), and the
+      towers' fields (`towers`).
     """
     f = traverse_util.flatten_dict(params, sep="/")
-    out = sizes(f)
+    out = {**sizes(f), **towers(f)}
     out["classifier"] = classifier(f)
     out["representation_size"] = (
         int(np.shape(f["pre_logits/bias"])[0]) if "pre_logits/bias" in f else None
@@ -126,7 +162,7 @@ def native_image_size(params: dict, token_stride: int) -> tuple[int, int]:
     """
     pe = params.get("Transformer", {}).get("posembed_input", {})
     if "pos_embedding" in pe:
-        n = pe["pos_embedding"].shape[1] - int("cls" in params)
+        n = pe["pos_embedding"].shape[1] - posemb_prefix(traverse_util.flatten_dict(params, sep="/"))
         side = int(round(np.sqrt(n)))
         if side * side != n:
             raise CheckpointError(

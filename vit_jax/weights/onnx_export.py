@@ -208,7 +208,7 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
     tree = jax.tree.map(lambda v: np.asarray(v, np.float32), params)
     g = _Graph(model.layer_norm_eps)
     x = _embed(g, tree, model, size)
-    tokens = model.grid(size)[0] * model.grid(size)[1] + int(model.has_class_token)
+    tokens = model.grid(size)[0] * model.grid(size)[1] + model.num_prefix
     for i in range(model.depth):
         b = tree["Transformer"][f"encoderblock_{i}"]
         x = _block(g, x, b, tokens, model.num_heads, model.gelu, f"block{i}")
