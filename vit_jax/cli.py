@@ -228,16 +228,28 @@ def define_model_flags(naflex: bool = False) -> None:
         "1e-6, for files others converted from the published weights, such as google/vit-* on "
         "the hub (their config.json says gelu, 1e-12). --override=gelu=... sets one.",
     )
-    flags.DEFINE_enum(
+    flags.DEFINE_string(
         "preprocessing",
         None,
-        ["tf_bilinear", "pil_antialias"],
-        "How images are resized: "
+        "How images are resized and normalised: "
         "tf_bilinear (tf.image.resize, no antialiasing: the published checkpoints') or "
-        "pil_antialias (PIL's antialiased bilinear: HF's and timm's). Default: what the "
-        "checkpoint records (a published .npz: tf_bilinear; another tool's file: pil_antialias).",
+        "pil_antialias (PIL's antialiased bilinear: HF's and timm's), to [-1, 1]; in full "
+        "RESIZE[:mean=R,G,B][:std=R,G,B][:crop=F][:mode=MODE], RESIZE tf_bilinear|"
+        "pil_antialias|pil_bicubic, MODE squash|center|hf_center|border (docs/data.md). "
+        "Default: what the checkpoint records (a published .npz: tf_bilinear; another "
+        "tool's file: its own, else pil_antialias).",
     )
+    flags.register_validator("preprocessing", _check_preprocessing)
     flags.mark_flag_as_required("checkpoint")
+
+
+def _check_preprocessing(value: str | None) -> bool:
+    """--preprocessing's check: a bad string is one line naming the part and the grammar."""
+    from vit_jax.data.preprocessing import problem
+
+    if value is not None and (why := problem(value)):
+        raise flags.ValidationError(why)
+    return True
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, object]:

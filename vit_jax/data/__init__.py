@@ -13,8 +13,9 @@ process reads only its share. Layout:
   folder_source.py  image-folder scanning, decoding, corrupt files
   tfds_source.py    TFDS datasets through tfds.data_source (ArrayRecord)
   tables.py         the random-access tables of the three sources
-  pixels.py         the one preprocessing: decode, crop, resize (tf_bilinear or
-                    pil_antialias), [-1, 1]
+  preprocessing.py  a checkpoint's preprocessing string: resize, mean and std, eval crop
+  pixels.py         the one preprocessing: decode, crop, resize (tf_bilinear,
+                    pil_antialias or pil_bicubic), normalise
   crop_decode.py    a JPEG's training crop decoded alone, as big_vision (_crop_decode.c)
   augment.py        Inception crop, flip, mixup, label smoothing, seeded per step
   randaugment.py    big_vision's RandAugment (the AugReg recipes): which op, at what argument

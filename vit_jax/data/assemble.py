@@ -116,11 +116,11 @@ class TrainBatch:
                 if cfg.flip and u[-1] < 0.5:
                     pixels.mirror(images[j])
                 if hot:
-                    pixels.normalize(images[j], in_place=True)
+                    pixels.normalize(images[j], in_place=True, method=method)
         if cfg.randaugment is not None:  # after crop, resize and flip, as big_vision
             images = self._randaugment(images, step, slots.start)
         batch = {
-            "image": images if hot else pixels.normalize(images, in_place=True),
+            "image": images if hot else pixels.normalize(images, in_place=True, method=method),
             "label": augment.one_hot(labels, table.num_classes, cfg.label_smoothing),
         }
         if cfg.mixup > 0:
@@ -165,21 +165,23 @@ class EvalBatch:
         return x
 
     def _square(self, table: tables.Table, start: int, stop: int, labels: np.ndarray):
-        """Each whole image resized to self.size, [-1, 1]; labels [b, K] set.
+        """Each image resized to self.size by the preprocessing's crop (`pixels.fit`: the
+        whole image, unless it names one) and normalised; labels [b, K] set.
         -> float32 [b, H, W, 3]"""
         method, n = self.cfg.preprocessing, max(stop - start, 0)
         images = np.zeros([self.batch_size, *self.size, 3], np.float32)  # the padding: 0
-        if table.images is not None and n:  # in memory, one size: resized as one batch
+        batched = table.images is not None and pixels.Preprocessing.parse(method).whole
+        if batched and n:  # in memory, one size, whole images: resized as one batch
             whole = [(0, 0, *table.images.shape[1:3])] * n
             resized = pixels.resize_batch(table.images[start:stop], whole, self.size, method)
-            images[:n] = pixels.normalize(resized)
+            images[:n] = pixels.normalize(resized, method=method)
             labels[np.arange(n), table.labels[start:stop]] = 1.0
-        for j, i in enumerate(range(start, stop) if table.images is None else ()):
+        for j, i in enumerate(range(start, stop) if not batched else ()):
+            image, label = tables.crop_of(table, i, method)
             if pixels.dtype_of(method) == np.float32:  # resized into its slot, normalised there
-                label = tables.load(table, i, self.size, method, out=images[j])[1]
-                pixels.normalize(images[j], in_place=True)
+                pixels.fit(image, self.size, method, out=images[j])
+                pixels.normalize(images[j], in_place=True, method=method)
             else:
-                image, label = tables.load(table, i, self.size, method)
-                images[j] = pixels.normalize(image)
+                images[j] = pixels.normalize(pixels.fit(image, self.size, method), method=method)
             labels[j, label] = 1.0
         return images

@@ -19,11 +19,13 @@ The fields (`default_config` sets their defaults: Fashion-MNIST from idx files):
         the train split after a shuffle seeded with subset_seed.
     subset_seed: Seed of that shuffle (fixed, so the subset does not change with the
         training seed).
-    preprocessing: How a crop is resized to the model's resolution:
+    preprocessing: How a crop is resized to the model's resolution and normalised:
         'tf_bilinear' (tf.image.resize: bilinear, no antialiasing, float; how the
         published checkpoints were trained and evaluated) or 'pil_antialias' (PIL's
         antialiased bilinear rounded to uint8; what HF's and timm's processors
-        compute). Checkpoints the run writes record it (vit_jax/data/pixels.py).
+        compute), to [-1, 1]; or a whole spec such as a timm tower's,
+        'pil_bicubic:mean=...:std=...:crop=0.875:mode=center', whose crop shapes
+        evaluation only (vit_jax/data/preprocessing.py). Checkpoints the run writes record it.
     decode: How a training crop comes out of a JPEG (folder and tfds sources): 'full'
         (the whole file decoded, the Inception window sliced from it: the original
         vit_jax, the paper's presets) or 'crop' (the window alone, as big_vision's
@@ -73,7 +75,7 @@ from vit_jax.base.problems import (
     raise_if_any,
     table_problems,
 )
-from vit_jax.data import crop_decode, pixels, randaugment, splits
+from vit_jax.data import crop_decode, preprocessing, randaugment, splits
 
 SOURCES = ("idx", "folder", "tfds")
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
@@ -138,7 +140,7 @@ def _randaugment(args: Any) -> str | None:
 # The dataset section's table (base.problems): field -> rule.
 FIELDS = {
     "source": one_of(SOURCES),
-    "preprocessing": one_of(pixels.METHODS),
+    "preprocessing": preprocessing.problem,
     "decode": one_of(crop_decode.DECODES),
     **dict.fromkeys(("train_split", "test_split"), splits.spec_rule),
     "classes": optional(_classes),

@@ -3,8 +3,8 @@
 Every command that takes image files (classify, few-shot on folders, figures) reads
 them here, through the input pipeline's own preprocessing (pixels.py): EXIF
 orientation, any PIL mode to RGB, resize to the model's resolution by the checkpoint's
-method (tf_bilinear or pil_antialias), scaled to [-1, 1]; or, with `load_naflex`, each
-image at its own aspect ratio as NaFlex patches (naflex.py).
+preprocessing (its resize, evaluation crop, mean and std: preprocessing.py); or, with
+`load_naflex`, each image at its own aspect ratio as NaFlex patches (naflex.py).
 
 Where ``vit_jax/data/imagenet_classes.txt`` came from: line i is the first WordNet
 lemma (underscores as spaces) of the i-th ImageNet-1k synset in the order of
@@ -65,23 +65,28 @@ def parse_image_size(value: int | str | Sequence[int] | None) -> tuple[int, int]
 def load_image(path: str, image_size: tuple[int, int], method: str) -> np.ndarray:
     """Reads one image file as the model's input, as the input pipeline's evaluation does.
 
-    `pixels.decode_crop_resize` (EXIF orientation, any mode to RGB, alpha dropped; the
-    whole image resized to ``image_size`` by `method`, so the aspect ratio is not kept),
-    then ``(x - 127.5) / 127.5``.
+    `pixels.decode` (EXIF orientation, any mode to RGB, alpha dropped), `pixels.fit` (the
+    whole image resized to ``image_size``, the aspect ratio not kept, unless `method`
+    names a crop), then `pixels.normalize` by its mean and std.
 
     Args:
       path: Image file in any format PIL reads.
       image_size: ``(H, W)`` of the result.
-      method: The resize, one of `pixels.METHODS` (a checkpoint's `preprocessing`).
+      method: A checkpoint's `preprocessing` string (preprocessing.py).
 
     Returns:
-      ``[H, W, 3]`` float32 array in ``[-1, 1]``.
+      ``[H, W, 3]`` float32 array (in ``[-1, 1]`` for mean and std 0.5).
 
     Raises:
       FileNotFoundError: If ``path`` does not exist.
       ValueError: If ``path`` is not a readable image.
     """
-    return _read(path, lambda s: pixels.normalize(pixels.decode_crop_resize(s, image_size, method)))
+
+    def read(source: Any) -> np.ndarray:
+        fitted = pixels.fit(pixels.decode(source, method), image_size, method)
+        return pixels.normalize(fitted, method=method)
+
+    return _read(path, read)
 
 
 def _read(path: str, decode: Callable[[Any], np.ndarray]) -> np.ndarray:
@@ -99,10 +104,10 @@ def load_images(paths: Sequence[str], image_size: tuple[int, int], method: str) 
     Args:
       paths: Image files.
       image_size: ``(H, W)`` every image is resized to.
-      method: The resize, one of `pixels.METHODS`.
+      method: A checkpoint's `preprocessing` string.
 
     Returns:
-      ``[N, H, W, 3]`` float32 array in ``[-1, 1]``, N = ``len(paths)``.
+      ``[N, H, W, 3]`` float32 array, N = ``len(paths)``.
 
     Raises:
       FileNotFoundError: If a file does not exist (the message names it).

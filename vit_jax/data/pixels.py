@@ -1,8 +1,9 @@
-"""The one image preprocessing of the package: decode, crop, resize, [-1, 1].
+"""The one image preprocessing of the package: decode, crop, resize, normalise.
 
 Training, evaluation, few-shot, `infer`, `evaluate` and the figures all read pixels
-through `decode_crop_resize`, so one image file gives the same model input everywhere.
-Two resize methods, a property of a checkpoint (it is trained and evaluated with one):
+here, so one image file gives the same model input everywhere. A checkpoint's
+preprocessing is one string (preprocessing.py: the resize, mean and std, the evaluation
+crop); the resize methods:
 
   tf_bilinear    what the published checkpoints were trained and evaluated on (the
                  original vit_jax and big_vision input pipelines): JPEGs decoded as
@@ -14,14 +15,15 @@ Two resize methods, a property of a checkpoint (it is trained and evaluated with
                  as PIL does (the accurate integer DCT), then PIL's bilinear filter,
                  antialiased when shrinking (the filter widens with the scale), rounded
                  to uint8.
+  pil_bicubic    the same with PIL's bicubic filter (timm's and transformers').
 
   decode     file or bytes -> uint8 [h, w, 3]: EXIF orientation applied, any PIL mode to
              RGB (alpha dropped, 16-bit scaled to 8). JPEGs in RGB or gray are decoded by
              simplejpeg (libjpeg-turbo, as PIL and TensorFlow: the same pixels for the
              same DCT, tests/test_pixels.py holds both); every other file and mode goes
              through PIL.
-  normalize  [..., c] in [0, 255] -> float32 [..., 3] in [-1, 1]: (x - 127.5) / 127.5,
-             gray channels repeated.
+  fit        evaluation's resize to the model's size, by the string's crop and mode.
+  normalize  [..., c] in [0, 255] -> float32 [..., 3] by mean and std, gray repeated.
 
 Measured (BENCHMARKS.md, "Decoders"): none of the pip-installable decoders that bundle
 their native code decodes a JPEG crop window faster than simplejpeg decodes the whole
@@ -35,21 +37,15 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import os
 from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-METHODS = ("tf_bilinear", "pil_antialias")
-# What a file that records no method was made with: the published .npz files (the
-# original code's tf.image.resize); timm and HF files come from tools whose processors
-# compute PIL's antialiased resize.
-PUBLISHED = "tf_bilinear"
-HELP = (
-    "tf_bilinear (tf.image.resize: no antialiasing, float; the published checkpoints') or "
-    "pil_antialias (PIL's antialiased bilinear, rounded to uint8; HF's and timm's)"
-)
+# METHODS and PUBLISHED are read as pixels' too.
+from vit_jax.data.preprocessing import HALF, METHODS, PUBLISHED, Preprocessing  # noqa: F401
 
 # What PIL raises for a file that is not a readable image.
 # (UnidentifiedImageError is an OSError.)
@@ -69,14 +65,13 @@ Window = tuple[int, int, int, int]  # (y0, x0, height, width)
 
 
 def check_method(method: str) -> str:
-    """`method` if it is one of METHODS; a ValueError naming both otherwise."""
-    if method not in METHODS:
-        raise ValueError(f"preprocessing {method!r} is not one of {' or '.join(METHODS)}: {HELP}")
-    return method
+    """The resize (one of preprocessing.RESIZES) of the preprocessing string `method`; a
+    ValueError naming the bad part otherwise."""
+    return Preprocessing.parse(method).resize
 
 
 def dtype_of(method: str) -> type:
-    """The type of `method`'s resized pixels: float32 (tf_bilinear) or uint8 (pil_antialias)."""
+    """The type of `method`'s resized pixels: float32 (tf_bilinear) or uint8 (PIL's)."""
     return np.float32 if check_method(method) == "tf_bilinear" else np.uint8
 
 
@@ -176,7 +171,7 @@ def decode(source: str | os.PathLike | bytes, method: str = "pil_antialias") -> 
             raise FileNotFoundError(f"image not found: {source}") from None
         except IsADirectoryError:
             raise ValueError("it is a directory, not an image") from None
-    fast = _jpeg(source, method)
+    fast = _jpeg(source, check_method(method))
     if fast is not None:
         return fast
     try:
@@ -204,6 +199,7 @@ def resize(
     slot, without another copy.
     """
     h, w, c = image.shape
+    method = check_method(method)
     y0, x0, ch, cw = (0, 0, h, w) if window is None else (int(v) for v in window)
     crop = image[y0 : y0 + ch, x0 : x0 + cw]
     target = np.empty([size[0], size[1], c], dtype_of(method)) if out is None else out
@@ -217,7 +213,8 @@ def resize(
             into[...] = got
     else:  # cropped first: PIL's resize(box=...) lets the filter read past the box's edges
         pil = Image.fromarray(image[..., 0] if c == 1 else image).crop((x0, y0, x0 + cw, y0 + ch))
-        got = np.asarray(pil.resize((size[1], size[0]), Image.Resampling.BILINEAR))
+        kind = Image.Resampling.BICUBIC if method == "pil_bicubic" else Image.Resampling.BILINEAR
+        got = np.asarray(pil.resize((size[1], size[0]), kind))
         target[...] = got[..., None] if c == 1 else got
     return target
 
@@ -265,17 +262,61 @@ def to_uint8(images: np.ndarray) -> np.ndarray:
     return np.clip(images, 0, 255).astype(np.uint8)
 
 
-def normalize(images: np.ndarray, in_place: bool = False) -> np.ndarray:
-    """[..., c] in [0, 255] (c = 1 or 3; uint8 or float) -> float32 [..., 3] in [-1, 1].
+def normalize(images: np.ndarray, in_place: bool = False, method: str = PUBLISHED) -> np.ndarray:
+    """[..., c] in [0, 255] (c = 1 or 3; uint8 or float) -> float32 [..., 3]: (x / 255 -
+    mean) / std of `method` (float32, as torchvision's ToTensor and Normalize), [-1, 1]
+    as (x - 127.5) / 127.5 where both are 0.5.
 
     With `in_place`, float32 RGB images are normalised where they are (no new batch).
     """
-    if in_place and images.dtype == np.float32 and images.shape[-1] == 3:
+    if not (in_place and images.dtype == np.float32 and images.shape[-1] == 3):
+        images = images.astype(np.float32)
+        images = np.repeat(images, 3, axis=-1) if images.shape[-1] == 1 else images
+    spec = Preprocessing.parse(method)
+    if spec.mean == spec.std == HALF:
         images -= 127.5
         images /= 127.5
-        return images
-    x = (images.astype(np.float32) - 127.5) / 127.5
-    return np.repeat(x, 3, axis=-1) if x.shape[-1] == 1 else x
+    else:
+        images /= 255
+        images -= np.asarray(spec.mean, np.float32)
+        images /= np.asarray(spec.std, np.float32)
+    return images
+
+
+def fit(image: np.ndarray, size: tuple[int, int], method: str, out=None) -> np.ndarray:
+    """Evaluation's resize (the module's docstring): uint8 [h, w, c] resized by `method`'s
+    crop mode to floor(size / crop) and cut to the centre `size`, [H, W, c] of
+    `dtype_of(method)` (written into `out` when given). The whole image, resized, where
+    crop is 1 and the mode squash."""
+    spec = Preprocessing.parse(method)
+    if spec.whole:
+        return resize(image, size, method, None, out)
+    (h, w), mode = image.shape[:2], spec.crop_mode
+    scale = [math.floor(n / spec.crop_fraction + 1e-6) for n in size]  # timm's scale_size
+    if mode in ("center", "hf_center") and scale[0] == scale[1]:  # torchvision's Resize(n)
+        short, long = sorted((h, w))
+        big = (scale[0], int(scale[0] * long / short))
+        scale = list(big if h <= w else big[::-1])
+    elif mode != "squash":  # timm's ResizeKeepRatio: the shorter side (the longer: border)
+        ratio = (max if mode == "border" else min)(h / scale[0], w / scale[1])
+        scale = [round(h / ratio), round(w / ratio)]
+    image = resize(image, scale, method)
+    fill = [round(255 * m) for m in spec.mean] if mode == "border" else [0, 0, 0]
+    target = np.empty([*size, image.shape[2]], image.dtype) if out is None else out
+    target[...] = fill[: image.shape[2]]
+    (ys, yt), (xs, xt) = (_span(n, m, mode) for n, m in zip(scale, size, strict=True))
+    target[yt, xt] = image[ys, xs]
+    return target
+
+
+def _span(n: int, m: int, mode: str) -> tuple[slice, slice]:
+    """(the source's, the target's) rows of a side of n pixels centred in one of m:
+    torchvision's offset round(margin / 2) (half to even), transformers' floor."""
+    margin = n - m
+    if margin < 0:  # padded: torchvision's and transformers' floor(-margin / 2) before
+        return slice(0, n), slice(-margin // 2, -margin // 2 + n)
+    start = margin // 2 if mode == "hf_center" else round(margin / 2)
+    return slice(start, start + m), slice(0, m)
 
 
 def resize_batch(images: np.ndarray, boxes, size: tuple[int, int], method: str) -> np.ndarray:
