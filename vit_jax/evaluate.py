@@ -2,7 +2,7 @@
 
     python -m vit_jax.evaluate --checkpoint=PATH --dataset=NAME [--model=NAME] \\
         [--source=tfds|idx] [--data_dir=DIR] [--split=test] [--image_size=N | --seq_len=N] \\
-        [--classes=5,6,7,8,9] [--labels=MAP] [--batch_size=64]
+        [--classes=5,6,7,8,9] [--labels=MAP] [--batch_size=64] [--knn_train=train --knn_k=20]
     python -m vit_jax.evaluate --checkpoint=PATH --source=folder --data_dir=DIR [--split=test]
 
 PATH is any checkpoint format (published .npz, timm .safetensors, Hugging Face
@@ -38,6 +38,9 @@ the evaluated split. Top-k is reported for k below the head's classes.
 the most patches that fit N (the dataset config's naflex.seq_lens = (N,)), the
 checkpoint's position embeddings resized to each image's grid; the JSON line says
 "seq_len" (null without it).
+
+--knn_train=SPLIT adds DINO's k-NN top-1 (vit_jax/evaluation/knn.py): the pre-logits
+features of the evaluated images classified by their --knn_k nearest of SPLIT's.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import json
 from absl import flags
 
 from vit_jax import cli
+from vit_jax.evaluation import knn
 
 
 def define_flags() -> None:
@@ -69,6 +73,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch_size", 64, "Images per forward pass.", lower_bound=1)
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
     flags.DEFINE_bool("skip_corrupt", False, cli.SKIP_CORRUPT)
+    flags.DEFINE_string("knn_train", None, "Split whose features the k-NN classifier votes with.")
+    flags.DEFINE_integer("knn_k", knn.DEFAULT_K, "k-NN neighbours.", lower_bound=1)
     cli.FLAGS_OF_ARGUMENTS["dataset.skip_corrupt=True"] = "--skip_corrupt"  # in its errors
 
 
@@ -103,7 +109,7 @@ def parse_labels(spec: str) -> list[int]:
 
 def main() -> None:
     from vit_jax.base import store
-    from vit_jax.evaluation import classify
+    from vit_jax.evaluation import classify, fewshot
 
     f = flags.FLAGS
     if not f.dataset and f.source != "folder":
@@ -148,6 +154,11 @@ def main() -> None:
     scores = ", ".join(
         f"top-{k} {100 * result[f'top{k}']:.2f}%" for k in classify.TOP_K if f"top{k}" in result
     )
+    if f.knn_train:  # the same images, dataset labels (the head plays no part)
+        on = {**dataset, "classes": result["classes"] and tuple(result["classes"])}
+        args = (model, params, on, f.knn_train, f.split, size, f.batch_size, f.knn_k)
+        result |= {"knn_top1": fewshot.knn_top1(*args), "knn_k": f.knn_k, "knn_train": f.knn_train}
+        scores += f"; {f.knn_k}-NN top-1 {100 * result['knn_top1']:.2f}% (against {f.knn_train})"
     print(f"{title} on {name} {f.split}{subset} ({result['examples']} images): {scores}")
     shape = {"image_size": None if f.seq_len else list(size), "seq_len": f.seq_len}
     print(json.dumps({"checkpoint": f.checkpoint, **shape, **result}))

@@ -3,7 +3,7 @@
     python -m vit_jax.fewshot --checkpoint=ViT-B_16.npz --dataset=fashion_mnist \\
         [--model=ViT-B_16] [--source=idx|tfds|folder --data_dir=DIR] [--shots=1,5,10,25] \\
         [--l2=1024] [--seed=0] [--image_size=224 | --seq_len=256] [--train_split=train] \\
-        [--test_split=test] [--batch_size=64]
+        [--test_split=test] [--batch_size=64] [--knn_k=20]
 
 For each dataset (comma-separated), max(shots) training images per class and the whole
 test split go through the model; a regularised least-squares fit of k of them per class
@@ -13,6 +13,8 @@ dataset-fashion-mnist (offline), any other name from TFDS. Without --model the
 architecture is read from the checkpoint; without --image_size the images are resized
 to the resolution the checkpoint was made for; --seq_len=N keeps each image's aspect ratio
 instead (NaFlex: N patches a row, the position embeddings resized to each image's grid).
+A row DATASET_knn under each dataset's gives DINO's k-NN accuracy on the same shots
+(vit_jax/evaluation/knn.py), k capped at the K * shots examples (--knn_k=0: no such row).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from absl import flags
 
 from vit_jax import cli
-from vit_jax.evaluation import fewshot
+from vit_jax.evaluation import fewshot, knn
 
 
 def define_flags() -> None:
@@ -37,6 +39,7 @@ def define_flags() -> None:
     flags.DEFINE_string("test_split", "test", "Split accuracy is measured on, e.g. test[:2000].")
     flags.DEFINE_integer("batch_size", 64, "Images per forward pass.", lower_bound=1)
     flags.DEFINE_bool("skip_corrupt", False, cli.SKIP_CORRUPT)
+    flags.DEFINE_integer("knn_k", knn.DEFAULT_K, "k-NN neighbours (0: no k-NN).", lower_bound=0)
     cli.FLAGS_OF_ARGUMENTS["dataset.skip_corrupt=True"] = "--skip_corrupt"  # in its errors
 
 
@@ -76,11 +79,14 @@ def main() -> None:
     cli.naflex_note(loaded)
     model, params, size = loaded.model, loaded.params, loaded.image_size
     evaluator = fewshot.FewShotEvaluator(
-        datasets, shots, f.l2, f.seed, size, f.batch_size, seq_len=f.seq_len
+        datasets, shots, f.l2, f.seed, size, f.batch_size, seq_len=f.seq_len, knn_k=f.knn_k
     )
     results = fewshot.by_dataset(evaluator.run(model, params))
     title = cli.model_title(f.model, f.checkpoint, size)
-    print(f"linear few-shot accuracy of {title}, l2={f.l2:g}, seed {f.seed}")
+    knn_note = (
+        f"; *_knn: {f.knn_k}-NN (T={knn.TEMPERATURE}, k at most K * shots)" if f.knn_k else ""
+    )
+    print(f"linear few-shot accuracy of {title}, l2={f.l2:g}, seed {f.seed}{knn_note}")
     print(format_table(results))
 
 

@@ -94,6 +94,7 @@ def optimizer_fields() -> ml_collections.ConfigDict:
             weight_decay=0.0,
             grad_clip=1.0,
             mu_dtype="",
+            layer_decay=0.0,  # layer-wise lr decay, e.g. 0.75 (0: off; training/layer_decay.py)
         )
     )
 

@@ -1,7 +1,8 @@
-"""Evaluation of frozen models: linear few-shot accuracy (the paper's section 4.1) and the
-top-1 / top-5 accuracy of a classifier.
+"""Evaluation of frozen models: linear few-shot accuracy (the paper's section 4.1), DINO's
+k-NN accuracy and the top-1 / top-5 accuracy of a classifier.
 
   linear.py   closed-form regularised least squares to {-1, 1}^K targets (NumPy)
+  knn.py      DINO's weighted k-NN classifier of cosine similarities (NumPy)
   fewshot.py  pre-logits features of a dataset split; FewShotEvaluator for training loops
   classify.py top-1 / top-5 accuracy of a classifier checkpoint on a dataset split
   batched.py  one batched apply over an eval iterator: few-shot, classify, the training loop

@@ -10,6 +10,8 @@ Per dataset, `FewShotEvaluator` reads
     images go through the model, not the whole split), from which `choose_shots`
     draws k per class with the same seed, and
   * the whole test split (`test_split`, e.g. 'test[:2000]' to make it cheaper).
+With `knn_k`, DINO's k-NN classifier (`vit_jax.evaluation.knn`) runs on the same shots
+too ('fewshot/{name}_knn_{k}shot'), its k capped at each pool of K * shots examples.
 Accuracies are deterministic for a given seed, dataset config and number of processes.
 """
 
@@ -22,7 +24,8 @@ import jax
 import numpy as np
 
 from vit_jax.evaluation.batched import eval_batches, over_batches
-from vit_jax.evaluation.linear import fewshot_accuracy
+from vit_jax.evaluation.knn import DEFAULT_K, knn_accuracy
+from vit_jax.evaluation.linear import choose_shots, fewshot_accuracy
 from vit_jax.models import predict
 from vit_jax.models.vit import VisionTransformer
 
@@ -138,6 +141,7 @@ class FewShotEvaluator:
         image_size: int | tuple[int, int] = 224,
         batch_size: int = 256,
         seq_len: int | None = None,
+        knn_k: int = 0,
     ):
         """Checks the dataset configs; nothing is read until `run`.
 
@@ -154,6 +158,7 @@ class FewShotEvaluator:
             when `run` is given a mesh).
           seq_len: NaFlex patches a row, each image at its own aspect ratio (the datasets'
             naflex.seq_lens); None: square images of `image_size`.
+          knn_k: neighbours of the k-NN classifier on the same shots (0: none).
         """
         from vit_jax import data  # the input pipeline: only needed by the evaluator
 
@@ -184,7 +189,7 @@ class FewShotEvaluator:
                 "give each config a distinct 'name'"
             )
         self.shots, self.l2, self.seed = shots, float(l2), seed
-        self.image_size, self.batch_size = image_size, batch_size
+        self.image_size, self.batch_size, self.knn_k = image_size, batch_size, knn_k
 
     def features(
         self, model: VisionTransformer, params: Any, cfg: Any, split: str, mesh: Any = None
@@ -223,4 +228,33 @@ class FewShotEvaluator:
                 *train, *test, self.shots, self.l2, self.seed, num_classes=data.num_classes(cfg)
             )
             out.update({metric_name(cfg.name, k): acc for k, acc in accuracy.items()})
+            if self.knn_k:  # on the shots the linear fit draws
+                for k in self.shots:
+                    pool = choose_shots(train[1], k, self.seed)
+                    acc = knn_accuracy(train[0][pool], train[1][pool], *test, self.knn_k)
+                    out[metric_name(f"{cfg.name}_knn", k)] = acc
         return out
+
+
+def knn_top1(
+    model: VisionTransformer,
+    params: Any,
+    dataset: Mapping[str, Any],
+    train_split: str,
+    split: str,
+    image_size: int | tuple[int, int],
+    batch_size: int = 64,
+    k: int = DEFAULT_K,
+) -> float:
+    """DINO's k-NN top-1 accuracy on `split` of `dataset` (fields of
+    `vit_jax.data.default_config()`) against the pre-logits features of `train_split`."""
+    from vit_jax import data
+
+    cfg = data.default_config()
+    cfg.update(dict(dataset))
+
+    def features(split: str) -> tuple[np.ndarray, np.ndarray]:  # [n, D], [n]
+        with eval_batches(cfg, split, batch_size, image_size, model.patch_size) as batches:
+            return extract_features(model, params, batches)
+
+    return knn_accuracy(*features(train_split), *features(split), k)

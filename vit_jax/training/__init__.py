@@ -4,6 +4,7 @@ train_loop) -> step.py (train_step), with state.py for the state it steps.
   train.py       the loop: the workdir, its lock, the parts, the steps and what is due after each
   step.py        the jitted train and eval steps and their contract; the losses
   state.py       the TrainState and its optimizer: from scratch or a checkpoint, or restored
+  layer_decay.py the optimizer's layer-wise learning-rate decay (BEiT, timm)
   outputs.py     what a run leaves: its checkpoint loaded for inference, final.npz
   check.py       one check of a whole run config, a table per section, before anything runs
   check_data.py  its checks that read: the data's sizes, the init_from file

@@ -74,6 +74,7 @@ OPTIMIZER = {
     **dict.fromkeys(("momentum", "b1", "b2"), number(0, 1, high_open=True)),
     "weight_decay": number(0),
     "grad_clip": number(0, note=" (0: no clipping)"),
+    "layer_decay": number(0, 1, note=" (0: off)"),
     "mu_dtype": one_of(MU_DTYPES),
 }
 FEWSHOT = {
@@ -122,7 +123,8 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
             "that many micro-batches"
         )
         out.append(Problem("accum_steps", c.accum_steps, why))
-    out += _model_problems(c.model, c.image_size, c.dataset.naflex.seq_lens)
+    if c.model.name or not c.init_from:  # an empty name is init_from's (build_model)
+        out += _model_problems(c.model, c.image_size, c.dataset.naflex.seq_lens)
     out += _optimizer_problems(c.optimizer, c.total_steps)
     out += data_config.problems(c.dataset, "dataset.")
     out += _fewshot_problems(c.fewshot)
