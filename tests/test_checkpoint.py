@@ -339,6 +339,9 @@ def test_head_reset_kept_and_checked(tmp_path):
     assert architecture.architecture(weights.load_npz(path)) == dict(
         width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=16, resnet_stages=None,
         channels=3, classifier="token", representation_size=32, posemb="learned",
+        registers=0, layer_scale=None, pre_norm=False, fc_norm=False, swiglu=False,
+        mlp_norm=False, attention_norm=False, qkv_bias="qkv", class_token=True,
+        embed_prefix=True,
     )  # fmt: skip
 
 

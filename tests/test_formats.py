@@ -594,6 +594,6 @@ def test_unknown_numerics_in_a_file_are_named(tmp_path):
     assert Meta.from_timm({"format": "pt"}, "t").numerics == meta.TIMM_DEFAULT
     older = Meta.from_timm({"format": "pt", "num_heads": "3"}, "t")
     assert older.numerics == {"gelu": "tanh", "layer_norm_eps": 1e-6}  # written here before
-    bad = {"vit_jax_numerics": np.array('{"gelu": "quick"}')}
-    with pytest.raises(CheckpointError, match="m.npz .vit_jax_.*. names GELU 'quick'"):
+    bad = {"vit_jax_numerics": np.array('{"gelu": "sigmoid"}')}
+    with pytest.raises(CheckpointError, match="m.npz .vit_jax_.*. names GELU 'sigmoid'"):
         Meta.from_npz(bad, "m.npz")

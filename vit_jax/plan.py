@@ -166,7 +166,7 @@ def lengths_said(config: ml_collections.ConfigDict, devices: list) -> str:
     """'16 (17 tokens), 64 (65 tokens, splash pads them to 128)': each NaFlex length of
     `config` with the tokens its attention computes on `devices`."""
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
-    model = state_lib.build_model(config.model, None)
+    model = state_lib.planned_model(config, None)
     each, cells = abstract.sequences(model, mesh, config.dataset.naflex.seq_lens), []
     for n, (tokens, padded, how) in each.items():
         pad = f", {how} pads them to {padded}" if padded > tokens else ""

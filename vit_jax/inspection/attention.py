@@ -1,14 +1,14 @@
 """Where attention goes: mean attention distance per head, and attention rollout.
 
 Both take the attention probabilities that `apply_with_intermediates` hands back,
-[L, B, H, N, N] with N = prefix + gh * gw tokens (prefix = 1 with a class token, else 0),
-rows (queries) summing to one. They are written with jax.numpy so that they run
-inside a jit next to the model; they accept NumPy arrays as well.
+[L, B, H, N, N] with N = prefix + gh * gw tokens (the prefix: the class token, then the
+registers, `model.num_prefix`), rows (queries) summing to one. They are written with
+jax.numpy so that they run inside a jit next to the model; they accept NumPy arrays too.
 
 Mean attention distance (the paper's Figure 7, right; Appendix D.7): for each head, the
 distance in input pixels between a query patch and the key patches, weighted by the
 attention, averaged over query patches (and then over images by the caller). Here
-only patch tokens count: the class token's row and column are dropped and each patch
+only patch tokens count: the prefix's rows and columns are dropped and each patch
 query's weights over the patches are renormalised to sum to one, so that the distance
 says how far *within the image* a head looks (attention to the class token, which has no
 position, neither counts as distance 0 nor is lost). Patch centres are
@@ -20,11 +20,11 @@ Attention rollout (Abnar & Zuidema 2020): per layer the heads' attention is aver
 the identity is added for the residual connection and the rows are renormalised
 ((A + I) / 2); the layers are multiplied, the last on the left. Row q of the result says
 how much of each input token flows into output token q. The map of an image is the
-class token's row over the patch tokens; a model without a class token ('gap', pooling
-the mean of all tokens) gets the mean of the patch rows, which is the flow into its
-pooled representation. A `map` model pools with its MAP head's attention over the tokens
-(its probe, a query that is no token, so no identity): the head's mean over heads is the
-final row, times the rollout.
+class token's row over the patch tokens; a 'gap' model (pooling the mean of the patches)
+gets the mean of the patch rows, which is the flow into its pooled representation. A
+`map` model pools with its MAP head's attention over the patches (its probe, a query
+that is no token, so no identity): the head's mean over heads is the final row, times
+the patches' rows of the rollout. Registers are never drawn: the maps are the patches'.
 
 NaFlex input (models/naflex.py): pass the batch `x` where a grid goes. Padding is neither
 a query nor a key (the model gives pads zero weight as keys, so no real row's rollout
@@ -67,7 +67,7 @@ def mean_attention_distance(
         attention [L, B, H, N, N] is of: each patch at its own coordinates, padding
         neither a query nor a key.
       stride: input pixels per token side (`model.token_stride`).
-      num_prefix: tokens before the patches (1 for a class token, else 0).
+      num_prefix: tokens before the patches (`model.num_prefix`).
 
     Returns:
       mean distance per leading index, e.g. [L, B, H].
@@ -109,27 +109,32 @@ def attention_rollout(attention: jax.Array) -> jax.Array:
     return functools.reduce(lambda rollout, layer: layer @ rollout, a[1:], a[0])
 
 
-def flow(rollout: jax.Array, num_prefix: int, valid=None, head=None) -> jax.Array:
+def flow(
+    rollout: jax.Array, num_prefix: int, valid=None, head=None, token: bool | None = None
+) -> jax.Array:
     """The rollout's flow into the representation, per patch token.
 
     Args:
       rollout: from `attention_rollout`.  # [B, N, N]
-      num_prefix: 1 with a class token (its row is taken), else 0 (the mean of the rows).
+      num_prefix: tokens before the patches (the class token, then the registers).
       valid: NaFlex's real patches [B, N - num_prefix]: the mean takes their rows only.
-      head: a `map` model's head attention [B, H, 1, N]: its mean over heads is the row
-        (times the rollout).
+      head: a `map` model's head attention [B, H, 1, N - num_prefix]: its mean over heads
+        is the row (times the patches' rows of the rollout).
+      token: the class token's row (row 0) is the representation's ('token' pooling);
+        False: the mean of the patch rows ('gap'); None: with any prefix.
 
     Returns:
       flow.  # [B, N - num_prefix]
     """
     rollout = jnp.asarray(rollout)
+    patches = rollout[:, num_prefix:]  # [B, n, N]
     if head is not None:
-        row = jnp.einsum("bk,bkn->bn", jnp.asarray(head).mean(axis=1)[:, 0], rollout)
-    elif num_prefix:
+        row = jnp.einsum("bk,bkn->bn", jnp.asarray(head).mean(axis=1)[:, 0], patches)
+    elif bool(num_prefix) if token is None else token:
         row = rollout[:, 0]
     else:
-        w = jnp.ones(rollout.shape[:2]) if valid is None else jnp.asarray(valid, rollout.dtype)
-        row = (rollout * w[..., None]).sum(1) / jnp.maximum(w.sum(1, keepdims=True), 1)
+        w = jnp.ones(patches.shape[:2]) if valid is None else jnp.asarray(valid, rollout.dtype)
+        row = (patches * w[..., None]).sum(1) / jnp.maximum(w.sum(1, keepdims=True), 1)
     return row[:, num_prefix:]
 
 

@@ -10,8 +10,9 @@ the positive part,
 
 and the layers are rolled out from the identity, first layer first: R <- R + Ā R. Row q
 of R says how much each input token is relevant to output token q for class c; the map
-is the class token's row over the patches (a mean-pooled model: the mean of the rows; a
-`map` model: its head's attention weighted the same way, mean_h (∇A ⊙ A)⁺ [1, N], times R).
+is the class token's row over the patches (a mean-pooled model: the mean of the patch
+rows; a `map` model: its head's attention weighted the same way, mean_h (∇A ⊙ A)⁺ [1, n],
+times the patches' rows of R); registers are never drawn.
 Unlike attention rollout (attention.py) it differs from class to class.
 
 The probabilities are the explicit softmax's, from the same parameters, whatever
@@ -78,7 +79,7 @@ def attention_of(model: VisionTransformer, params: Any, x: Any) -> tuple[jax.Arr
 def _relevance_fn(model: VisionTransformer):
     """Jitted (params, images [B, H, W, C] or a NaFlex batch, classes [B, K]) -> each
     patch's relevance [B, K, n] (retraced per shape)."""
-    prefix = model.num_prefix
+    prefix, token = model.num_prefix, model.classifier == "token"
     made = lambda p, x: model.apply({"params": p}, x, mutable=["perturbations"])[1]
 
     @jax.jit
@@ -100,7 +101,7 @@ def _relevance_fn(model: VisionTransformer):
             head = None
             if model.classifier == "map":  # the probe's (∇A ⊙ A)⁺  [B, H, 1, N]
                 head = jnp.maximum(head_of(inter, "attention") * head_of(grads, "probabilities"), 0)
-            return flow(rollout_relevance(att, grad), prefix, valid, head)  # [B, n]
+            return flow(rollout_relevance(att, grad), prefix, valid, head, token)  # [B, n]
 
         return jax.vmap(one_class, in_axes=1, out_axes=1)(classes)  # [B, K, n]
 

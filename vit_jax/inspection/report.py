@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.base import files, store
@@ -55,7 +56,8 @@ class Inspection:
         attention_distance_per_image [L, B, H], rollout [B, gh, gw]; with `explain`,
         relevance [B, K, gh, gw], relevance_classes [B, K] (the head's indices) and
         relevance_probabilities [B, K]. A NaFlex batch's rollout and relevance: lists
-        of each image's [gh, gw] and [K, gh, gw].
+        of each image's [gh, gw] and [K, gh, gw]. With registers beside a class token,
+        register_share [B, 2]: their share of its attention (last layer, rollout).
       info: sizes and definitions (saved in inspect.json).
       skipped: figure -> why it does not apply to this model.
     """
@@ -68,8 +70,11 @@ class Inspection:
 @functools.lru_cache(maxsize=8)
 def _analysis_fn(model: VisionTransformer):
     """Jitted (params, images [B, H, W, C] or a NaFlex batch) -> (distance [B, L, H],
-    rollout flow [B, n]); the full attention [L, B, H, N, N] never leaves the device."""
-    prefix = model.num_prefix
+    rollout flow [B, n], the registers' share of the class token's attention [B, 2]: the
+    last layer's mean over heads, the rollout's); the full attention [L, B, H, N, N] never
+    leaves the device."""
+    prefix, token = model.num_prefix, model.classifier == "token"
+    registers = slice(prefix - model.registers, prefix)  # after the class token
 
     @jax.jit
     def analyse(params: Any, x: Any) -> tuple[jax.Array, jax.Array]:
@@ -78,8 +83,10 @@ def _analysis_fn(model: VisionTransformer):
         grid = x if flex else model.grid(x.shape[1:3])
         distance = attention.mean_attention_distance(att, grid, model.token_stride, prefix)
         rollout = attention.attention_rollout(att)
-        row = attention.flow(rollout, prefix, x["valid"] if flex else None, head)
-        return distance.transpose(1, 0, 2), row  # batch first, for in_batches
+        row = attention.flow(rollout, prefix, x["valid"] if flex else None, head, token)
+        share = lambda a: a[:, 0, registers].sum(-1)  # [B]: row 0 over the registers
+        shares = jnp.stack([share(att[-1].mean(1)), share(rollout)], axis=-1)
+        return distance.transpose(1, 0, 2), row, shares  # batch first, for in_batches
 
     return analyse
 
@@ -93,12 +100,18 @@ def analyse_images(
       (distance [L, B, H] in pixels, rollout maps [B, gh, gw]; for a NaFlex batch a list
       of each image's [gh, gw]).
     """
+    return _analysed(model, params, images, batch_size)[:2]
+
+
+def _analysed(model: VisionTransformer, params: Any, images: Any, batch_size: int) -> tuple:
+    """`analyse_images`' two, and the registers' shares (`_analysis_fn`) [B, 2]."""
     x = images if naflex.is_naflex(images) else np.asarray(images, np.float32)
     if len(jax.tree.leaves(x)[0]) == 0:
         raise ValueError("no images to inspect: images is empty (sample_images makes some)")
-    distance, rows = in_batches(functools.partial(_analysis_fn(model), params), batch_size, x)
+    fn = functools.partial(_analysis_fn(model), params)
+    distance, rows, shares = in_batches(fn, batch_size, x)
     grid = x if naflex.is_naflex(x) else model.grid(x.shape[1:3])
-    return distance.transpose(1, 0, 2), attention.on_grids(rows, grid)
+    return distance.transpose(1, 0, 2), attention.on_grids(rows, grid), shares
 
 
 def naflex_images(x: dict, patch_size: int) -> list[np.ndarray]:
@@ -170,7 +183,7 @@ def compute(
         arrays["posemb_similarity"] = posemb.cosine_similarity_maps(pe, grid)
     except posemb.NoPositionEmbeddings as e:
         skipped["posemb"] = f"position-embedding figure skipped: {e}"
-    distance, maps = analyse_images(model, params, x, batch_size)
+    distance, maps, shares = _analysed(model, params, x, batch_size)
     arrays["attention_distance"] = distance.mean(axis=1)  # [L, H]
     arrays["attention_distance_per_image"] = distance
     arrays["rollout"] = maps
@@ -185,13 +198,27 @@ def compute(
             arrays["attention_distance"].astype(float), 4
         ).tolist(),
         "attention_distance": "per head: attention of patch queries over patch keys "
-        "(class token dropped, rows renormalised) x euclidean distance between patch "
+        "(class token and registers dropped, rows renormalised) x euclidean distance between patch "
         "centres in input pixels, averaged over queries, then images",
         "rollout": "mean over heads, + identity, rows renormalised, multiplied over layers; "
         + ROWS.get(model.classifier, "the mean of the patch rows")
         + " over the patches",
     }
+    if model.registers and model.has_class_token:  # not drawn: reported apart
+        arrays["register_share"] = shares  # [B, 2]
+        info["register_share"] = _register_share(shares, model.registers)
     return Inspection(arrays, info, skipped)
+
+
+def _register_share(shares: np.ndarray, registers: int) -> dict[str, Any]:
+    """inspect.json's summary of the registers' shares [B, 2] (`_analysis_fn`)."""
+    last, rolled = np.round(shares.mean(0).astype(float), 4).tolist()
+    return dict(
+        last_layer=last,
+        rollout=rolled,
+        definition=f"the {registers} registers' share of the class token's attention (mean "
+        "over heads) in the last layer and in the rollout, mean over images",
+    )
 
 
 def explain(

@@ -8,6 +8,7 @@
   lora.py          low-rank adapters on the blocks' Dense layers: merge, split, overlay
   resnet.py        the hybrids' ResNet stem (weight-standardised convs, GroupNorm)
   posemb.py        position embeddings, learned or sin-cos, resized on their grid
+  rope.py          2D rotary embeddings of queries and keys (DINOv3's, EVA-02's)
   naflex.py        NaFlex input: patches, coordinates, validity; per-image position resize
   patch_resize.py  a patch kernel at another patch size (FlexiViT's pseudo-inverse)
   predict.py       a model applied for inference (batched, padded, jitted)

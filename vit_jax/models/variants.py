@@ -2,7 +2,9 @@
 
 A variant is a size (width, depth, heads, MLP width) plus a patch size and, for
 hybrids, the ResNet stem's stages. Published checkpoint names (``ViT-B_16``,
-``R50+ViT-B_16``) and short names (``B/16``, ``R50+B/16``) both resolve here;
+``R50+ViT-B_16``) and short names (``B/16``, ``R50+B/16``) both resolve here (the
+towers' sizes by short name: big_vision's 'So400m/14' and 'g-opt/14', DINOv2's 'g/14',
+DINOv3's 'H+/16');
 any other combination is a short name plus keyword overrides, e.g.
 ``get_model('B/16', num_classes=10, depth=6, patch_size=8)``.
 """
@@ -20,7 +22,14 @@ SIZES: dict[str, tuple[int, int, int, int]] = {
     "B": (768, 12, 12, 3072),
     "L": (1024, 24, 16, 4096),
     "H": (1280, 32, 16, 5120),
+    "So400m": (1152, 27, 16, 4304),  # SigLIP's shape-optimised (big_vision's names)
+    "g-opt": (1536, 40, 16, 6144),
+    # DINOv2's ViT-g (not big_vision's g, 1408 wide) and DINOv3's ViT-H+: SwiGLU MLPs,
+    # whose MLP width is each half's.
+    "g": (1536, 40, 24, 4096),
+    "H+": (1280, 32, 20, 5120),
 }
+SWIGLU = ("g", "H+")
 
 # ResNet stems of the hybrids: stage depths (empty = the root alone). R50+ViT-B_16 keeps
 # three stages (16 px per token); R50x4 is the full four-stage ResNet-50 (32 px per token).
@@ -52,7 +61,7 @@ VARIANTS: dict[str, tuple[str, int, str | None, dict[str, Any]]] = {
     "ViT-B_32-gap-norep": ("B", 32, None, {"classifier": "gap"}),
 }
 
-_SHORT = re.compile(r"^(?:(?P<stem>R\d*)\+)?(?P<size>[A-Za-z]+)/(?P<patch>\d+)$")
+_SHORT = re.compile(r"^(?:(?P<stem>R\d*)\+)?(?P<size>[A-Za-z][\w+-]*)/(?P<patch>\d+)$")
 
 
 def variant_config(name: str) -> dict[str, Any]:
@@ -72,7 +81,8 @@ def variant_config(name: str) -> dict[str, Any]:
                 f"or SIZE/PATCH with SIZE in {sorted(SIZES)}, optionally R26+ or R50+ first "
                 "(e.g. 'B/16', 'R50+B/16')"
             )
-        size, patch, stem, extra = m["size"], int(m["patch"]), m["stem"], {}
+        size, patch, stem = m["size"], int(m["patch"]), m["stem"]
+        extra = {"swiglu": True} if size in SWIGLU else {}
         if stem is not None:
             patch, stem = _hybrid_patch(name, stem, patch)
     width, depth, heads, mlp = SIZES[size]

@@ -30,9 +30,7 @@ def loop_step(
     (state and batch as ShapeDtypeStructs with their shardings): (step, state, batch). With
     `seq_len` the batch is NaFlex's (models/naflex.py), `seq_len` patches a row; the position
     table is still made for config.image_size (NaFlex resizes it to each image's grid)."""
-    model = state_lib.build_model(
-        config.model, num_classes, adapters=config.get("lora"), image_size=config.image_size
-    )
+    model = state_lib.planned_model(config, num_classes, config.image_size)
     tx, lr_fn = state_lib.optimizer_of(config)
     start = state_lib.Start(seed=config.seed, image_size=config.image_size)
     abstract = state_lib.abstract_state(start, model, tx)

@@ -21,7 +21,8 @@ def data_problems(config: ml_collections.ConfigDict, init_from_later: bool = Fal
 
     c, out = config, []
     init_from = c.init_from
-    if init_from and not init_from_later and remote.url(init_from) is None:  # not published
+    hub = init_from.startswith(remote.HUB) if init_from else False  # resolved when loaded
+    if init_from and not init_from_later and remote.url(init_from) is None and not hub:
         if not _exists(out, init_from):
             why = (
                 "no such file or directory: name the checkpoint to fine-tune: a .npz (a "

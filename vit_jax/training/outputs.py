@@ -31,7 +31,8 @@ def load_run(workdir: str, image_size: Any = None, head: bool = True, **override
     run's adapters unmerged over its base (init_from, read again). Nothing is changed.
 
     Raises:
-        FileNotFoundError: no checkpoint there verifies.
+        FileNotFoundError: no checkpoint there verifies, or the newest that does has no
+            record of its model.
     """
     checkpoints = Checkpoints(Workdir.at(workdir).checkpoints, read_only=True)
     verdicts = (verify.check(checkpoints, s) for s in reversed(checkpoints.steps()))
@@ -40,7 +41,14 @@ def load_run(workdir: str, image_size: Any = None, head: bool = True, **override
             f"{workdir}: no checkpoint there verifies (python -m "
             f"vit_jax.checkpoints verify {workdir} lists them)"
         )
-    about = read_record(checkpoints.directory / str(found.step))["state"]
+    record = read_record(checkpoints.directory / str(found.step), checkpoints.store) or {}
+    if "model" not in (about := record.get("state") or {}):
+        raise FileNotFoundError(
+            f"{workdir}: checkpoint {found.step} verifies, but has no integrity record to say "
+            "which model it holds (written before records were, or the record was removed): "
+            "resume the run with its config (its next checkpoint writes one), or load its "
+            "final.npz"
+        )
     params, adapters = found.state["params"], about.get("lora")
     classes = params["head"]["kernel"].shape[-1] if head else None
     config = ml_collections.ConfigDict(about["model"])

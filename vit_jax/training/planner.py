@@ -197,7 +197,7 @@ def plan_on(
     classes = num_classes or num_classes_of(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
     step, state, batch = loop_step(config, mesh, classes, seq_len)
-    model = state_lib.build_model(config.model, classes, adapters=config.get("lora"))
+    model = state_lib.planned_model(config, classes)
     tokens, padded, how = sequence(model, mesh, config.image_size, seq_len)
     held = argument_bytes(state, batch)
     kind = devices[0].device_kind

@@ -257,12 +257,13 @@ def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]
     return {tag: sorted(rows) for tag, rows in out.items()}
 
 
-def naflex_line(lengths: Any, padded: list[int], has_class_token: bool) -> str:
-    """The NaFlex run's lengths, each with its batch and what attention pads it to."""
-    cls = " + class token" if has_class_token else ""
+def naflex_line(lengths: Any, padded: list[int], num_prefix: int) -> str:
+    """The NaFlex run's lengths, each with its batch and what attention pads it to;
+    `num_prefix`: the tokens before the patches (the model's class token and registers)."""
+    cls = {0: "", 1: " + class token"}.get(num_prefix, f" + {num_prefix} prefix tokens")
     cells = []
     for n, p in zip(lengths.seq_lens, padded, strict=True):
-        pad = f" (padded to {p} tokens)" if p > n + has_class_token else ""
+        pad = f" (padded to {p} tokens)" if p > n + num_prefix else ""
         cells.append(f"{lengths.batch(n)} images of {n} patches{cls}{pad}")
     each = f"each of the {len(cells)} lengths" if len(cells) > 1 else "its length"
     return (

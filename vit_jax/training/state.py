@@ -5,7 +5,8 @@ TensorFlow.
 Optimizers: pretraining is Adam (b1 0.9, b2 0.999) with decoupled weight decay, scaled
 by the learning rate and applied to kernels only; fine-tuning is SGD with momentum 0.9,
 no weight decay. Both: optional clipping at a global gradient norm, linear warmup, then
-cosine or linear decay (or constant). With skip_nonfinite, optax.apply_if_finite around
+cosine or linear decay (or constant), and optional layer-wise learning-rate decay
+(layer_decay.py). With skip_nonfinite, optax.apply_if_finite around
 it all skips the steps whose gradients are not finite and counts them.
 """
 
@@ -20,11 +21,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vit_jax.configs.common import model_fields
 from vit_jax.models import get_model, lora
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.parallel import sharding
-from vit_jax.training import report
-from vit_jax.weights.load import load_pretrained
+from vit_jax.training import layer_decay, report
+from vit_jax.weights.load import load_pretrained, read_fields
 from vit_jax.weights.read import read_meta
 from vit_jax.workdir import verify
 from vit_jax.workdir.checkpoints import Checkpoints
@@ -120,7 +122,10 @@ def make_optimizer(
         parts += [optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, mu_dtype=mu_dtype), *decay]
     else:
         parts += [*decay, optax.trace(decay=cfg.momentum, accumulator_dtype=mu_dtype)]
-    tx = optax.chain(*parts, optax.scale_by_learning_rate(lr))
+    parts.append(optax.scale_by_learning_rate(lr))
+    if cfg.get("layer_decay"):  # after the learning rate: weight decay is scaled too (timm)
+        parts.append(layer_decay.scale_by_layer(cfg.layer_decay))
+    tx = optax.chain(*parts)
     if skip_nonfinite:  # finite steps equal the plain chain's to float32 rounding (lax.cond)
         tx = optax.apply_if_finite(tx, max_consecutive_errors=NEVER)
     return tx, lr
@@ -150,21 +155,51 @@ def build_model(
     image_size: int | None = None,
 ) -> VisionTransformer:
     """The model of a config's `model` fields: a name plus any VisionTransformer field,
-    with the LoRA adapters of `adapters` (config.lora). The numerics the fields leave
-    unset (gelu, layer_norm_eps: None) are `init_from`'s, the checkpoint fine-tuned (what
-    its source computes, see weights/meta.py). With `image_size` (config.image_size) the
-    position tables are made on its grid (posemb_grid), whatever the batches are."""
+    with the LoRA adapters of `adapters` (config.lora). What the fields leave unset is
+    `init_from`'s, the checkpoint fine-tuned: with a name, what the file records (its
+    numerics and the towers' fields its tensors cannot tell: weights/meta.py); an empty
+    name is init_from's whole architecture (`weights.load.fields_of`: sizes, registers,
+    rotary embeddings, ...), its pooling and position embeddings too unless the fields
+    change them from `model_fields`' defaults. A representation layer is the config's
+    alone (the paper's fine-tuning drops it). With `image_size` (config.image_size) the
+    position tables are made on its grid (posemb_grid), whatever the batches are.
+
+    Raises:
+      ValueError: an empty name without init_from.
+    """
+    name = model["name"] or None
     fields = {k: v for k, v in model.items() if k != "name" and v is not None}
+    if name is None and not init_from:
+        raise ValueError(
+            "config.model.name is empty, which means init_from's architecture, and "
+            "init_from is not set: name a variant (e.g. 'B/16') or set init_from"
+        )
+    if name is None:  # the defaults are unset: the file's pooling and position table
+        defaults = model_fields("")
+        fields = {k: v for k, v in fields.items() if v != defaults.get(k)}
     fields["lora"] = lora.Lora.of(adapters)
     if fields.get("representation_size") == 0:
         del fields["representation_size"]
-    if init_from:
-        for key, value in read_meta(init_from).numerics.items():
-            fields.setdefault(key, value)
-    built = get_model(model["name"], num_classes=num_classes, **fields)
+    told = {}
+    if init_from and name is None:  # the file's whole architecture
+        told = {k: v for k, v in read_fields(init_from).items() if v is not None}
+        told.pop("representation_size", None)
+    elif init_from:
+        meta = read_meta(init_from)
+        told = {**meta.fields, **meta.numerics}
+    for key, value in told.items():
+        fields.setdefault(key, value)
+    built = get_model(name, num_classes=num_classes, **fields)
     if image_size and built.posemb_grid is None:
         return built.clone(posemb_grid=built.grid((image_size, image_size)))
     return built
+
+
+def planned_model(config: Any, num_classes: int | None, image_size: int | None = None):
+    """`build_model` of a run config for the planner, which reads init_from only where the
+    model is its architecture (an empty name): a plan needs no file otherwise."""
+    from_file = None if config.model.name else config.get("init_from") or None
+    return build_model(config.model, num_classes, from_file, config.get("lora"), image_size)
 
 
 def new_state(

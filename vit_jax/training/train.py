@@ -257,7 +257,7 @@ def _starting(loop: Loop, state: TrainState, lengths: Any) -> report.Throughput:
         if lengths is not None:
             each = abstract.sequences(loop.model, loop.mesh, lengths.seq_lens).values()
             padded = [p for _, p, _ in each]
-            report.say(report.naflex_line(lengths, padded, loop.model.has_class_token))
+            report.say(report.naflex_line(lengths, padded, loop.model.num_prefix))
     return report.Throughput(config.total_steps, size, jax.device_count(), start)
 
 

@@ -8,6 +8,9 @@
   npz.py             the published .npz: every layout read, the original one written
   safetensors_io.py  the safetensors file format
   timm.py, hf.py     timm's state dict; Hugging Face ViTForImageClassification directories
+  towers.py          the towers (DINOv2/v3, CLIP, SigLIP, EVA-02) by timm architecture name
+  timm_eva.py        timm's Eva state dict (DINOv3, EVA-02)
+  hf_towers.py       transformers folders of the towers (DINOv2/v3, CLIP, SigLIP 1/2)
   timm_recipe.py     the Python that builds timm's own model for a converted file
   _tensors.py        what the PyTorch-layout formats (timm, Hugging Face) share
   remote.py          published files at gs:// and https:// paths, fetched into a cache

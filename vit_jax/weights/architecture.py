@@ -93,7 +93,7 @@ def towers(f: dict[str, Any]) -> dict[str, Any]:
         attention_norm=_ATT0 + "norm/scale" in f,
         qkv_bias="".join(a[0] for a in ("query", "key", "value") if f"{_ATT0}{a}/bias" in f),
     )
-    if "cls" in f and "MAPHead_0/probe" in f:
+    if "cls" in f:  # kept whatever pools (timm's avg keeps it and pools the patches)
         out["class_token"] = True
     prefix = int("cls" in f) + out["registers"]
     if prefix and POSEMB in f:  # rows for the prefix, or (timm's no_embed_class) none
@@ -162,7 +162,9 @@ def native_image_size(params: dict, token_stride: int) -> tuple[int, int]:
     """
     pe = params.get("Transformer", {}).get("posembed_input", {})
     if "pos_embedding" in pe:
-        n = pe["pos_embedding"].shape[1] - posemb_prefix(traverse_util.flatten_dict(params, sep="/"))
+        n = pe["pos_embedding"].shape[1] - posemb_prefix(
+            traverse_util.flatten_dict(params, sep="/")
+        )
         side = int(round(np.sqrt(n)))
         if side * side != n:
             raise CheckpointError(

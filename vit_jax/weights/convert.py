@@ -35,7 +35,7 @@ from flax import traverse_util
 from vit_jax.base import store
 from vit_jax.data import images
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import hf, npz, safetensors_io, timm, timm_recipe
+from vit_jax.weights import hf, npz, onnx_export, safetensors_io, timm, timm_recipe
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.load import Loaded
 from vit_jax.weights.load import load as load_checkpoint
@@ -153,13 +153,13 @@ def write(
         safetensors_io.write(out, tensors, metadata)
         how = timm_recipe.recipe(model, size, where)
     elif fmt == "hf":
+        if other := onnx_export.unwritten(model):  # ViTForImageClassification: the paper's
+            raise ValueError(f"transformers' ViT is the paper's, not {', '.join(other)}")
         tensors = {k: np.asarray(v, np.float32) for k, v in hf.to_hf(params).items()}
         cfg = hf.config(model, size, meta)  # before writing: it checks the labels
         hf.write_dir(out, tensors, cfg, hf.preprocessor_config(size))
         how = hf.how_to_load(out, where, meta.preprocessing)
     else:
-        from vit_jax.weights import onnx_export
-
         onnx_export.export_onnx(params, model, size, out, labels=labels)
         how = f"onnxruntime.InferenceSession({out!r}).run(['logits'], {{'images': x}})"
     return Converted(out, fmt, model, size, how)

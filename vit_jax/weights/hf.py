@@ -30,6 +30,7 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax.base import files, store
+from vit_jax.data.preprocessing import Preprocessing, from_hf_processor
 from vit_jax.models import get_model, param_shapes
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import safetensors_io
@@ -143,24 +144,26 @@ def config(model: VisionTransformer, image_size: tuple[int, int], meta: Meta | N
     }
 
 
-def preprocessor_config(image_size: tuple[int, int]) -> dict:
-    """`preprocessor_config.json` for transformers' ViTImageProcessor: the pil_antialias
-    preprocessing of `vit_jax.data.images.load_image` (RGB, PIL bilinear resize to
-    `image_size` without a crop, x / 255 then (x - 0.5) / 0.5, i.e. [-1, 1]), so that
+def preprocessor_config(image_size: tuple[int, int], method: str = "pil_antialias") -> dict:
+    """`preprocessor_config.json` for transformers' ViTImageProcessor: the preprocessing
+    `method` of `vit_jax.data.images.load_image` (RGB, PIL's bilinear or bicubic resize to
+    `image_size` without a crop, x / 255 then (x - mean) / std), so that
     `pipeline('image-classification')` feeds the model what `python -m vit_jax.infer
     --preprocessing=pil_antialias` does. transformers has no resize without antialiasing,
-    so a tf_bilinear model (config.json's vit_jax_preprocessing) gets PIL's pixels there."""
+    so a tf_bilinear model (config.json's vit_jax_preprocessing) gets PIL's pixels there,
+    and no crop but its own: a crop the string names is left out."""
+    spec = Preprocessing.parse(method)
     return {
         "image_processor_type": "ViTImageProcessor",
         "do_convert_rgb": True,
         "do_resize": True,
         "size": {"height": image_size[0], "width": image_size[1]},
-        "resample": 2,  # PIL.Image.Resampling.BILINEAR, as pixels' pil_antialias
+        "resample": 3 if spec.resize == "pil_bicubic" else 2,  # PIL's BICUBIC, BILINEAR
         "do_rescale": True,
         "rescale_factor": 1 / 255,
         "do_normalize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
+        "image_mean": list(spec.mean),
+        "image_std": list(spec.std),
     }
 
 
@@ -172,15 +175,23 @@ def hf_shapes(model: VisionTransformer, image_size: tuple[int, int]) -> dict[str
 
 
 def read_config(path: str | os.PathLike) -> dict:
-    """config.json of an HF directory.
+    """config.json of an HF directory; without a vit_jax_preprocessing of its own, that of
+    its preprocessor_config.json where it has one (`from_hf_processor`).
 
     Raises:
-      CheckpointError: missing or not JSON.
+      CheckpointError: missing or not JSON, or a preprocessing this package lacks.
     """
     try:
-        return json.loads((store.path(path) / CONFIG).read_text())
+        cfg = json.loads((store.path(path) / CONFIG).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{store.path(path) / CONFIG} is not readable JSON: {e}") from None
+    processor = store.path(path) / PREPROCESSOR
+    if "vit_jax_preprocessing" not in cfg and processor.exists():
+        try:
+            cfg["vit_jax_preprocessing"] = from_hf_processor(json.loads(processor.read_text()))
+        except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+            raise CheckpointError(f"{processor}: {e}") from None
+    return cfg
 
 
 def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:

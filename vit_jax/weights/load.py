@@ -8,13 +8,16 @@ import dataclasses
 import os
 from typing import Any
 
-from vit_jax.models import get_model
+from vit_jax.models import get_model, variant_config
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights import architecture
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.errors import CheckpointError
 from vit_jax.weights.meta import checked
-from vit_jax.weights.read import read_source
+from vit_jax.weights.read import Source, read_source
+
+# What a name fixes; the file tells the rest.
+SIZES = ("width", "depth", "num_heads", "mlp_dim", "patch_size", "resnet_stages", "channels")
 
 
 def load_pretrained(
@@ -51,6 +54,28 @@ def load_pretrained(
     if said is not None:
         said += source.unread
     return adapt(source.params, model, image_size, reset_head, str(path), patch_size, said)
+
+
+def _is_variant(name: str) -> bool:
+    """Whether `name` is one of this package's variants (not timm's architecture name)."""
+    try:
+        variant_config(name)
+    except ValueError:
+        return False
+    return True
+
+
+def fields_of(source: Source) -> dict[str, Any]:
+    """Every VisionTransformer field a checkpoint tells: its tensors'
+    (`architecture.architecture`; posemb None where it has no table), then what it
+    records (the towers' fields the tensors cannot tell, the numerics: meta.py)."""
+    meta = source.meta
+    return {**architecture.architecture(source.params), **meta.fields, **meta.numerics}
+
+
+def read_fields(path: str | os.PathLike) -> dict[str, Any]:
+    """`fields_of` the checkpoint at `path` (any format read)."""
+    return fields_of(read_source(path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +119,9 @@ def load(
       path: a checkpoint in any format `read.read_checkpoint` reads.
       name: a variant ('ViT-B_16', 'B/16'); its sizes must fit the file. None: the
         architecture is read from the file (`architecture.architecture`), so the
-        checkpoints this package trains load without naming their sizes.
+        checkpoints this package trains load without naming their sizes. Or timm's
+        architecture name (weights/towers.py) for a bare .safetensors file of a tower,
+        whose tensors cannot tell it.
       image_size: N or (H, W); None: the resolution the file's position embeddings
         were made for (position embeddings are resized to any other).
       head: keep the stored head (and its width); False drops it (features only).
@@ -102,17 +129,19 @@ def load(
         (FlexiViT) and the native resolution is kept in tokens per side.
       **overrides: any `VisionTransformer` field, e.g. posemb='sincos_2d' for a file
         without learned position embeddings, or dtype='bfloat16'. `gelu` and
-        `layer_norm_eps` default to what the file says its model computes (see
-        meta.py); `**models.ORIGINAL_NUMERICS` computes the original ViT's instead.
+        `layer_norm_eps` default to what the file says its model computes, and so do
+        the towers' fields its tensors cannot tell (`Meta.fields`; see meta.py);
+        `**models.ORIGINAL_NUMERICS` computes the original ViT's numerics instead.
 
     Raises:
       FileNotFoundError, CheckpointError: unreadable file, one that does not fit
         `name`, or an architecture the file cannot tell (the message says which option).
     """
+    tower = name if name is not None and not _is_variant(name) else None  # timm's name
+    name = None if tower else name
     heads = overrides.get("num_heads") or (get_model(name, None).num_heads if name else None)
-    source = read_source(path, heads)
-    params, computes = source.params, source.meta.numerics
-    arch = {**architecture.architecture(params), **computes}
+    source = read_source(path, heads, tower)
+    params, arch = source.params, fields_of(source)
     if arch["posemb"] is None and "posemb" not in overrides:
         raise CheckpointError(
             f"{path} has no learned position embeddings: it was trained with posemb "
@@ -122,8 +151,7 @@ def load(
     if arch["posemb"] is None:
         del arch["posemb"]
     if name is not None:  # the name's sizes; what the file implies for everything else
-        kept = ("classifier", "representation_size", "posemb", *computes)
-        arch = {k: arch[k] for k in kept if k in arch}
+        arch = {k: v for k, v in arch.items() if k not in SIZES}
     classes = architecture.num_classes(params) if head else None
     stored = get_model(name, classes, **{**arch, **overrides})
     model = stored if patch_size is None else stored.clone(patch_size=patch_size)

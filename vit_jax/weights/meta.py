@@ -6,11 +6,16 @@ once per format.
                  or 'exact' (erf); the LayerNorm epsilon.
   labels         the head's class names, in class order (None: the file names none; the
                  commands then use ImageNet's for a 1000-class head, else 'class i').
-  preprocessing  the resize the weights were trained and evaluated with
-                 (`vit_jax.data.pixels.METHODS`); fed the other, a model sees other pixels
-                 than its numbers were measured on.
+  preprocessing  the resize, mean and std and evaluation crop the weights were trained
+                 and evaluated with (`vit_jax.data.preprocessing`'s string; a timm or
+                 transformers folder's by `from_timm_cfg` or `from_hf_processor` there);
+                 fed others, a model sees other pixels than its numbers were measured on.
   posemb_grid    the position table's (rows, columns) of patches (the model's posemb_grid),
-                 written where the table's rows cannot tell it (a grid that is not square).
+                 written where the table's rows cannot tell it (a grid that is not square,
+                 or any without a table).
+  fields         the towers' VisionTransformer fields the tensors cannot tell ('gap' or
+                 'map' pooling beside a class token, posemb 'none' or 'sincos_2d', the
+                 rotary embeddings, LayerScale's initial value); {}: the paper's.
 
 Each format says them its own way, and what a file leaves unsaid is what its tool meant:
 
@@ -18,13 +23,17 @@ Each format says them its own way, and what a file leaves unsaid is what its too
         0-d string entries that the original code and timm's npz loader leave unread:
         `vit_jax_numerics` (JSON, only where the numerics are not the original's),
         `vit_jax_labels` (a JSON list), `vit_jax_preprocessing` (only where it is not
-        tf_bilinear) and `vit_jax_posemb_grid` (a JSON [rows, columns]), so files of
-        the original's stay byte for byte what they were.
-  timm  safetensors metadata `gelu`, `layer_norm_eps`, `labels` (JSON), `preprocessing`
-        and `posemb_grid` (JSON). Without `gelu` a file was saved by timm itself: timm's
-        exact GELU and 1e-6 (one with only this package's older `num_heads` entry was written here
-        before the numerics were recorded: the original's); without `preprocessing`,
-        PIL's antialiased resize (timm's transforms).
+        tf_bilinear), `vit_jax_posemb_grid` (a JSON [rows, columns]) and `vit_jax_fields`
+        (JSON, only where there are any), so files of the original's stay byte for byte
+        what they were.
+  timm  safetensors metadata `gelu`, `layer_norm_eps`, `labels` (JSON), `preprocessing`,
+        `posemb_grid` and `vit_jax_fields` (JSON). Without `gelu` a file was saved by timm
+        itself: timm's exact GELU and 1e-6 (one with only this package's older `num_heads`
+        entry was written here before the numerics were recorded: the original's); without
+        `preprocessing`, PIL's antialiased resize (timm's transforms).
+  timm's hub folder  config.json's `architecture` and its arguments (`model_args`): timm's
+        VisionTransformer computes the exact GELU (or `act_layer` 'gelu_tanh') and 1e-6;
+        `label_names`; PIL's antialiased resize.
   hf    config.json's `hidden_act` ('gelu' is exact; 'gelu_pytorch_tanh', 'gelu_new',
         'gelu_fast' the tanh form), `layer_norm_eps` (transformers' defaults 'gelu',
         1e-12), `id2label` (its defaults LABEL_i name nothing) and
@@ -46,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax.data.pixels import METHODS, PUBLISHED
-from vit_jax.models import GELUS, ORIGINAL_NUMERICS
+from vit_jax.data.preprocessing import PUBLISHED, Preprocessing, from_timm_cfg
+from vit_jax.models import GELUS, ORIGINAL_NUMERICS, VisionTransformer
 from vit_jax.weights.errors import CheckpointError
 
 NPZ_KEYS = {
@@ -55,6 +64,7 @@ NPZ_KEYS = {
     "labels": "vit_jax_labels",
     "preprocessing": "vit_jax_preprocessing",
     "posemb_grid": "vit_jax_posemb_grid",
+    "fields": "vit_jax_fields",
 }
 TIMM_DEFAULT = {"gelu": "exact", "layer_norm_eps": 1e-6}  # timm's VisionTransformer defaults
 HF_TANH = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
@@ -72,8 +82,20 @@ class Meta:
     preprocessing: str | None = None  # None: not known (nothing is written)
     # The position table's (gh, gw), where its rows alone cannot tell it (not square).
     posemb_grid: tuple[int, int] | None = None
+    # timm's architecture name and the VisionTransformer arguments it is built with (a timm
+    # hub folder's: `read.timm_arguments`); None, {}: a file that names none.
+    architecture: str | None = None
+    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # VisionTransformer fields the tensors cannot tell (`of_model`'s; a timm or transformers
+    # folder's reader: its table's), merged over `architecture.architecture`'s.
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        unknown = sorted(set(self.fields) - set(VisionTransformer.__dataclass_fields__))
+        if unknown:
+            raise CheckpointError(f"fields {unknown}: no VisionTransformer field")
+        fix = lambda v: tuple(v) if isinstance(v, list) else v  # JSON's lists: hashable
+        object.__setattr__(self, "fields", {k: fix(v) for k, v in self.fields.items()})
         if self.gelu not in GELUS:
             raise CheckpointError(f"GELU {self.gelu!r}: this package computes {' or '.join(GELUS)}")
         try:
@@ -87,18 +109,27 @@ class Meta:
             if len(grid) != 2 or not all(isinstance(n, int) and n > 0 for n in grid):
                 raise CheckpointError(f"posemb_grid {grid}: expected [rows, columns] of patches")
             object.__setattr__(self, "posemb_grid", grid)
-        if self.preprocessing not in (None, *METHODS):
-            methods = " or ".join(METHODS)
-            what = f"preprocessing {self.preprocessing!r}"
-            raise CheckpointError(f"{what}: this package computes {methods}")
+        if self.preprocessing is not None:  # as written by `str`: one spelling a spec
+            try:
+                canonical = str(Preprocessing.parse(str(self.preprocessing)))
+            except ValueError as e:
+                raise CheckpointError(str(e)) from None
+            object.__setattr__(self, "preprocessing", canonical)
 
     @classmethod
     def of_model(cls, model: Any, labels=None, preprocessing: str | None = None) -> Meta:
-        """A VisionTransformer's numerics, with the head's class names, the resize and a
-        position table's grid that is not square."""
-        grid = model.posemb_grid if model.posemb in ("learned", "learned_2d") else None
-        grid = grid if grid and grid[0] != grid[1] else None
-        return cls(model.gelu, model.layer_norm_eps, labels, preprocessing, grid)
+        """A VisionTransformer's numerics, with the head's class names, the resize, a
+        position table's grid that is not square (any grid where there is no table: the
+        resolution) and the towers' fields its tensors cannot tell."""
+        grid, table = model.posemb_grid, model.posemb in ("learned", "learned_2d")
+        grid = grid if grid and (grid[0] != grid[1] or not table) else None  # none: no size
+        kept = ("layer_scale", "rope", "rope_base", "rope_grid")
+        fields = {k: getattr(model, k) for k in kept if getattr(model, k) is not None}
+        if model.posemb in ("none", "sincos_2d"):  # no table: the tensors cannot tell which
+            fields["posemb"] = model.posemb
+        if model.has_class_token and model.classifier != "token":  # a class token unpooled
+            fields |= dict(classifier=model.classifier, class_token=True)
+        return cls(model.gelu, model.layer_norm_eps, labels, preprocessing, grid, fields=fields)
 
     @property
     def numerics(self) -> dict[str, Any]:
@@ -121,6 +152,8 @@ class Meta:
             out["preprocessing"] = self.preprocessing
         if self.posemb_grid is not None:
             out["posemb_grid"] = json.dumps(list(self.posemb_grid))
+        if self.fields:
+            out["fields"] = json.dumps(self.fields, sort_keys=True)
         return {NPZ_KEYS[k]: np.array(v) for k, v in out.items()}
 
     @classmethod
@@ -132,12 +165,14 @@ class Meta:
         numerics = numerics or ORIGINAL_NUMERICS  # none recorded: the original's
         method = found.get("preprocessing", PUBLISHED)
         grid = _json(found, "posemb_grid", list, f"{source} ({NPZ_KEYS['posemb_grid']})")
+        fields = _json(found, "fields", dict, f"{source} ({NPZ_KEYS['fields']})")
         return _made(
             f"{source} (vit_jax_*)",
             **numerics,
             labels=labels,
             preprocessing=method,
             posemb_grid=grid,
+            fields=fields or {},
         )
 
     # ------------------------------------------------------------------ timm safetensors
@@ -150,6 +185,8 @@ class Meta:
             out["preprocessing"] = self.preprocessing
         if self.posemb_grid is not None:
             out["posemb_grid"] = json.dumps(list(self.posemb_grid))
+        if self.fields:
+            out[NPZ_KEYS["fields"]] = json.dumps(self.fields, sort_keys=True)
         return out
 
     @classmethod
@@ -161,13 +198,40 @@ class Meta:
         labels = _json(metadata, "labels", list, f"{source} (metadata labels)")
         method = metadata.get("preprocessing", OTHER_TOOLS)
         grid = _json(metadata, "posemb_grid", list, f"{source} (metadata posemb_grid)")
+        fields = _json(metadata, NPZ_KEYS["fields"], dict, f"{source} (metadata vit_jax_fields)")
         return _made(
             f"{source} (metadata)",
             **numerics,
             labels=labels,
             preprocessing=method,
             posemb_grid=grid,
+            fields=fields or {},
         )
+
+    @classmethod
+    def from_timm_folder(cls, cfg: dict[str, Any], fields: dict[str, Any], source: str) -> Meta:
+        """timm's hub folder: its config.json `cfg`, and the fields its architecture and
+        model_args fix (`towers.timm_tower`); the pixels its pretrained_cfg describes."""
+        names = cfg.get("label_names") or cfg.get("pretrained_cfg", {}).get("label_names")
+        if isinstance(names, dict):  # {index: name}
+            names = [names.get(str(i), names.get(i)) for i in range(len(names))]
+        pretrained = cfg.get("pretrained_cfg") or {}
+        pixels = from_timm_cfg(pretrained) if "mean" in pretrained else OTHER_TOOLS
+        made = _made(source, **TIMM_DEFAULT, labels=names, preprocessing=pixels)
+        made = dataclasses.replace(made, architecture=str(cfg["architecture"]))
+        made = dataclasses.replace(made, model_args=dict(cfg.get("model_args") or {}))
+        if "input_size" in pretrained and fields.get("posemb") == "none":  # no table: a size
+            patch = re.search(r"patch(\d+)", made.architecture)
+            side = int(pretrained["input_size"][-1]) // int(patch[1] if patch else 16)
+            made = dataclasses.replace(made, posemb_grid=(side, side))
+        return made.told(fields)
+
+    def told(self, fields: dict[str, Any]) -> Meta:
+        """This record with what a tower's reader says: its numerics, a grid, its fields."""
+        f = dict(fields)
+        numerics = {k: f.pop(k) for k in ("gelu", "layer_norm_eps") if k in f}
+        grid = f.pop("posemb_grid", self.posemb_grid)
+        return dataclasses.replace(self, **numerics, posemb_grid=grid, fields={**self.fields, **f})
 
     # ------------------------------------------------------------------ Hugging Face
 

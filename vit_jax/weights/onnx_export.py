@@ -33,6 +33,12 @@ from vit_jax.models import resnet
 from vit_jax.models.vit import VisionTransformer
 
 OPSET = 17
+# The towers' fields (VisionTransformer's docstring) the graph does not write: each must be
+# the paper's, its default.
+TOWER_FIELDS = tuple(
+    "registers layer_scale pre_norm fc_norm swiglu mlp_norm attention_norm qkv_bias rope "
+    "rope_base rope_grid".split()
+)
 # A protobuf message holds at most 2 GiB: above this many bytes of weights (ViT-H/14 has
 # 2.5 GB) they go to a file beside the graph, ONNX's external data.
 EXTERNAL_ABOVE = 1_800_000_000
@@ -195,8 +201,13 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
     """The onnx.ModelProto of `model` (plain or hybrid, scan=False layout) at `size`.
 
     Raises:
-      ValueError: position embeddings other than 'learned' / 'none', or a MAP head.
+      ValueError: position embeddings other than 'learned' / 'none', a MAP head, or a
+        tower's field other than the paper's (`unwritten`).
     """
+    if other := unwritten(model):
+        raise ValueError(
+            f"the ONNX export writes the paper's ViT, not {', '.join(other)}: use format='npz'"
+        )
     if model.posemb not in ("learned", "none"):
         raise ValueError(
             f"the ONNX export supports posemb 'learned' and 'none', not {model.posemb!r}"
@@ -226,6 +237,16 @@ def build(params: dict, model: VisionTransformer, size: tuple[int, int]) -> Any:
     if weight_bytes(proto) <= EXTERNAL_ABOVE:  # a larger one is checked once written
         g.onnx.checker.check_model(proto)
     return proto
+
+
+def unwritten(model: VisionTransformer) -> list[str]:
+    """The fields of `model` the graph does not write, as 'name=value'."""
+    default = lambda k: VisionTransformer.__dataclass_fields__[k].default
+    other = [k for k in TOWER_FIELDS if getattr(model, k) != default(k)]
+    other += ["class_token"] if model.has_class_token != (model.classifier == "token") else []
+    other += ["embed_prefix"] if model.num_prefix and not model.embed_prefix else []
+    other += ["gelu"] if model.gelu == "quick" else []
+    return [f"{k}={getattr(model, k)!r}" for k in other]
 
 
 def weight_bytes(proto: Any) -> int:

@@ -13,6 +13,12 @@ Key map (torch Linear weights are the transpose of Flax kernels; convs [O, I, kh
   Transformer/encoder_norm               norm
   head/{kernel [D, K], bias}             head.{weight [K, D], bias}
   MAPHead_0/...                          attn_pool.{latent, q, kv, proj, norm, mlp} ('map')
+The towers (towers.py names the architectures):
+  reg [1, R, D]                          reg_token
+  Transformer/pre_norm, fc_norm          norm_pre, fc_norm
+  encoderblock_{i}/layer_scale_{1,2}     blocks.{i}.ls{1,2}.gamma [D]
+  .../MlpBlock_3/{gate, Dense_0}         blocks.{i}.mlp.fc1 [2F, D] (SwiGLUPacked: gate rows
+                                         first; told from fc2 [D, F])
 Hybrids (timm's ResNetV2 stem, `patch_embed.backbone.` + ...):
   conv_root, gn_root                     stem.conv, stem.norm (root-only stems: conv, norm)
   block{s}/unit{u}/conv{r}, gn{r}        stages.{s-1}.blocks.{u-1}.conv{r}, norm{r}
@@ -46,24 +52,31 @@ from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 
 _ATT = "MultiHeadDotProductAttention_1"
-_BLOCK = torch_names(  # original name under encoderblock_{i}/ -> timm name under blocks.{i}.
-    {
-        "LayerNorm_0": "norm1",
-        "LayerNorm_2": "norm2",
-        "MlpBlock_3/Dense_0": "mlp.fc1",
-        "MlpBlock_3/Dense_1": "mlp.fc2",
-        f"{_ATT}/out": "attn.proj",
-    }
-)
+_BLOCK = {  # original name under encoderblock_{i}/ -> timm name under blocks.{i}.
+    **torch_names(
+        {
+            "LayerNorm_0": "norm1",
+            "LayerNorm_2": "norm2",
+            "MlpBlock_3/Dense_0": "mlp.fc1",
+            "MlpBlock_3/Dense_1": "mlp.fc2",
+            f"{_ATT}/out": "attn.proj",
+        }
+    ),
+    "layer_scale_1": "ls1.gamma",
+    "layer_scale_2": "ls2.gamma",
+}
 _MAP, _MAP_ATT = "MAPHead_0/", "MultiHeadDotProductAttention_0"
 _TOP = {  # original key -> timm key, outside the blocks (the MAP head's k, v: fused as kv)
     "cls": "cls_token",
+    "reg": "reg_token",
     POSEMB: "pos_embed",
     _MAP + "probe": "attn_pool.latent",
     **torch_names(
         {
             "embedding": "patch_embed.proj",
             "Transformer/encoder_norm": "norm",
+            "Transformer/pre_norm": "norm_pre",
+            "fc_norm": "fc_norm",
             "head": "head",
             _MAP + "LayerNorm_0": "attn_pool.norm",
             _MAP + "MlpBlock_0/Dense_0": "attn_pool.mlp.fc1",
@@ -107,12 +120,18 @@ def to_timm(params: dict) -> dict[str, Any]:
     if "pre_logits/kernel" in flat:
         raise CheckpointError(PRE_LOGITS)
     root_only = "block1/unit1/conv1/kernel" not in flat
+    swiglu = "Transformer/encoderblock_0/MlpBlock_3/gate/kernel" in flat
     out: dict[str, Any] = {}
-    qkv: dict[str, dict[str, Any]] = {}
+    qkv: dict[str, dict[str, Any]] = {}  # timm's fused tensors, by the parts they join
     for key, a in flat.items():
         m = re.fullmatch(r"Transformer/encoderblock_(\d+)/(.*)", key)
         fused = re.fullmatch(_FUSED, key)
+        glu = swiglu and m and re.fullmatch(r"MlpBlock_3/(gate|Dense_0)/(kernel|bias)", m[2])
         to = f"blocks.{m[1]}.{_BLOCK[m[2]]}" if m and m[2] in _BLOCK else _TOP.get(key)
+        if glu:  # SwiGLUPacked's fc1: the gate's rows, then Dense_0's
+            leaf = "weight" if glu[2] == "kernel" else "bias"
+            qkv.setdefault(f"blocks.{m[1]}.mlp.fc1.{leaf}", {})[glu[1]] = leaf_to_torch(key, a)
+            continue
         if to is None and fused:  # one of timm's fused q, k, v (a block's) or k, v (the MAP head's)
             at = f"blocks.{m[1]}.attn.qkv" if m else "attn_pool.kv"
             leaf = "weight" if fused[2] == "kernel" else "bias"
@@ -123,7 +142,12 @@ def to_timm(params: dict) -> dict[str, Any]:
             raise CheckpointError(f"parameter {key} {tuple(a.shape)} has no place in timm's layout")
         out[to] = leaf_to_torch(key, a)
     for key, parts in qkv.items():  # rows q, k, v of [3D, D] (weight) or [3D] (bias); kv: k, v
-        out[key] = concat([parts[n] for n in _QKV if n in parts], 0)
+        if key.endswith("qkv.bias") and len(parts) < 3:
+            raise CheckpointError(
+                "only some of the query, key and value projections have a bias: timm's "
+                "VisionTransformer biases all or none (format='npz' keeps them)"
+            )
+        out[key] = concat([parts[n] for n in (*_QKV, "gate", "Dense_0") if n in parts], 0)
     return out
 
 
@@ -168,7 +192,9 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
         a = np.asarray(a)
         m = re.fullmatch(r"blocks\.(\d+)\.(.*)", key)
         enc = f"Transformer/encoderblock_{m[1]}/" if m else ""
-        if m and m[2] in block:
+        if m and m[2] in ("mlp.fc1.weight", "mlp.fc1.bias") and _packed(tensors, m[1]):
+            flat |= unfuse(enc + "MlpBlock_3", ("gate", "Dense_0"), a, num_heads)
+        elif m and m[2] in block:
             flat[enc + block[m[2]]] = leaf_from_torch(block[m[2]], a, num_heads)
         elif m and m[2] in ("attn.qkv.weight", "attn.qkv.bias"):
             flat |= unfuse(enc + _ATT, _QKV, a, num_heads)
@@ -181,9 +207,15 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
         else:
             raise CheckpointError(
                 f"tensor {key} {a.shape} is not in timm's VisionTransformer layout (this "
-                "package reads plain ViTs and the ResNetV2 hybrids)"
+                "package reads plain ViTs, their towers and the ResNetV2 hybrids)"
             )
     return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def _packed(tensors: dict[str, np.ndarray], i: str) -> bool:
+    """Whether block i's fc1 packs SwiGLU's two halves: [2F, D] rows for fc2's F inputs."""
+    fc1, fc2 = (np.shape(tensors.get(f"blocks.{i}.mlp.fc{n}.weight", ())) for n in (1, 2))
+    return len(fc1) == len(fc2) == 2 and fc1[0] == 2 * fc2[1]
 
 
 def _backbone_from(key: str) -> str:

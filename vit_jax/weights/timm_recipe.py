@@ -48,49 +48,26 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
     and load the converted file at `path` with a strict `load_state_dict`.
 
     Every argument is spelled out: sizes, mlp_ratio, patch, image size, channels, classes,
-    pooling (class token; 'avg', 'map' or none with the final norm before pooling), the GELU
-    ('gelu_tanh' or the exact 'gelu', as `model.gelu`), the LayerNorm eps and, for
-    hybrids, the ResNetV2 stem with GroupNorm eps 1e-6 and the original weight
-    standardisation. Pasted into Python (or exec'd), the lines
+    pooling (class token; 'avg', 'map' or none; fc_norm), the towers' registers, LayerScale,
+    norm_pre and packed SwiGLU, the GELU ('gelu_tanh', 'quick_gelu' or the exact 'gelu', as
+    `model.gelu`), the LayerNorm eps and, for hybrids, the ResNetV2 stem with GroupNorm eps
+    1e-6 and the original weight standardisation. Pasted into Python (or exec'd), the lines
     leave `model` in eval mode: float32 [N, C, H, W] in [-1, 1] -> this package's logits.
 
     Raises:
       CheckpointError: a model timm's VisionTransformer cannot compute (2D or sin-cos
-        position embeddings, a representation layer).
+        position embeddings, a representation layer, the Eva towers' deltas).
     """
-    if model.representation_size:
-        raise CheckpointError(PRE_LOGITS)
-    if model.posemb not in ("learned", "none"):
-        raise CheckpointError(
-            f"position embeddings {model.posemb!r} have no timm VisionTransformer "
-            "equivalent (it learns one [1, N, D] table or has none): use format='npz' or "
-            "format='onnx'"
-        )
+    _refuse(model)
     h, w = image_size
-    pool = {"token": "'token'", "gap": "'avg'", "map": "'map'", "unpooled": "''"}[model.classifier]
-    args = [
-        f"img_size={(h, w)!r}",
-        f"patch_size={model.patch_size}",
-        f"in_chans={model.channels}",
-        f"embed_dim={model.width}",
-        f"depth={model.depth}",
-        f"num_heads={model.num_heads}",
-        f"mlp_ratio={_mlp_ratio(model.width, model.mlp_dim)!r}",
-        f"num_classes={model.num_classes or 0}",
-        f"class_token={model.has_class_token}",
-        f"global_pool={pool}",
-        "fc_norm=False",
-    ]
-    if model.posemb == "none":
-        args.append("pos_embed='none'")
-    act = "'gelu_tanh'" if model.gelu == "tanh" else "'gelu'"
-    eps = _float(model.layer_norm_eps)
-    args += [f"act_layer={act}", f"norm_layer=partial(torch.nn.LayerNorm, eps={eps})"]
+    args = _arguments(model, image_size)
     lines = [
         "from functools import partial",
         "import safetensors.torch, torch",
         "from timm.models.vision_transformer import VisionTransformer",
     ]
+    if model.swiglu:
+        lines.append("from timm.layers import SwiGLUPacked")
     if model.resnet_stages is not None:
         lines += _hybrid_stem(model)
         args.append("embed_layer=partial(HybridEmbed, backbone=backbone)")
@@ -103,6 +80,65 @@ def recipe(model: VisionTransformer, image_size: tuple[int, int], path: str) -> 
     lines.append(f"model.load_state_dict({load})  # strict")
     lines.append(f"model.eval()  # takes float32 [N, {model.channels}, {h}, {w}] in [-1, 1]")
     return "\n".join(lines)
+
+
+def _refuse(model: VisionTransformer) -> None:
+    """Raise for what timm's VisionTransformer cannot compute (`recipe`'s errors)."""
+    if model.representation_size:
+        raise CheckpointError(PRE_LOGITS)
+    eva = [
+        f"{k}={getattr(model, k)!r}"
+        for k in ("rope", "mlp_norm", "attention_norm")
+        if getattr(model, k)
+    ]
+    eva += [f"qkv_bias={model.qkv_bias!r}"] if model.qkv_bias not in ("qkv", "") else []
+    if eva:
+        raise CheckpointError(
+            f"a tower with {', '.join(eva)} is timm's Eva, not its VisionTransformer: use "
+            "format='npz' or format='onnx'"
+        )
+    if model.posemb not in ("learned", "none"):
+        raise CheckpointError(
+            f"position embeddings {model.posemb!r} have no timm VisionTransformer "
+            "equivalent (it learns one [1, N, D] table or has none): use format='npz' or "
+            "format='onnx'"
+        )
+
+
+def _arguments(model: VisionTransformer, image_size: tuple[int, int]) -> list[str]:
+    """timm's VisionTransformer arguments for `model`, spelled out (`recipe`)."""
+    pool = {"token": "'token'", "gap": "'avg'", "map": "'map'", "unpooled": "''"}[model.classifier]
+    hidden = model.mlp_dim * (2 if model.swiglu else 1)  # SwiGLUPacked: both halves
+    args = [
+        f"img_size={tuple(image_size)!r}",
+        f"patch_size={model.patch_size}",
+        f"in_chans={model.channels}",
+        f"embed_dim={model.width}",
+        f"depth={model.depth}",
+        f"num_heads={model.num_heads}",
+        f"mlp_ratio={_mlp_ratio(model.width, hidden)!r}",
+        f"num_classes={model.num_classes or 0}",
+        f"class_token={model.has_class_token}",
+        f"global_pool={pool}",
+        f"fc_norm={model.fc_norm}",
+    ]
+    tower = {  # the towers' arguments, where they differ from timm's defaults
+        "reg_tokens": model.registers or None,
+        "no_embed_class": True if model.num_prefix and not model.embed_prefix else None,
+        "init_values": model.layer_scale,
+        "pre_norm": model.pre_norm or None,
+        "qkv_bias": False if not model.qkv_bias else None,
+    }
+    args += [f"{k}={v!r}" for k, v in tower.items() if v is not None]
+    if model.posemb == "none":
+        args.append("pos_embed='none'")
+    act = {"tanh": "'gelu_tanh'", "quick": "'quick_gelu'"}.get(model.gelu, "'gelu'")
+    if model.swiglu:  # DINOv2 g's packed SwiGLU, with the block's act_layer SiLU
+        act = "'silu'"
+        args.append("mlp_layer=SwiGLUPacked")
+    eps = _float(model.layer_norm_eps)
+    args += [f"act_layer={act}", f"norm_layer=partial(torch.nn.LayerNorm, eps={eps})"]
+    return args
 
 
 def _hybrid_stem(model: VisionTransformer) -> list[str]:
