@@ -170,6 +170,10 @@ def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(
         np.testing.assert_allclose(value, final[name], rtol=1e-6, atol=1e-7, err_msg=name)
     for a, b in zip(tops[0], tops[1], strict=True):
         assert a["probability"] == pytest.approx(b["probability"], rel=1e-5)
+    # A checkpoint that verifies but has no record of its model: one line, not a TypeError.
+    (tmp_path / "whole/checkpoints/10/integrity.json").unlink()
+    with pytest.raises(FileNotFoundError, match="checkpoint 10 verifies, but has no integrity"):
+        outputs.load_run(str(tmp_path / "whole"))
 
     save = Checkpoints.save
 
