@@ -306,3 +306,26 @@ def test_infer_takes_a_spec_and_names_a_wrong_one(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"preprocessing {bad!r}: mode 'top'; expected {GRAMMAR}" in err
     assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_a_run_fine_tuning_a_tower_takes_its_pixels_unless_told(tmp_path):
+    """dataset.preprocessing '' (the default) resolves to init_from's recorded pixels (a
+    CLIP tower's mean and std), to the published resize without init_from; a value the
+    config names is kept."""
+    from vit_jax.configs import fashion_mnist  # noqa: PLC0415
+    from vit_jax.training import train  # noqa: PLC0415
+
+    clip = "pil_bicubic:mean=0.4815,0.4578,0.4082:std=0.2686,0.2613,0.2758:crop=0.875:mode=center"
+    model = get_model("testing", 10)
+    path = tmp_path / "tower.npz"
+    weights.save_npz(path, random_params(model, 32), Meta(preprocessing=clip))
+    resolved = {}
+    for init_from, said in (("", ""), (str(path), ""), (str(path), "pil_antialias")):
+        config = fashion_mnist.get_config("finetune")
+        config.init_from, config.dataset.preprocessing = init_from, said
+        train._resolve_pixels(config)
+        resolved[(init_from, said)] = config.dataset.preprocessing
+    assert data_config.default_config().preprocessing == ""
+    assert resolved[("", "")] == "tf_bilinear"
+    assert resolved[(str(path), "")] == str(Preprocessing.parse(clip))
+    assert resolved[(str(path), "pil_antialias")] == "pil_antialias"

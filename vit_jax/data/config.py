@@ -25,7 +25,9 @@ The fields (`default_config` sets their defaults: Fashion-MNIST from idx files):
         antialiased bilinear rounded to uint8; what HF's and timm's processors
         compute), to [-1, 1]; or a whole spec such as a timm tower's,
         'pil_bicubic:mean=...:std=...:crop=0.875:mode=center', whose crop shapes
-        evaluation only (vit_jax/data/preprocessing.py). Checkpoints the run writes record it.
+        evaluation only (vit_jax/data/preprocessing.py). '' (the default): init_from's
+        own (a tower's, from its source's files), 'tf_bilinear' without one. Checkpoints
+        the run writes record it.
     decode: How a training crop comes out of a JPEG (folder and tfds sources): 'full'
         (the whole file decoded, the Inception window sliced from it: the original
         vit_jax, the paper's presets) or 'crop' (the window alone, as big_vision's
@@ -96,7 +98,7 @@ def default_config() -> ml_collections.ConfigDict:
             classes=config_dict.placeholder(tuple),
             examples_per_class=config_dict.placeholder(int),
             subset_seed=0,
-            preprocessing="tf_bilinear",
+            preprocessing="",
             decode="full",
             crop_min_area=0.05,
             flip=True,

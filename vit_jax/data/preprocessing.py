@@ -73,8 +73,10 @@ class Preprocessing:
     @classmethod
     @functools.cache
     def parse(cls, text: str) -> Preprocessing:
-        """The spec of `text`; a one-line ValueError naming the bad part and the grammar."""
-        resize, *parts = text.split(":")
+        """The spec of `text` ('': unset, the published checkpoints' resize until a run
+        resolves it to its init_from's); a one-line ValueError naming the bad part and
+        the grammar."""
+        resize, *parts = (text or PUBLISHED).split(":")
         if resize not in RESIZES:  # the first word: named as when there were two
             why = f"is not one of {' or '.join(RESIZES)}" + (f" (in {text!r})" if parts else "")
             raise ValueError(f"preprocessing {resize!r} {why}; expected {GRAMMAR}")
@@ -146,6 +148,17 @@ def from_timm_cfg(cfg: dict[str, Any]) -> str:
     mean, std = cfg.get("mean", (0.485, 0.456, 0.406)), cfg.get("std", (0.229, 0.224, 0.225))
     crop, mode = float(cfg.get("crop_pct") or 0.875), cfg.get("crop_mode") or "center"
     return str(Preprocessing(TIMM_RESIZES[how], mean, std, crop, mode))
+
+
+def to_timm_cfg(text: str | None, size: tuple[int, int], channels: int = 3) -> dict[str, Any]:
+    """timm's `pretrained_cfg` keys for a string (None: the package's default), the inverse
+    of `from_timm_cfg`: tf_bilinear is written as timm's 'bilinear' (PIL's), hf_center as
+    'center'; `size` (H, W) is the input_size."""
+    p = Preprocessing.parse(text or PUBLISHED)
+    how = {v: k for k, v in TIMM_RESIZES.items()}.get(p.resize, "bilinear")
+    mode = "center" if p.crop_mode == "hf_center" else p.crop_mode
+    pixels = dict(input_size=(channels, *size), interpolation=how, mean=p.mean, std=p.std)
+    return dict(pixels, crop_pct=p.crop_fraction, crop_mode=mode)
 
 
 def from_hf_processor(cfg: dict[str, Any]) -> str:

@@ -27,8 +27,9 @@ from vit_jax.workdir.workdir import Workdir
 
 def load_run(workdir: str, image_size: Any = None, head: bool = True, **overrides: Any) -> Loaded:
     """A run's newest checkpoint that verifies, as a model ready for inference: the model
-    and resolution its record describes (any `overrides` and `image_size` on top), a LoRA
-    run's adapters unmerged over its base (init_from, read again). Nothing is changed.
+    and resolution its record describes (with an empty model name, init_from's architecture
+    as recorded; any `overrides` and `image_size` on top), a LoRA run's adapters unmerged
+    over its base (init_from, read again). Nothing is changed.
 
     Raises:
         FileNotFoundError: no checkpoint there verifies, or the newest that does has no
@@ -52,7 +53,8 @@ def load_run(workdir: str, image_size: Any = None, head: bool = True, **override
     params, adapters = found.state["params"], about.get("lora")
     classes = params["head"]["kernel"].shape[-1] if head else None
     config = ml_collections.ConfigDict(about["model"])
-    model = build_model(config, classes, adapters=ml_collections.ConfigDict(adapters or {}))
+    told = about.get("architecture")  # init_from's, where the model name is empty
+    model = build_model(config, classes, told, ml_collections.ConfigDict(adapters or {}))
     if adapters:
         plain = model.clone(lora=None, num_classes=None)
         base = load_pretrained(

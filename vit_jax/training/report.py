@@ -272,6 +272,16 @@ def naflex_line(lengths: Any, padded: list[int], num_prefix: int) -> str:
     )
 
 
+def architecture_of(source: str, model: Any) -> str:
+    """'the architecture of SOURCE: width 384, depth 12, 6 heads, patch 14, registers 4,
+    LayerScale': the model of an empty config.model.name, init_from's."""
+    m = model
+    shown = [f"width {m.width}", f"depth {m.depth}", f"{m.num_heads} heads"]
+    shown += [f"patch {m.patch_size}"] + ([f"registers {m.registers}"] if m.registers else [])
+    marks = (("LayerScale", m.layer_scale), ("SwiGLU", m.swiglu), (f"RoPE {m.rope}", m.rope))
+    return f"the architecture of {source}: {', '.join(shown + [n for n, on in marks if on])}"
+
+
 def starting(name: str, params: Any, frozen: Any, steps: int) -> str:
     """The run's line before its first step: the model, its parameters (those that
     train, with LoRA's frozen base) and the steps ahead."""

@@ -34,6 +34,7 @@ from vit_jax.training import state as state_lib
 from vit_jax.training.state import TrainState
 from vit_jax.training.step import jit_steps
 from vit_jax.weights.meta import Meta
+from vit_jax.weights.read import read_meta
 from vit_jax.workdir import lock, verify
 from vit_jax.workdir.checkpoints import Checkpoints
 from vit_jax.workdir.workdir import Plan, Workdir, tree_bytes
@@ -74,6 +75,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
         WorkdirLocked: another run holds the workdir (an OSError; nothing touched).
     """
     check.check(config)  # every field that cannot make sense, before the workdir is touched
+    _resolve_pixels(config)
     plan, stop = Plan.of(config), stopping.StopRequest()
     watched = distributed.peers_watched(config.distributed)  # a lost process: exit 75
     with watched, Workdir.open(workdir, config.store.retry_seconds) as wd:
@@ -89,6 +91,15 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict[s
         except BaseException as e:
             _failed(e, wd, created, stop)
             raise
+
+
+def _resolve_pixels(config: ml_collections.ConfigDict) -> None:
+    """dataset.preprocessing '' (unset): the pixels init_from's weights expect (a tower's
+    mean, std, resize and crop: weights/meta.py), else the published checkpoints'."""
+    if not config.dataset.preprocessing:
+        told = read_meta(config.init_from).preprocessing if config.init_from else None
+        with config.unlocked():
+            config.dataset.preprocessing = told or "tf_bilinear"
 
 
 def _failed(error: BaseException, wd: Workdir, created: list, stop: stopping.StopRequest) -> None:
@@ -253,7 +264,8 @@ def _starting(loop: Loop, state: TrainState, lengths: Any) -> report.Throughput:
     size = config.batch_size if lengths is None else lengths.batch_at  # NaFlex: by step
     if start < config.total_steps:
         steps = config.total_steps - start
-        report.say(report.starting(config.model.name, state.params, state.frozen, steps))
+        name = config.model.name or report.architecture_of(config.init_from, loop.model)
+        report.say(report.starting(name, state.params, state.frozen, steps))
         if lengths is not None:
             each = abstract.sequences(loop.model, loop.mesh, lengths.seq_lens).values()
             padded = [p for _, p, _ in each]

@@ -66,11 +66,6 @@ _BLOCK = torch_names(
 )
 
 
-def is_hf_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is a directory with config.json."""
-    return store.path(path).is_dir() and (store.path(path) / CONFIG).is_file()
-
-
 def to_hf(params: dict) -> dict[str, Any]:
     """An original-layout tree (arrays or `Shape`s) -> the HF state dict (same kind).
 

@@ -27,6 +27,7 @@ import numpy as np
 from vit_jax.base import outage, store
 from vit_jax.base.console import size
 from vit_jax.models import ORIGINAL_NUMERICS
+from vit_jax.weights.load import read_fields
 from vit_jax.weights.read import read_meta
 from vit_jax.weights.remote import resolve
 from vit_jax.workdir.record import read_record
@@ -48,9 +49,10 @@ class Plan:
     def of(cls, config: Any) -> Plan:
         """A run config's plan. Its state's description also says what a checkpoint needs
         to be loaded as a model (`outputs.load_run`): the numerics init_from gives where they
-        are not the original's, the resize where it is not the default, LoRA's base. What
-        is unset or the default is left out, so that a workdir finished before those
-        fields existed still matches."""
+        are not the original's, with an empty model name its whole architecture
+        (`read_fields`), the resize where it is not the default, LoRA's base. What is unset
+        or the default is left out (layer_decay 0 too), so that a workdir finished before
+        those fields existed still matches."""
         c = config
         model = {
             k: v
@@ -61,8 +63,12 @@ class Plan:
             found = read_meta(c.init_from).numerics
             if found != ORIGINAL_NUMERICS:
                 model = {**found, **model}
-        state = {"model": model, "optimizer": c.optimizer.to_dict(), "image_size": c.image_size}
-        if c.dataset.preprocessing != "tf_bilinear":
+        optimizer = {k: v for k, v in c.optimizer.to_dict().items() if k != "layer_decay" or v}
+        state = {"model": model, "optimizer": optimizer, "image_size": c.image_size}
+        if c.init_from and not c.model.name:  # its architecture: load_run needs no file
+            told = read_fields(c.init_from).items()
+            state["architecture"] = {k: v for k, v in told if v is not None}
+        if c.dataset.preprocessing not in ("", "tf_bilinear"):
             state["preprocessing"] = c.dataset.preprocessing
         if c.lora.rank:  # the checkpoints hold the adapters; the base is init_from
             digest = content_hash(resolve(c.init_from))  # a published file: its copy
