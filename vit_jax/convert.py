@@ -16,7 +16,9 @@ hidden_act and layer_norm_eps); --numerics=original computes the original ViT's 
 (tanh, 1e-6), for files converted by others from the published weights, such as
 google/vit-base-patch16-224, whose config.json says 'gelu' and 1e-12. The last lines say
 how to load OUT, as Python to paste: for timm, lines that build timm's VisionTransformer
-with every argument and load OUT strictly; for hf, from_pretrained and
+(its Eva for DINOv3 and EVA-02) with every argument and load OUT strictly, or, where OUT
+ends in '/' or has no suffix, timm's hub folder for timm.create_model('local-dir:' + OUT,
+pretrained=True); for hf, from_pretrained and
 pipeline('image-classification'). Every format keeps the head's class
 names: the input's own (the files this package writes carry them), or --labels=FILE
 (one a line, as for vit_jax.infer); an hf directory without any names a 1000-class
@@ -37,7 +39,8 @@ def define_flags() -> None:
 
     cli.define_model_flags()
     flags.DEFINE_enum("format", None, list(FORMATS), "Output format.", required=True)
-    flags.DEFINE_string("out", None, "Output file (npz, timm, onnx) or directory.", required=True)
+    out = "Output file, or directory (hf; timm's hub folder: no suffix, or ending in '/')."
+    flags.DEFINE_string("out", None, out, required=True)
     flags.DEFINE_integer("num_classes", None, "New zero head of K classes (0: none).")
     flags.DEFINE_string(
         "labels", None, "Class names, one a line (default: the input's own, if it names them)."

@@ -150,7 +150,7 @@ def skipped_steps(opt_state: Any) -> jax.Array:
 def build_model(
     model: Any,
     num_classes: int | None,
-    init_from: str | None = None,
+    init_from: str | dict | None = None,
     adapters: Any = None,
     image_size: int | None = None,
 ) -> VisionTransformer:
@@ -159,8 +159,9 @@ def build_model(
     `init_from`'s, the checkpoint fine-tuned: with a name, what the file records (its
     numerics and the towers' fields its tensors cannot tell: weights/meta.py); an empty
     name is init_from's whole architecture (`weights.load.fields_of`: sizes, registers,
-    rotary embeddings, ...), its pooling and position embeddings too unless the fields
-    change them from `model_fields`' defaults. A representation layer is the config's
+    rotary embeddings, ...; or those fields, as a run records them: workdir.Plan), its
+    pooling and position embeddings too unless the fields change them from
+    `model_fields`' defaults. A representation layer is the config's
     alone (the paper's fine-tuning drops it). With `image_size` (config.image_size) the
     position tables are made on its grid (posemb_grid), whatever the batches are.
 
@@ -181,14 +182,14 @@ def build_model(
     if fields.get("representation_size") == 0:
         del fields["representation_size"]
     told = {}
-    if init_from and name is None:  # the file's whole architecture
-        told = {k: v for k, v in read_fields(init_from).items() if v is not None}
-        told.pop("representation_size", None)
+    if init_from and name is None:  # the file's whole architecture, or a run's record of it
+        told = init_from if isinstance(init_from, dict) else read_fields(init_from)
+        told = {k: v for k, v in told.items() if v is not None and k != "representation_size"}
     elif init_from:
         meta = read_meta(init_from)
         told = {**meta.fields, **meta.numerics}
     for key, value in told.items():
-        fields.setdefault(key, value)
+        fields.setdefault(key, tuple(value) if isinstance(value, list) else value)  # JSON's
     built = get_model(name, num_classes=num_classes, **fields)
     if image_size and built.posemb_grid is None:
         return built.clone(posemb_grid=built.grid((image_size, image_size)))

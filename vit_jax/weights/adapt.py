@@ -5,12 +5,14 @@ key that still does not fit named (grouped by block, with a guess of the file's 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from flax import traverse_util
 
 from vit_jax.models import param_shapes
 from vit_jax.models.patch_resize import resample_kernel
-from vit_jax.models.posemb import resize_posemb, resize_table
+from vit_jax.models.posemb import resize_posemb, resize_table, resize_torch
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.weights.architecture import POSEMB, guess_variant
 from vit_jax.weights.errors import CheckpointError, mismatches
@@ -25,9 +27,11 @@ def adapt(
     source: str = "checkpoint",
     patch_size: int | None = None,
     said: list[str] | None = None,
+    resize: str | None = None,
 ) -> dict:
     """`load_pretrained` for a parameter tree already in memory (original layout); `said`
-    gets what was changed, in words (a run's first lines)."""
+    gets what was changed, in words (a run's first lines); `resize`: how the file's tool
+    resizes its position table (`Meta.posemb_resize`; None: the paper's bilinear)."""
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     flat = canonical(traverse_util.flatten_dict(params, sep="/"))
     stored = dict(flat)  # as the file holds it, for the error of one that does not fit
@@ -38,7 +42,7 @@ def adapt(
     _fit_head(flat, want, model, reset_head, source)
     if set(flat) != set(want):  # another architecture: named before any resize is tried
         _check_fits(flat, want, source, stored)
-    _fit_posemb(flat, want, model, size)
+    _fit_posemb(flat, want, model, size, resize)
     _check_fits(flat, want, source, stored)
     if said is not None:
         said += _changes(stored, flat, model, reset_head)
@@ -58,13 +62,24 @@ def _changes(stored: dict, flat: dict, model: VisionTransformer, reset_head: boo
     return out + ["the file's head kept" if model.num_classes else "no head"]
 
 
-def _fit_posemb(flat: dict, want: dict, model: VisionTransformer, size: tuple[int, int]) -> None:
-    """Resize stored learned position embeddings to the model's grid at `size`."""
-    gh, gw = model.grid(size)
+def _fit_posemb(
+    flat: dict, want: dict, model: VisionTransformer, size: tuple[int, int], resize: str | None
+) -> None:
+    """Resize stored learned position embeddings to the model's grid at `size`: the
+    paper's bilinear, or PyTorch's bicubic (`resize` 'bicubic', 'bicubic_aa'), prefix
+    rows kept."""
+    gh, gw, k = *model.grid(size), model.posemb_prefix
     if POSEMB in flat and POSEMB in want:
         stored, wanted = flat[POSEMB].shape, want[POSEMB].shape
         if stored != wanted and stored[-1] == wanted[-1]:  # another grid, the same width
-            flat[POSEMB] = resize_posemb(flat[POSEMB], (gh, gw), model.posemb_prefix)
+            posemb = resize_posemb(flat[POSEMB], (gh, gw), k)  # the paper's; a square grid
+            if resize in ("bicubic", "bicubic_aa"):  # PyTorch's F.interpolate on that grid
+                table = np.asarray(flat[POSEMB])[0]
+                side = math.isqrt(len(table) - k)
+                grid = table[k:].reshape(side, side, -1)
+                rows = resize_torch(grid, (gh, gw), resize == "bicubic_aa").reshape(gh * gw, -1)
+                posemb = np.concatenate([table[:k], rows])[None]
+            flat[POSEMB] = posemb
     for k, n in ((POSEMB + "_row", gh), (POSEMB + "_col", gw)):
         if k in flat and k in want and flat[k].shape[1] != n:
             flat[k] = resize_table(flat[k], n)

@@ -6,8 +6,12 @@
 Formats written:
   npz          the published layout (older numbering), read by the original code and
                timm's npz loader
-  timm         a .safetensors state dict for timm's VisionTransformer; `how_to_load` is
-               Python lines that build timm's VisionTransformer and load it strictly
+  timm         a .safetensors state dict for timm's VisionTransformer (its Eva for the
+               towers of that layout: rotary embeddings, q/v biases, EVA-02's norms);
+               `how_to_load` is Python lines that build timm's model and load it
+               strictly. An `out` ending in '/' or without a suffix is timm's hub
+               folder instead (config.json + model.safetensors, timm_recipe.hub_config),
+               for timm.create_model('local-dir:' + out, pretrained=True)
   hf           a directory for transformers' ViTForImageClassification.from_pretrained
                and pipeline('image-classification'): config.json (class names in
                id2label; the ImageNet names for a 1000-class head without any),
@@ -35,7 +39,7 @@ from flax import traverse_util
 from vit_jax.base import store
 from vit_jax.data import images
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.weights import hf, npz, onnx_export, safetensors_io, timm, timm_recipe
+from vit_jax.weights import hf, npz, onnx_export, safetensors_io, timm, timm_eva, timm_recipe
 from vit_jax.weights.adapt import adapt
 from vit_jax.weights.load import Loaded
 from vit_jax.weights.load import load as load_checkpoint
@@ -148,10 +152,18 @@ def write(
         if meta.original_numerics:
             how += "  # or the original code's np.load"
     elif fmt == "timm":
-        tensors = {k: np.asarray(v, np.float32) for k, v in timm.to_timm(params).items()}
-        metadata = {"format": "pt", "num_heads": str(model.num_heads), **meta.to_timm()}
-        safetensors_io.write(out, tensors, metadata)
-        how = timm_recipe.recipe(model, size, where)
+        folder = out.endswith("/") or not os.path.splitext(out)[1]  # timm's hub folder
+        cfg = timm_recipe.hub_config(model, size, meta) if folder else None  # refusals first
+        how = f"timm.create_model('local-dir:' + {where!r}, pretrained=True)"
+        how = how if folder else timm_recipe.recipe(model, size, where)
+        eva = timm_recipe.eva_fields(model)
+        layout = timm_eva.to_timm(params, model) if eva else timm.to_timm(params)
+        tensors = {k: np.asarray(v, np.float32) for k, v in layout.items()}
+        if folder:
+            hf.write_dir(out, tensors, cfg)
+        else:
+            metadata = {"format": "pt", "num_heads": str(model.num_heads), **meta.to_timm()}
+            safetensors_io.write(out, tensors, metadata)
     elif fmt == "hf":
         if other := onnx_export.unwritten(model):  # ViTForImageClassification: the paper's
             raise ValueError(f"transformers' ViT is the paper's, not {', '.join(other)}")

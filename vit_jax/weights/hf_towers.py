@@ -12,8 +12,9 @@ its head, a head without bias):
   DINOv2, DINOv3   the class token after the final LayerNorm (DINOv3: RoPE, no table);
   CLIP             LN(class token) (post_layernorm is our fc_norm, pre_layrnorm pre_norm);
   SigLIP (2)       the MAP head on the LayerNormed tokens (SigLIP 2 on NaFlex patches).
-They agree at the size the position table was made for: transformers resizes DINOv2's
-and CLIP's bicubically, this package bilinearly.
+At another size the table is resized as transformers' `interpolate_pos_encoding` does
+(`RESIZES`: PyTorch's bicubic, with antialias for DINOv2 with registers; CLIP's and
+SigLIP's with interpolate_pos_encoding=True).
 DINOv2 with registers adds the class row of its table to the class token and none to the
 registers: the class row is folded into the class token here (embed_prefix False).
 """
@@ -47,6 +48,9 @@ MODELS = {
     "siglip2_vision_model": ("siglip", 12, "gelu_pytorch_tanh", 1e-6),
     "siglip2": ("siglip", 12, "gelu_pytorch_tanh", 1e-6),
 }
+# model_type -> PyTorch's resize of its table (posemb.RESIZES): transformers 5's
+RESIZES = {"dinov2": "bicubic", "dinov2_with_registers": "bicubic_aa"}
+RESIZES |= dict.fromkeys(("clip", "clip_vision_model", "siglip", "siglip_vision_model"), "bicubic")
 GELUS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "quick_gelu": "quick"}
 # the text tower, masked image modelling, the contrastive loss, old files' buffers: not read
 UNREAD = (

@@ -37,8 +37,9 @@ def load_pretrained(
     patch-embedding kernel is resampled by the pseudo-inverse resize (FlexiViT; see
     models/patch_resize.py) and the position embeddings are resized to the new grid.
 
-    Position embeddings are resized on their grid as the original code does (bilinear,
-    class row kept; also to non-square sizes such as (384, 512)); `pre_logits` is dropped
+    Position embeddings are resized on their grid as the file's tool does (the original
+    code's bilinear; timm's and transformers' bicubic: `Meta.posemb_resize`), prefix rows
+    kept, also to non-square sizes such as (384, 512); `pre_logits` is dropped
     when the model has no representation layer; with `reset_head` the head is replaced
     by a zero-initialised one for the model's classes, without it the stored head is
     kept. The result is in the model's layout (blocks stacked if `model.scan`).
@@ -53,7 +54,19 @@ def load_pretrained(
     source = read_source(path, model.num_heads)
     if said is not None:
         said += source.unread
-    return adapt(source.params, model, image_size, reset_head, str(path), patch_size, said)
+    resize = source.meta.posemb_resize  # as the file's tool resizes its table
+    return adapt(source.params, model, image_size, reset_head, str(path), patch_size, said, resize)
+
+
+def _size(image_size: Any, source: Source, model: VisionTransformer) -> tuple[int, int]:
+    """(H, W): `image_size`, else the grid the file records (where its table cannot tell
+    it), else its table's own, in tokens per side of the model's patch."""
+    grid = source.meta.posemb_grid
+    if image_size is None and grid is not None:
+        return grid[0] * model.token_stride, grid[1] * model.token_stride
+    if image_size is None:
+        return architecture.native_image_size(source.params, model.token_stride)
+    return (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
 
 
 def _is_variant(name: str) -> bool:
@@ -155,14 +168,10 @@ def load(
     classes = architecture.num_classes(params) if head else None
     stored = get_model(name, classes, **{**arch, **overrides})
     model = stored if patch_size is None else stored.clone(patch_size=patch_size)
-    grid = source.meta.posemb_grid  # recorded where the table alone cannot tell it
-    if image_size is None and grid is not None:
-        size = (grid[0] * model.token_stride, grid[1] * model.token_stride)
-    elif image_size is None:  # the stored grid, in tokens per side of the model's patch
-        size = architecture.native_image_size(params, model.token_stride)
-    else:
-        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    size = _size(image_size, source, model)
     model = model.clone(posemb_grid=model.grid(size))  # the tables' grid, as loaded
-    params = adapt(params, model, size, False, str(path), patch_size)
+    params = adapt(
+        params, model, size, False, str(path), patch_size, None, source.meta.posemb_resize
+    )
     names = checked(source.meta.labels, classes, str(path)) if classes else None
     return Loaded(model, params, size, names, source.meta.preprocessing)

@@ -13,6 +13,9 @@ once per format.
   posemb_grid    the position table's (rows, columns) of patches (the model's posemb_grid),
                  written where the table's rows cannot tell it (a grid that is not square,
                  or any without a table).
+  posemb_resize  how the file's tool resizes the table to another grid (`posemb.RESIZES`:
+                 timm's 'bicubic_aa', transformers' per model_type); None: the paper's
+                 bilinear (its files and this package's, whose tables are at their own grid).
   fields         the towers' VisionTransformer fields the tensors cannot tell ('gap' or
                  'map' pooling beside a class token, posemb 'none' or 'sincos_2d', the
                  rotary embeddings, LayerScale's initial value); {}: the paper's.
@@ -57,6 +60,7 @@ import numpy as np
 
 from vit_jax.data.preprocessing import PUBLISHED, Preprocessing, from_timm_cfg
 from vit_jax.models import GELUS, ORIGINAL_NUMERICS, VisionTransformer
+from vit_jax.models.posemb import RESIZES
 from vit_jax.weights.errors import CheckpointError
 
 NPZ_KEYS = {
@@ -82,6 +86,7 @@ class Meta:
     preprocessing: str | None = None  # None: not known (nothing is written)
     # The position table's (gh, gw), where its rows alone cannot tell it (not square).
     posemb_grid: tuple[int, int] | None = None
+    posemb_resize: str | None = None  # the tool's resize of the table (posemb.RESIZES)
     # timm's architecture name and the VisionTransformer arguments it is built with (a timm
     # hub folder's: `read.timm_arguments`); None, {}: a file that names none.
     architecture: str | None = None
@@ -109,6 +114,8 @@ class Meta:
             if len(grid) != 2 or not all(isinstance(n, int) and n > 0 for n in grid):
                 raise CheckpointError(f"posemb_grid {grid}: expected [rows, columns] of patches")
             object.__setattr__(self, "posemb_grid", grid)
+        if self.posemb_resize not in (None, *RESIZES):
+            raise CheckpointError(f"posemb_resize {self.posemb_resize!r}: one of {RESIZES}")
         if self.preprocessing is not None:  # as written by `str`: one spelling a spec
             try:
                 canonical = str(Preprocessing.parse(str(self.preprocessing)))
@@ -199,12 +206,14 @@ class Meta:
         method = metadata.get("preprocessing", OTHER_TOOLS)
         grid = _json(metadata, "posemb_grid", list, f"{source} (metadata posemb_grid)")
         fields = _json(metadata, NPZ_KEYS["fields"], dict, f"{source} (metadata vit_jax_fields)")
+        ours = "gelu" in metadata or "num_heads" in metadata  # written here: the paper's resize
         return _made(
             f"{source} (metadata)",
             **numerics,
             labels=labels,
             preprocessing=method,
             posemb_grid=grid,
+            posemb_resize=None if ours else "bicubic_aa",  # timm's resample_abs_pos_embed
             fields=fields or {},
         )
 
@@ -218,11 +227,13 @@ class Meta:
         pretrained = cfg.get("pretrained_cfg") or {}
         pixels = from_timm_cfg(pretrained) if "mean" in pretrained else OTHER_TOOLS
         made = _made(source, **TIMM_DEFAULT, labels=names, preprocessing=pixels)
+        made = dataclasses.replace(made, posemb_resize="bicubic_aa")  # as timm resizes
         made = dataclasses.replace(made, architecture=str(cfg["architecture"]))
         made = dataclasses.replace(made, model_args=dict(cfg.get("model_args") or {}))
         if "input_size" in pretrained and fields.get("posemb") == "none":  # no table: a size
-            patch = re.search(r"patch(\d+)", made.architecture)
-            side = int(pretrained["input_size"][-1]) // int(patch[1] if patch else 16)
+            named = re.search(r"patch(\d+)", made.architecture)
+            patch = made.model_args.get("patch_size") or (named[1] if named else 16)
+            side = int(pretrained["input_size"][-1]) // int(patch)
             made = dataclasses.replace(made, posemb_grid=(side, side))
         return made.told(fields)
 

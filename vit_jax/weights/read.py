@@ -145,8 +145,10 @@ def read_source(
 def _hf_meta(cfg: dict, fields: dict, source: str) -> Meta:
     """A transformers folder's Meta: labels and preprocessing as its config says, the
     numerics and the fields its tensors cannot tell as the tower's reader read them."""
-    plain = {k: v for k, v in cfg.items() if k not in ("hidden_act", "layer_norm_eps")}
-    return Meta.from_hf(plain, source).told(fields)
+    told = ("hidden_act", "layer_norm_eps") if "gelu" in fields else ()  # ViT's: config's
+    plain = {k: v for k, v in cfg.items() if k not in told}
+    resize = hf_towers.RESIZES.get(cfg.get("model_type"))  # as transformers resizes it
+    return dataclasses.replace(Meta.from_hf(plain, source).told(fields), posemb_resize=resize)
 
 
 def _read_timm(path: store.Path, num_heads: int | None, meta: Meta) -> tuple[dict, Meta]:
