@@ -20,7 +20,9 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 # config.lora.targets -> the Dense modules they adapt ('mlp': both of the MLP's)
-TARGETS = {t: (t,) for t in ("query", "key", "value", "out")} | {"mlp": ("Dense_0", "gate", "Dense_1")}
+TARGETS = {t: (t,) for t in ("query", "key", "value", "out")} | {
+    "mlp": ("Dense_0", "gate", "Dense_1")
+}
 MARK = "_lora_"  # in every adapter's parameter name
 
 
