@@ -371,3 +371,28 @@ def assert_recorded(got: dict, path, least_sets: int = 1) -> None:
             np.testing.assert_allclose(
                 value, want, atol=FIDELITY_ATOL, rtol=0, err_msg=f"{s}/{key}"
             )
+
+
+def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} in step order, from the event files a run wrote in
+    `logdir` (local or on a store):
+    TFRecord-framed `Event` protos (per record a little-endian uint64 length, its CRC,
+    the bytes, their CRC, not checked here)."""
+    import struct  # noqa: PLC0415
+
+    from tensorboardX.proto import event_pb2  # noqa: PLC0415
+
+    from vit_jax.base import store  # noqa: PLC0415
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(store.path(logdir).glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at + 12 <= len(data):  # a record cut short (a full disk) ends the file
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            if at + 16 + length > len(data):
+                break
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
+    return {tag: sorted(rows) for tag, rows in out.items()}

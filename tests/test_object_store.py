@@ -28,6 +28,7 @@ from helpers import (
     assert_npz_equal,
     needs_embedded_data,
     python_m,
+    read_scalars,
     run_command,
     tiny_config,
 )
@@ -125,7 +126,7 @@ def test_a_run_on_gs_keeps_everything_there_and_a_rerun_is_a_no_op(
     assert json.loads(fs().cat(f"{BUCKET}/run/summary.json"))["steps"] == 12
     assert summary["steps"] == 12
     # TensorBoard's scalars, read back from the bucket (the file uploaded whole).
-    scalars = report.read_scalars(workdir)
+    scalars = read_scalars(workdir)
     assert [s for s, _ in scalars["loss"]] == [1, 4, 8, 12]
     assert [s for s, _ in scalars["eval/accuracy"]] == [6, 12]
     # Bit for bit the run on local disk: final.npz read from the bucket.

@@ -93,7 +93,7 @@ SIZES = [(224, 224), (16, 12), (18, 26), (1, 1), (5, 40)]
 
 
 def test_tf_bilinear_is_tf_image_resize():
-    """decode_crop_resize(tf_bilinear) = tf.image.resize of the crop of tf.io.decode_jpeg's
+    """decode then resize (tf_bilinear) = tf.image.resize of the crop of tf.io.decode_jpeg's
     pixels, to 1e-4 in [-1, 1] units; without TensorFlow, its formula written out."""
     try:
         import tensorflow as tf
@@ -107,7 +107,7 @@ def test_tf_bilinear_is_tf_image_resize():
             y0, x0, ch, cw = box
             crop = decoded[y0 : y0 + ch, x0 : x0 + cw]
             for size in [*SIZES, (2 * ch, 2 * cw), (max(ch // 2, 1), max(cw // 2, 1))]:
-                got = pixels.decode_crop_resize(data, size, "tf_bilinear", box)
+                got = pixels.resize(pixels.decode(data, "tf_bilinear"), size, "tf_bilinear", box)
                 assert got.dtype == np.float32 and got.shape == (*size, 3)
                 np.testing.assert_allclose(got / 127.5, tf_resize(crop, size) / 127.5, atol=1e-4)
                 if tf is not None:
@@ -116,8 +116,8 @@ def test_tf_bilinear_is_tf_image_resize():
 
 
 def test_pil_antialias_is_pil_bit_for_bit():
-    """decode_crop_resize(pil_antialias) with a window, or a function that picks one from
-    the image's size, = PIL's decode, crop and bilinear resize: the same bytes."""
+    """decode then resize (pil_antialias) with a window = PIL's decode, crop and bilinear
+    resize: the same bytes."""
     rng = np.random.default_rng(1)
     for spec in JPEGS:
         data = jpeg(**spec)
@@ -125,8 +125,8 @@ def test_pil_antialias_is_pil_bit_for_bit():
         for box in windows(spec["h"], spec["w"], rng):
             y0, x0, ch, cw = box
             for size in SIZES:
-                pick = lambda h, w, box=box: box  # noqa: E731 -- the window from the size
-                got = pixels.decode_crop_resize(data, size, "pil_antialias", pick)
+                image = pixels.decode(data, "pil_antialias")
+                got = pixels.resize(image, size, "pil_antialias", box)
                 pil = Image.fromarray(decoded).crop((x0, y0, x0 + cw, y0 + ch))
                 want = np.asarray(pil.resize(size[::-1], Image.BILINEAR))
                 assert got.dtype == np.uint8
@@ -137,7 +137,7 @@ def test_an_unknown_method_is_named_with_the_choices():
     with pytest.raises(
         ValueError, match=r"preprocessing 'bicubic' is not one of tf_bilinear or pil_antialias"
     ):
-        pixels.decode_crop_resize(jpeg(8, 8), (4, 4), "bicubic")
+        pixels.resize(pixels.decode(jpeg(8, 8), "pil_antialias"), (4, 4), "bicubic")
 
 
 # ---------------------------------------------------------------- what a checkpoint records

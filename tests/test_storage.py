@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from helpers import ROOT, assert_npz_equal, needs_embedded_data, python_m, tiny_config
+from helpers import ROOT, assert_npz_equal, needs_embedded_data, python_m, read_scalars, tiny_config
 from subprocesses import Run, tiny_flags
 
 from vit_jax.base.console import first_few
@@ -568,5 +568,5 @@ def test_a_full_disk_fails_the_event_file_on_the_loops_thread_with_the_saves_mes
     assert str(error.value) == (
         f"could not write TensorBoard events in {small_disk}/other: No space left on device."
     )
-    written = report.read_scalars(f"{small_disk}/other")["loss"]  # to the record cut short
+    written = read_scalars(f"{small_disk}/other")["loss"]  # to the record cut short
     assert len(written) > 100 and written == [(i, 1.0) for i in range(len(written))]

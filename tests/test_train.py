@@ -21,6 +21,7 @@ from helpers import (
     model_and_optimizer,
     needs_embedded_data,
     python_m,
+    read_scalars,
     run_command,
     snapshot,
     tiny_config,
@@ -161,7 +162,6 @@ def test_short_run_learns_and_a_ctrl_c_run_resumes_bit_identically(tmp_path, cap
 
 def tensorboard_scalars(workdir: str) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...]} from the run's TensorBoard event files, in step order."""
-    from vit_jax.training.report import read_scalars
 
     return read_scalars(workdir)
 
@@ -601,7 +601,7 @@ def test_read_scalars_stops_at_a_record_cut_short(tmp_path):
         writer.write_scalars(2, {"a": 2.0})
     (path,) = tmp_path.glob("events.out.tfevents.*")
     path.write_bytes(path.read_bytes()[:-7])
-    assert report.read_scalars(tmp_path) == {"a": [(1, 1.0)]}
+    assert read_scalars(tmp_path) == {"a": [(1, 1.0)]}
 
 
 def test_a_failing_event_file_does_not_hide_the_runs_own_error(tmp_path):

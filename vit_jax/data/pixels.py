@@ -39,7 +39,6 @@ import functools
 import io
 import math
 import os
-from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -217,37 +216,6 @@ def resize(
         got = np.asarray(pil.resize((size[1], size[0]), kind))
         target[...] = got[..., None] if c == 1 else got
     return target
-
-
-def decode_crop_resize(
-    source: str | os.PathLike | bytes | np.ndarray,
-    size: tuple[int, int],
-    method: str,
-    window: Window | Callable[[int, int], Window] | None = None,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """The one preprocessing primitive: an image (file, bytes, or a decoded uint8
-    [h, w, c] array) -> its window resized to `size`, [H, W, c] float32 in [0, 255]
-    (tf_bilinear) or uint8 (pil_antialias).
-
-    Args:
-        source: A path, the file's bytes, or an image already decoded.
-        size: (H, W) of the result.
-        method: One of METHODS.
-        window: None (the whole image), (y0, x0, height, width) in the upright image, or
-            a function of the upright image's (h, w) that returns one (an Inception crop).
-        out: Where to write the result (float32 or uint8 [H, W, c] as above), e.g. a
-            batch's slot; None: a new array.
-
-    Raises:
-        FileNotFoundError: A path that does not exist.
-        ValueError: Data that is not an image (the message says why), or an unknown method.
-    """
-    check_method(method)
-    image = source if isinstance(source, np.ndarray) else decode(source, method)
-    if callable(window):
-        window = window(image.shape[0], image.shape[1])
-    return resize(image, size, method, window, out)
 
 
 def mirror(image: np.ndarray) -> np.ndarray:

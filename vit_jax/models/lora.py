@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-# config.lora.targets -> the Dense modules they adapt ('mlp': both of the MLP's)
+# config.lora.targets -> the Dense modules they adapt ('mlp': the MLP's, SwiGLU's gate too)
 TARGETS = {t: (t,) for t in ("query", "key", "value", "out")} | {
     "mlp": ("Dense_0", "gate", "Dense_1")
 }

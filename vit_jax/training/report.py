@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import socket
-import struct
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -235,26 +234,6 @@ class EventWriter(contextlib.AbstractContextManager):
         self._resume = self._resume if kind is None else None  # no waits for a suppressed error
         with contextlib.suppress(*(() if kind is None else (Exception,))):  # the run's error wins
             self.close()  # (a full disk fails the event file too: the run's error names it)
-
-
-def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """{tag: [(step, value), ...]} in step order, from the event files in `logdir`:
-    TFRecord-framed `Event` protos (per record a little-endian uint64 length, its CRC,
-    the bytes, their CRC, not checked here)."""
-    from tensorboardX.proto import event_pb2  # noqa: PLC0415
-
-    out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(store.path(logdir).glob("events.out.tfevents.*")):
-        data, at = path.read_bytes(), 0
-        while at + 12 <= len(data):  # a record cut short (a full disk) ends the file
-            (length,) = struct.unpack("<Q", data[at : at + 8])
-            if at + 16 + length > len(data):
-                break
-            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
-            at += 12 + length + 4
-            for v in event.summary.value:
-                out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
-    return {tag: sorted(rows) for tag, rows in out.items()}
 
 
 def naflex_line(lengths: Any, padded: list[int], num_prefix: int) -> str:
