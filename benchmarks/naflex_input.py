@@ -98,7 +98,10 @@ def examples(kind: str, n: int, seed: int = 0) -> list[tuple[object, tuple]]:
 
 
 def square(source, window, side: int) -> np.ndarray:
-    x = pixels.decode_crop_resize(source, (side, side), "tf_bilinear", window)
+    image = source if isinstance(source, np.ndarray) else pixels.decode(source, "tf_bilinear")
+    x = pixels.resize(
+        image, (side, side), "tf_bilinear", window(*image.shape[:2]) if callable(window) else window
+    )
     return pixels.normalize(x, in_place=True)
 
 

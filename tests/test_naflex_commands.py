@@ -157,7 +157,7 @@ def test_fewshot_probes_the_naflex_features(checkpoint, idx_dir, capsys):
     args = [f"--checkpoint={path}", "--dataset=fashion_mnist", f"--data_dir={idx_dir}"]
     assert run_command(fewshot, *args, "--shots=1,10", "--l2=1", "--seq_len=16") == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].endswith(f"({path}) at NaFlex 16 patches, l2=1, seed 0")
+    assert f"({path}) at NaFlex 16 patches, l2=1, seed 0; *_knn: 20-NN" in lines[0]
     split = {}
     for name, prefix in (("train", "train"), ("test", "t10k")):
         images = read_idx(f"{idx_dir}/{prefix}-images-idx3-ubyte.gz")[..., None]  # [n, 8, 8, 1]

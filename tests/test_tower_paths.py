@@ -11,7 +11,7 @@ import pytest
 from flax import traverse_util
 from helpers import images, random_params
 
-from vit_jax.models import apply_with_intermediates, get_model, lora, naflex
+from vit_jax.models import apply_with_intermediates, attention, get_model, lora, naflex
 from vit_jax.weights.npz import stack_blocks
 
 TOWER = dict(
@@ -84,3 +84,21 @@ def test_lora_adapts_the_swiglu_gate_and_starts_at_the_base():
     start |= {k: v for k, v in traverse_util.flatten_dict(init, sep="/").items() if lora.MARK in k}
     got = adapted.apply({"params": traverse_util.unflatten_dict(start, sep="/")}, x)
     np.testing.assert_allclose(got, model.apply({"params": params}, x), rtol=0, atol=1e-5)
+
+
+def test_a_tower_traces_with_cudnns_fused_attention():
+    """RoPE turns queries and keys before any attention choice: the DINOv3-like tower on
+    NaFlex patches traces through JAX's cuDNN attention (the platform and cuDNN's version
+    check stubbed, as tests/test_attention.py does for the adapter) to XLA's shape."""
+    from unittest import mock  # noqa: PLC0415
+
+    fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    model = get_model("testing", 7, dtype="bfloat16", posemb_grid=(4, 4), **DINOV3)
+    params = tower_params(model.clone(dtype="float32", posemb_grid=None))
+    patches = naflex.patchify(np.asarray(images(32, n=2)), 8, seq_len=20)
+    step = jax.jit(model.clone(attention="cudnn").apply)
+    gpu = mock.patch.object(attention, "target", lambda: ("gpu", "NVIDIA H200"))
+    with gpu, mock.patch.object(fused, "check_cudnn_version", lambda *a, **k: None):
+        out = jax.eval_shape(step, {"params": params}, patches)
+    want = jax.eval_shape(jax.jit(model.clone(attention="xla").apply), {"params": params}, patches)
+    assert (out.shape, out.dtype) == (want.shape, want.dtype) == ((2, 7), jax.numpy.float32)

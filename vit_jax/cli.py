@@ -205,7 +205,10 @@ def define_model_flags(naflex: bool = False) -> None:
         "workdir (its newest checkpoint that verifies; LoRA's adapters unmerged).",
     )
     flags.DEFINE_string(
-        "model", None, "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16. Default: read from the file."
+        "model",
+        None,
+        "Variant, e.g. ViT-B_16, B/16, R50+ViT-B_16; or timm's architecture of a bare "
+        ".safetensors tower (vit_small_patch14_reg4_dinov2). Default: read from the file.",
     )
     flags.DEFINE_multi_string(
         "override", [], "Model option KEY=VALUE (e.g. posemb=sincos_2d, dtype=bfloat16); repeat."

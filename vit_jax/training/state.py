@@ -166,23 +166,27 @@ def build_model(
     position tables are made on its grid (posemb_grid), whatever the batches are.
 
     Raises:
-      ValueError: an empty name without init_from.
+      ValueError: an empty name without init_from or every size (an empty name with every
+        size is a model of its own, with init_from's numerics as a name's).
     """
     name = model["name"] or None
     fields = {k: v for k, v in model.items() if k != "name" and v is not None}
-    if name is None and not init_from:
+    sized = all(k in fields for k in ("width", "depth", "num_heads", "mlp_dim", "patch_size"))
+    if name is None and not init_from and not sized:
         raise ValueError(
             "config.model.name is empty, which means init_from's architecture, and "
-            "init_from is not set: name a variant (e.g. 'B/16') or set init_from"
+            "init_from is not set: name a variant (e.g. 'B/16'), give every size or set "
+            "init_from"
         )
-    if name is None:  # the defaults are unset: the file's pooling and position table
+    whole = name is None and not sized and init_from  # the file's whole architecture
+    if whole:  # the defaults are unset: the file's pooling and position table
         defaults = model_fields("")
         fields = {k: v for k, v in fields.items() if v != defaults.get(k)}
     fields["lora"] = lora.Lora.of(adapters)
     if fields.get("representation_size") == 0:
         del fields["representation_size"]
     told = {}
-    if init_from and name is None:  # the file's whole architecture, or a run's record of it
+    if whole:  # the file's whole architecture, or a run's record of it
         told = init_from if isinstance(init_from, dict) else read_fields(init_from)
         told = {k: v for k, v in told.items() if v is not None and k != "representation_size"}
     elif init_from:
@@ -199,7 +203,10 @@ def build_model(
 def planned_model(config: Any, num_classes: int | None, image_size: int | None = None):
     """`build_model` of a run config for the planner, which reads init_from only where the
     model is its architecture (an empty name): a plan needs no file otherwise."""
-    from_file = None if config.model.name else config.get("init_from") or None
+    sized = all(
+        config.model.get(k) for k in ("width", "depth", "num_heads", "mlp_dim", "patch_size")
+    )
+    from_file = None if config.model.name or sized else config.get("init_from") or None
     return build_model(config.model, num_classes, from_file, config.get("lora"), image_size)
 
 

@@ -165,7 +165,7 @@ def _read_timm(path: store.Path, num_heads: int | None, meta: Meta) -> tuple[dic
         raise CheckpointError(
             f"{path} holds a tower's tensors ({', '.join(found)}) whose architecture a bare "
             "file cannot tell: pass timm's hub folder (config.json beside it) or name the "
-            f"architecture (--model=): one of {', '.join(names)}"
+            f"architecture (name=NAME): one of {', '.join(names)}"
         )
     heads = num_heads or (int(metadata["num_heads"]) if "num_heads" in metadata else None)
     layout = timm_eva if timm_eva.is_eva(tensors) else timm
