@@ -329,3 +329,20 @@ def test_a_run_fine_tuning_a_tower_takes_its_pixels_unless_told(tmp_path):
     assert resolved[("", "")] == "tf_bilinear"
     assert resolved[(str(path), "")] == str(Preprocessing.parse(clip))
     assert resolved[(str(path), "pil_antialias")] == "pil_antialias"
+
+
+def test_naflex_patches_take_the_strings_mean_and_std():
+    """A tower's mean and std reach NaFlex patches too: the same resize, normalised as the
+    string says ((x/255 - mean) / std), not to [-1, 1]."""
+    from vit_jax.data import naflex  # noqa: PLC0415
+
+    clip = "pil_bicubic:mean=0.4815,0.4578,0.4082:std=0.2686,0.2613,0.2758"
+    image = np.random.default_rng(0).integers(0, 256, (40, 56, 3), np.uint8)
+    rows = {}
+    for method in ("tf_bilinear", clip):
+        out = naflex.empty(1, 16, 8)
+        gh, gw = naflex.put(out, 0, image, 8, method=method)
+        rows[method] = out["patches"][0, : gh * gw]
+    mean, std = np.array([0.4815, 0.4578, 0.4082]), np.array([0.2686, 0.2613, 0.2758])
+    unit = (rows["tf_bilinear"].reshape(-1, 3) + 1) / 2  # [-1, 1] back to [0, 1]
+    np.testing.assert_allclose(rows[clip].reshape(-1, 3), (unit - mean) / std, atol=1e-5)

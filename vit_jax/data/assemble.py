@@ -77,7 +77,7 @@ class TrainBatch:
                 size = naflex.size_for_sequence(*image.shape[:2], self.patch, x["valid"].shape[1])
                 image = naflex.resize(image, size)[None]  # [1, H, W, c]
                 image = self._randaugment(image, step, slots.start + j)[0]
-            naflex.put(x, j, image, self.patch, flip=cfg.flip and u[-1] < 0.5)
+            naflex.put(x, j, image, self.patch, cfg.flip and u[-1] < 0.5, method)
             labels.append(label)
         return {
             "image": x,
@@ -160,7 +160,7 @@ class EvalBatch:
         x["valid"][:, 0] = True  # a padding row: one zero patch (no row is all padding)
         for j, i in enumerate(range(start, stop)):
             image, label = tables.crop_of(table, i, self.cfg.preprocessing)
-            naflex.put(x, j, image, self.patch)
+            naflex.put(x, j, image, self.patch, method=self.cfg.preprocessing)
             labels[j, label] = 1.0
         return x
 

@@ -138,7 +138,8 @@ def load_naflex(
     batch = naflex.empty(len(paths), seq_len, patch_size)
     grids = np.zeros((len(paths), 2), np.int64)
     for i, path in enumerate(paths):
-        grids[i] = naflex.put(batch, i, _read(path, lambda s: pixels.decode(s, method)), patch_size)
+        image = _read(path, lambda s: pixels.decode(s, method))
+        grids[i] = naflex.put(batch, i, image, patch_size, method=method)
     return batch, grids
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import scipy.sparse
 
 from vit_jax.data import augment, pixels
+from vit_jax.data.preprocessing import PUBLISHED
 
 LENGTH_SALT = 4  # after augment's salts: the length of each step
 BLOCK = 1024  # steps whose lengths one generator draws
@@ -90,13 +91,14 @@ def empty(batch: int, seq_len: int, patch: int) -> dict[str, np.ndarray]:
     }
 
 
-def put(out: dict[str, np.ndarray], j: int, image: np.ndarray, patch: int, flip=False) -> tuple:
+def put(out: dict, j: int, image: np.ndarray, patch: int, flip=False, method=PUBLISHED) -> tuple:
     """Row j of `out` (`empty`) := uint8 [h, w, c] resized to its sequence, mirrored with
-    `flip`, in [-1, 1], as patches; the image's (gh, gw)."""
+    `flip`, normalised as `method` says (preprocessing.py: [-1, 1], or a tower's mean and
+    std), as patches; the image's (gh, gw)."""
     seq_len = out["valid"].shape[1]
     size = size_for_sequence(image.shape[0], image.shape[1], patch, seq_len)
     x = resize(image, size)  # [H, W, c] in [0, 255]
-    x = pixels.normalize(x[:, ::-1] if flip else x, in_place=x.shape[-1] == 3)  # [H, W, 3]
+    x = pixels.normalize(x[:, ::-1] if flip else x, x.shape[-1] == 3, method)  # [H, W, 3]
     gh, gw = size[0] // patch, size[1] // patch
     rows = x.reshape(gh, patch, gw, patch, 3).transpose(0, 2, 1, 3, 4).reshape(gh * gw, -1)
     out["patches"][j, : gh * gw] = rows  # [gh*gw, P*P*3], row-major over the grid
