@@ -645,3 +645,24 @@ def test_a_number_in_a_path_or_port_is_not_a_status():
     assert store.explain(OSError("403 Forbidden"), "s3://x").startswith("permission denied")
     for raised in (gcsfs.retry.HttpError({"code": 404, "message": "No such object: 401"}),):
         assert store.explain(raised, "gs://b/401").startswith("no such bucket or object")
+
+
+def test_a_move_retried_after_a_partial_try_finishes_it_without_nesting(gcs):
+    """Store.move on a bucket, file by file: a second try after a first that moved part of
+    a checkpoint (two files copied and gone from the source, as a try cut off leaves them)
+    moves the rest to the same places; fsspec's mv of the whole would have nested them
+    under damaged/7/7. A move already done is done; one of nothing is refused."""
+    root = f"{BUCKET}/moves"
+    for name in ("a", "b", "c", "d/e"):
+        fs().pipe_file(f"{root}/checkpoints/7/{name}", name.encode())
+    for name in ("a", "d/e"):  # the partial first try
+        fs().copy(f"{root}/checkpoints/7/{name}", f"{root}/damaged/7/{name}")
+        fs().rm(f"{root}/checkpoints/7/{name}")
+    source, dest = f"gs://{root}/checkpoints/7", f"gs://{root}/damaged/7"
+    store.Store().move(source, dest)
+    assert sorted(objects(f"gs://{root}")) == [f"damaged/7/{n}" for n in ("a", "b", "c", "d/e")]
+    assert all(fs().cat(f"{root}/damaged/7/{n}") == n.encode() for n in ("a", "b", "c", "d/e"))
+    store.Store().move(source, dest)  # the answer of a finished move lost: done
+    assert len(objects(f"gs://{root}")) == 4
+    with pytest.raises(FileNotFoundError, match="nothing to move"):
+        store.Store().move(f"gs://{root}/checkpoints/8", f"gs://{root}/damaged/8")

@@ -209,20 +209,26 @@ class Store:
         self.retried(remove, f"removing {p}")
 
     def move(self, source: str | os.PathLike, dest: str | os.PathLike) -> None:
-        """Moves a file or directory (a rename on a disk; copies then deletes on a store:
-        a retry that finds the source gone and `dest` there found an earlier try done)."""
+        """Moves a file or directory (a rename on a disk). On a store, file by file, each
+        copied whole to the same place below `dest` and then deleted: a retry after a lost
+        answer or a partial try moves what is left, never nesting a second copy below
+        `dest`; nothing left at `source` and something at `dest` is a finished move."""
         source, dest = path(source), path(dest)
         if not is_remote(source):
             os.replace(source, dest)
             return
+        fs = filesystem(source)
+        root = os.fspath(source).split("://", 1)[1].rstrip("/")
+        to = os.fspath(dest).split("://", 1)[1].rstrip("/")
 
         def move() -> None:
-            fs = filesystem(source)
-            try:
-                fs.mv(os.fspath(source), os.fspath(dest), recursive=True)
-            except FileNotFoundError:
-                if fs.exists(os.fspath(source)) or not fs.exists(os.fspath(dest)):
-                    raise
+            files = fs.find(root)
+            if not files and not fs.exists(to):
+                raise FileNotFoundError(f"{source}: nothing to move, and nothing at {dest}")
+            for f in files:
+                fs.copy(f, to + f[len(root) :])
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(f)
 
         self.retried(move, f"moving {source}")
 

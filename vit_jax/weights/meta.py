@@ -228,8 +228,8 @@ class Meta:
         pixels = from_timm_cfg(pretrained) if "mean" in pretrained else OTHER_TOOLS
         made = _made(source, **TIMM_DEFAULT, labels=names, preprocessing=pixels)
         made = dataclasses.replace(made, posemb_resize="bicubic_aa")  # as timm resizes
-        made = dataclasses.replace(made, architecture=str(cfg["architecture"]))
-        made = dataclasses.replace(made, model_args=dict(cfg.get("model_args") or {}))
+        args = dict(cfg.get("model_args") or {})
+        made = dataclasses.replace(made, architecture=str(cfg["architecture"]), model_args=args)
         if "input_size" in pretrained and fields.get("posemb") == "none":  # no table: a size
             named = re.search(r"patch(\d+)", made.architecture)
             patch = made.model_args.get("patch_size") or (named[1] if named else 16)

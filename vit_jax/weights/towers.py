@@ -15,12 +15,12 @@ import re
 from typing import Any
 
 from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.meta import TIMM_DEFAULT  # timm's VisionTransformer defaults
 
 # (pattern on timm's architecture name, its family's key map, the fields it fixes)
 # family 'vit': timm's VisionTransformer layout (weights/timm.py); 'eva': timm's Eva
 # layout (weights/timm_eva.py).
 READ = "vit_* (the paper's, *_dinov2, *_clip_*, *_siglip_*, *_dinov3), deit_*, deit3_*, eva02_*"
-_TIMM = {"gelu": "exact", "layer_norm_eps": 1e-6}  # timm's VisionTransformer defaults
 TIMM: list[tuple[str, str, dict[str, Any]]] = [
     # --- timm's VisionTransformer family (vit_*, deit3_*, *_dinov2, *_clip_*, *_siglip_*)
     # The tensors tell pooling, registers, LayerScale, DINOv2 g's SwiGLU, norm_pre and
@@ -34,8 +34,8 @@ TIMM: list[tuple[str, str, dict[str, Any]]] = [
         "vit",
         dict(gelu="tanh", layer_norm_eps=1e-6),
     ),
-    (r"^vit_.*_reg\d_dinov2|^deit3_", "vit", dict(embed_prefix=False, **_TIMM)),
-    (r"^deit_", "vit", _TIMM),
+    (r"^vit_.*_reg\d_dinov2|^deit3_", "vit", dict(embed_prefix=False, **TIMM_DEFAULT)),
+    (r"^deit_", "vit", TIMM_DEFAULT),
     # --- timm's Eva family (*_dinov3*, eva02_*)
     # DINOv3: no position table, RoPE on each image's own grid; timm's pooling 'avg' (the
     # patches' mean after `norm`; upstream pools the class token: global_pool='token').
@@ -68,7 +68,7 @@ TIMM: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     # --- the paper's ViT and AugReg: the last row, timm's VisionTransformer defaults
-    (r"^vit_", "vit", _TIMM),
+    (r"^vit_", "vit", TIMM_DEFAULT),
 ]
 
 
