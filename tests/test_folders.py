@@ -90,10 +90,21 @@ def test_a_tower_folder_loads_and_its_bare_file_needs_the_architecture_named(fol
     with pytest.raises(CheckpointError) as e:
         weights.load_model(folder / "model.safetensors")
     line = str(e.value)
-    assert "\n" not in line and "(ls1.gamma)" in line and "(name=NAME)" in line
+    assert "\n" not in line and "(ls1.gamma)" in line and "(name=NAME, e.g." in line
     assert line.endswith("one of *_dinov2, deit3_*")
     m, p, _ = weights.load_model(folder / "model.safetensors", "deit3_small_patch16_224")
     np.testing.assert_array_equal(logits(m, p, images(224)), ours)
+
+
+def test_a_bare_siglip_file_of_timm_is_refused_for_its_gelu(tmp_path):
+    """A SigLIP's MAP head leaves no trace of its GELU form (SigLIP 2's tanh, the first
+    SigLIP's exact): a bare file of timm's needs its architecture named."""
+    from vit_jax.weights import safetensors_io  # noqa: PLC0415
+
+    path = tmp_path / "siglip.safetensors"
+    safetensors_io.write(path, {"attn_pool.latent": np.zeros((1, 1, 8), np.float32)}, {})
+    with pytest.raises(CheckpointError, match=r"\(attn_pool.latent\).*one of \*_siglip_\*"):
+        weights.load_model(path)
 
 
 def test_timm_architectures_and_arguments_are_routed():
@@ -110,8 +121,9 @@ def test_timm_architectures_and_arguments_are_routed():
         towers.timm_tower("vit_small_patch16_dinov3", dict(global_pool="token"))[1]["classifier"]
         == "token"
     )
-    with pytest.raises(CheckpointError, match="timm architecture 'convnext_tiny' is not one"):
-        towers.timm_tower("convnext_tiny")
+    for unread in ("convnext_tiny", "vit_base_patch16_rope_224", "vit_pe_core_base_patch16_224"):
+        with pytest.raises(CheckpointError, match=f"timm architecture '{unread}' is not one"):
+            towers.timm_tower(unread)
     with pytest.raises(CheckpointError, match="timm's global_pool='avgmax' is not computed"):
         towers.timm_tower("vit_tiny_patch16_224", dict(global_pool="avgmax"))
 

@@ -191,7 +191,7 @@ def test_the_table_names_what_timms_factories_build():
 
 
 def test_timm_model_args_override_the_row():
-    assert towers.timm_tower("vit_base_patch16_siglip_224") == ("vit", towers._TIMM)
+    assert towers.timm_tower("vit_base_patch16_siglip_224") == ("vit", towers.TIMM_DEFAULT)
     args = dict(global_pool="avg", act_layer="gelu_tanh")
     fields = towers.timm_tower("vit_small_patch14_reg4_dinov2", args)[1]
     assert fields == dict(gelu="tanh", layer_norm_eps=1e-6, embed_prefix=False, classifier="gap")

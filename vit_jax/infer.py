@@ -15,7 +15,7 @@ checkpoint records (--preprocessing chooses another; vit_jax/data/pixels.py).
 
 --seq_len=N classifies each image at its own aspect ratio (NaFlex, plain ViTs only): resized
 to the largest size whose grid of patches has at most N of them (vit_jax/data/naflex.py;
-the preprocessing then names only the JPEG decode), the checkpoint's position embeddings
+the preprocessing then names the JPEG decode, mean and std), the checkpoint's position embeddings
 resized to that grid, which each image's block names: `cat.jpg  (grid 12x21)`.
 
 --json prints one JSON object a line, one per image, for scripts:
@@ -23,7 +23,7 @@ resized to that grid, which each image's block names: `cat.jpg  (grid 12x21)`.
    "top_k": [{"index": 281, "label": "tabby", "probability": 0.8123...}, ...]}
 with the probabilities at full (float32) precision; with --seq_len also "seq_len": N,
 "grid": [rows, cols] and "resize": "naflex" (big_vision's antialiased resize_to_sequence;
-"preprocessing" then names only the JPEG decode), and "image_size" is the size the image
+"preprocessing" then names the JPEG decode, mean and std), and "image_size" is the size the image
 was resized to.
 """
 

@@ -50,7 +50,8 @@ def parse_model_dataset(preset: str, arg: str, datasets: dict) -> tuple[str, Tfd
 
 
 def model_fields(model: str) -> ml_collections.ConfigDict:
-    """config.model: `name` is a published name ('ViT-B_16') or SIZE/PATCH ('B/16'); the
+    """config.model: `name` is a published name ('ViT-B_16') or SIZE/PATCH ('B/16'), or ''
+    for init_from's whole architecture (a tower's: training/state.build_model); the
     other fields are VisionTransformer options. None keeps the variant's own value; for
     `gelu` and `layer_norm_eps`, None is the init_from file's (its source's numerics, see
     vit_jax/weights/meta.py), or the original ViT's (tanh, 1e-6) from scratch."""

@@ -54,7 +54,7 @@ The fields (`default_config` sets their defaults: Fashion-MNIST from idx files):
         takes the largest); `tokens_per_batch` the patch slots of a step's batch,
         padding included, class tokens not (its global batch is tokens_per_batch //
         length, rounded down to a multiple of devices x accum_steps; 0: config.batch_size
-        x the largest length). `preprocessing` then names only the JPEG decode: the
+        x the largest length). `preprocessing` then names the JPEG decode and the mean and std: the
         resize is big_vision's (antialiased bilinear); the training crop keeps the image's
         own aspect ratio up to the Inception jitter. config.image_size is then the grid
         of the stored position table (image_size / patch a side), resized to each image.

@@ -129,7 +129,7 @@ def load_naflex(
       paths: Image files, decoded as `load_image` does.
       patch_size: The model's patch side in pixels.
       seq_len: Patches a row.
-      method: The checkpoint's preprocessing: with NaFlex it chooses only the JPEG decode.
+      method: The checkpoint's preprocessing: with NaFlex its JPEG decode, mean and std.
 
     Returns:
       (the batch {'patches' [N, seq_len, P*P*3], 'coords' [N, seq_len, 2], 'valid'

@@ -1,16 +1,17 @@
 """2D rotary position embeddings (RoPE) on the queries and keys of the patches, in the two
 forms the towers were trained with; prefix tokens (class, registers) are left unrotated.
 
-Each head's features [hd] are split in two halves, the first turned by the patch's row,
-the second by its column, each at hd/4 frequencies:
+Each head takes hd/2 angles, hd/4 of the patch's row then hd/4 of its column, at hd/4
+frequencies, and turns hd/2 pairs of its features [hd] by them:
 
   dinov3  DINOv3 (Siméoni et al. 2025; timm `rope_type='dinov3'`, transformers
           `DINOv3ViTRopePositionEmbedding`): patch centres normalised to [-1, 1] on each
-          image's own grid, angle 2π·c / base^(4k/hd) (base 100), the pairs (k, k + hd/4)
-          of each half rotated together ("rotate half").
+          image's own grid, angle 2π·c / base^(4k/hd) (base 100); feature i turns with
+          i + hd/2 by angle i ("rotate half": the row turns quarters 1 and 3).
   eva     EVA-02 (Fang et al. 2023; timm `rope_type='cat'`): integer positions rescaled
           to a reference grid (`ref_feat_shape`, 16x16), angle c / base^(4k/hd) (base
-          10000), adjacent pairs (2k, 2k + 1) rotated together (interleaved).
+          10000); features 2j and 2j + 1 turn by angle j (interleaved: the row turns the
+          first half).
 
 Angles come from each token's coordinates and its image's grid (models/tokens.py), so
 NaFlex patches at any shape are rotated as the image they belong to.

@@ -62,7 +62,8 @@ class PatchEmbedding(nn.Module):
 class VisionTransformer(nn.Module):
     """The Vision Transformer of Dosovitskiy et al. (2020) and its ResNet hybrids.
 
-    ``apply({'params': p}, images, train=False)`` maps NHWC images in [-1, 1] to logits
+    ``apply({'params': p}, images, train=False)`` maps NHWC images (in [-1, 1], or
+    normalised as a tower's weights expect: `weights.Loaded.preprocessing`) to logits
     [B, K] ([B, N, K] for classifier='unpooled'). Dropout and stochastic depth need a
     'dropout' rng only with ``train=True``. With ``mutable=['intermediates']`` the model
     also hands back 'representation' (the pre-logits features), each block's 'output'
@@ -73,9 +74,9 @@ class VisionTransformer(nn.Module):
       patch_size: patch side on the input (or on the stem's feature map for hybrids).
       width, depth, num_heads, mlp_dim: the transformer's size.
       resnet_stages: None for a plain ViT; stage depths of the hybrid stem (() = root only).
-      classifier: 'token' (class token), 'gap' (mean of tokens, no class token), 'map'
-        (big_vision's attention pooling, no class token), 'unpooled' (no pooling, no class
-        token: per-token outputs).
+      classifier: 'token' (class token), 'gap' (mean of the patches), 'map' (big_vision's
+        attention pooling over the patches), 'unpooled' (no pooling: per-patch outputs);
+        only 'token' has a class token unless `class_token` says otherwise.
       representation_size: width of the tanh 'pre_logits' layer (None: no such layer).
       posemb: 'learned' | 'none' | 'learned_2d' | 'sincos_2d' (see models/posemb.py).
       dropout, attention_dropout, stochastic_depth: rates (stochastic depth grows
@@ -86,7 +87,8 @@ class VisionTransformer(nn.Module):
       channels: input channels the model is built for.
       head_bias_init: initial value of the head's bias.
       gelu: the MLP's GELU, 'tanh' (the approximation the original ViT was trained
-        with) or 'exact' (erf, PyTorch's default, so timm's and most of the hub's).
+        with), 'exact' (erf, PyTorch's default, so timm's and most of the hub's) or 'quick'
+        (OpenAI CLIP's x·σ(1.702x)); unused beside SwiGLU's SiLU.
       layer_norm_eps: the transformer's LayerNorm epsilon (the original's 1e-6; the
         hybrid stem's GroupNorm keeps 1e-6). Imports take both from the source file
         (see vit_jax/weights/meta.py).
@@ -101,9 +103,10 @@ class VisionTransformer(nn.Module):
     The towers' deltas (docs/formats.md, "Towers"; each default is the paper's; the names
     in brackets are the timm / transformers parameters a field reads):
       class_token: whether a class token leads (None: the classifier's, 'token' only).
-      registers: learned register tokens after the class token, no position embedding,
-        dropped before pooling (Darcet et al. 2024; DINOv3's storage tokens) [reg_token /
-        embeddings.register_tokens].
+      registers: learned register tokens after the class token, dropped before pooling
+        (Darcet et al. 2024; DINOv3's storage tokens) [reg_token /
+        embeddings.register_tokens]; no position embedding with embed_prefix=False, as
+        every tower has them.
       embed_prefix: the class (and register) tokens take rows of the `learned` table, as
         the paper's class row; False: timm's no_embed_class (DeiT III, DINOv2 with
         registers, DINOv3) [pos_embed].
@@ -126,7 +129,6 @@ class VisionTransformer(nn.Module):
         with posemb 'none', DINOv3's; with a learned table, EVA-02's); rope_base: its
         base (None: 100 for dinov3, 10000 for eva); rope_grid: EVA's reference grid
         (ref_feat_shape), None: each image's own.
-      gelu may also be 'quick', OpenAI CLIP's x·σ(1.702x).
     """
 
     num_classes: int | None

@@ -123,7 +123,8 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
             "that many micro-batches"
         )
         out.append(Problem("accum_steps", c.accum_steps, why))
-    if c.model.name or not c.init_from:  # an empty name is init_from's (build_model)
+    sized = all(c.model.get(k) for k in MODEL_SIZES)
+    if c.model.name or not c.init_from or sized:  # an empty name is init_from's (build_model)
         out += _model_problems(c.model, c.image_size, c.dataset.naflex.seq_lens)
     out += _optimizer_problems(c.optimizer, c.total_steps)
     out += data_config.problems(c.dataset, "dataset.")
@@ -139,12 +140,17 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
     return out
 
 
+MODEL_SIZES = ("width", "depth", "num_heads", "mlp_dim", "patch_size")
+
+
 def _model_problems(m: Any, image_size: Any, seq_lens: Any = None) -> list[Problem]:
     out: list[Problem] = []
     try:
-        variant_config(m.name)
+        if m.name or not all(m.get(k) for k in MODEL_SIZES):  # every size: a model of its own
+            variant_config(m.name)
     except (ValueError, TypeError) as e:
-        out.append(Problem("model.name", m.name, str(e)))
+        tower = "; '' takes init_from's whole architecture: set init_from" if not m.name else ""
+        out.append(Problem("model.name", m.name, f"{e}{tower}"))
     out += table_problems(m, MODEL, "model.")
     if not is_int(image_size) or image_size < 1:
         out.append(Problem("image_size", image_size, "expected an integer >= 1 (pixels a side)"))

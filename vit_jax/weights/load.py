@@ -99,7 +99,7 @@ def read_fields(path: str | os.PathLike) -> dict[str, Any]:
 class Loaded:
     """A checkpoint ready for a model: the model, its parameters, the resolution, the
     head's class names where the file names them (None otherwise, and without a head), and
-    the preprocessing its weights expect (`vit_jax.data.pixels.METHODS`)."""
+    the preprocessing its weights expect (a `vit_jax.data.preprocessing` string)."""
 
     model: VisionTransformer
     params: dict

@@ -34,9 +34,10 @@ Each format says them its own way, and what a file leaves unsaid is what its too
         itself: timm's exact GELU and 1e-6 (one with only this package's older `num_heads`
         entry was written here before the numerics were recorded: the original's); without
         `preprocessing`, PIL's antialiased resize (timm's transforms).
-  timm's hub folder  config.json's `architecture` and its arguments (`model_args`): timm's
-        VisionTransformer computes the exact GELU (or `act_layer` 'gelu_tanh') and 1e-6;
-        `label_names`; PIL's antialiased resize.
+  timm's hub folder  config.json's `architecture` and its arguments (`model_args`): the
+        numerics and fields its row in `towers.TIMM` fixes (model_args over it);
+        `label_names`; the pixels of its `pretrained_cfg` (PIL's antialiased resize
+        without one).
   hf    config.json's `hidden_act` ('gelu' is exact; 'gelu_pytorch_tanh', 'gelu_new',
         'gelu_fast' the tanh form), `layer_norm_eps` (transformers' defaults 'gelu',
         1e-12), `id2label` (its defaults LABEL_i name nothing) and
@@ -88,7 +89,7 @@ class Meta:
     posemb_grid: tuple[int, int] | None = None
     posemb_resize: str | None = None  # the tool's resize of the table (posemb.RESIZES)
     # timm's architecture name and the VisionTransformer arguments it is built with (a timm
-    # hub folder's: `read.timm_arguments`); None, {}: a file that names none.
+    # hub folder's, routed by `towers.TIMM`); None, {}: a file that names none.
     architecture: str | None = None
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     # VisionTransformer fields the tensors cannot tell (`of_model`'s; a timm or transformers

@@ -9,7 +9,7 @@ the file says beyond its parameters (numerics, class names, preprocessing: meta.
 A folder is told by its config.json: timm's hub folder (`save_for_hf`, `push_to_hf_hub`)
 names its `architecture`, transformers' its `model_type`. timm's tensors do not tell
 every argument its architecture was built with (the GELU form, a class token's position
-row): `TIMM_ARCHITECTURES` routes the names this package builds, and `Meta.architecture`
+row): `towers.TIMM` routes the names this package builds, and `Meta.architecture`
 and `Meta.model_args` carry the name and its arguments.
 """
 
@@ -49,6 +49,7 @@ TOWERS = {
     "gamma_1": "*_dinov3, eva02_*",
     "q_bias": "*_dinov3_qkvb, eva02_*",
     "norm_pre": "*_clip_*",
+    "attn_pool.latent": "*_siglip_*",
 }
 
 
@@ -133,7 +134,10 @@ def read_source(
     if fmt == "timm_folder":
         meta = read_meta(path)
         if not (path / hf.WEIGHTS).is_file():
-            raise CheckpointError(f"{path} has no {hf.WEIGHTS}: only safetensors weights are read")
+            raise CheckpointError(
+                f"{path} has no {hf.WEIGHTS}: only safetensors weights are read (timm's "
+                "save_for_hf(model, DIR, safe_serialization=True) writes them)"
+            )
         heads = num_heads or meta.model_args.get("num_heads")
         return Source(_read_timm(path / hf.WEIGHTS, heads, meta)[0], meta)
     meta = Meta.from_timm(safetensors_io.read_metadata(path), str(path))
@@ -160,12 +164,14 @@ def _read_timm(path: store.Path, num_heads: int | None, meta: Meta) -> tuple[dic
             f"{path} holds Hugging Face ViT weights; pass the directory with its config.json"
         )
     found = sorted({t for t in TOWERS for k in tensors if k.endswith(t) or f".{t}." in k})
-    if found and not meta.fields and meta.architecture is None:
+    ours = "gelu" in metadata or "num_heads" in metadata  # written here: its numerics said
+    if found and not ours and not meta.fields and meta.architecture is None:
         names = dict.fromkeys(", ".join(TOWERS[t] for t in found).split(", "))
         raise CheckpointError(
             f"{path} holds a tower's tensors ({', '.join(found)}) whose architecture a bare "
             "file cannot tell: pass timm's hub folder (config.json beside it) or name the "
-            f"architecture (name=NAME): one of {', '.join(names)}"
+            f"architecture (name=NAME, e.g. vit_small_patch14_reg4_dinov2): one of "
+            f"{', '.join(names)}"
         )
     heads = num_heads or (int(metadata["num_heads"]) if "num_heads" in metadata else None)
     layout = timm_eva if timm_eva.is_eva(tensors) else timm

@@ -36,6 +36,8 @@ HUB = "hf-hub:"
 HUB_FILES = [
     "config.json",
     "model.safetensors",
+    "model.safetensors.index.json",  # a sharded folder's map, and its shards
+    "model-*.safetensors",
     "preprocessor_config.json",
     "open_clip_config.json",
 ]
@@ -137,7 +139,7 @@ def hub_snapshot(name: str) -> str:
         from huggingface_hub import constants, errors, snapshot_download
     except ImportError:
         raise ImportError(
-            f"{name}: hub names need huggingface_hub: pip install 'vit_jax[hub]'"
+            f"{name}: hub names need huggingface_hub: pip install huggingface_hub"
         ) from None
     env = os.environ  # read at each call: huggingface_hub's constants are read at its import
     home = os.path.join(os.path.expanduser(env["HF_HOME"]), "hub") if "HF_HOME" in env else None

@@ -68,7 +68,7 @@ TIMM: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     # --- the paper's ViT and AugReg: the last row, timm's VisionTransformer defaults
-    (r"^vit_", "vit", TIMM_DEFAULT),
+    (r"^vit_(?!pe_|.*_rope)", "vit", TIMM_DEFAULT),  # not timm's RoPE ViTs (Eva's, unread)
 ]
 
 
