@@ -149,7 +149,7 @@ def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(
         outputs.load_run(str(tmp_path / "whole")),
         weights.load(tmp_path / "whole/final.npz"),
     )
-    assert run.model.lora == lora.Lora(4, 4.0, ("query", "value", "Dense_0", "Dense_1"))
+    assert run.model.lora == lora.Lora(4, 4.0, ("query", "value", "Dense_0", "gate", "Dense_1"))
     assert merged.model.lora is None and run.image_size == merged.image_size == (28, 28)
     x = images(28, n=4)
     probs = [jax.nn.softmax(jax.jit(m.model.apply)({"params": m.params}, x)) for m in (run, merged)]
