@@ -3,10 +3,12 @@ comparison, random parameters, a model set up for training, idx files, images.""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import warnings
@@ -396,3 +398,24 @@ def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]
             for v in event.summary.value:
                 out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
     return {tag: sorted(rows) for tag, rows in out.items()}
+
+
+@contextlib.contextmanager
+def ctrl_c_after_save(monkeypatch, step: int):
+    """The run in the block is stopped by Ctrl-C right after it saves checkpoint `step`
+    (it raises KeyboardInterrupt, which the block expects)."""
+    from vit_jax.workdir.checkpoints import Checkpoints  # noqa: PLC0415
+
+    save = Checkpoints.save
+
+    def save_then_ctrl_c(self, at, state):
+        save(self, at, state)
+        if at == step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Checkpoints, "save", save_then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            yield
+    finally:
+        monkeypatch.setattr(Checkpoints, "save", save)

@@ -4,13 +4,13 @@ final.npz that timm and transformers read, exact resume, and a changed base refu
 
 import json
 import os
-import signal
 
 import jax
 import numpy as np
 import pytest
 from flax import traverse_util
 from helpers import (
+    ctrl_c_after_save,
     flat,
     images,
     initial_params,
@@ -26,7 +26,6 @@ from vit_jax.models import count_params, get_model, lora, param_shapes
 from vit_jax.training import check, outputs, train
 from vit_jax.training import state as state_lib
 from vit_jax.training import step as step_lib
-from vit_jax.workdir.checkpoints import Checkpoints
 
 QV = lora.Lora(8, 8.0, ("query", "value"))
 ALL = lora.Lora(4, 16.0, ("query", "key", "value", "out", "Dense_0", "Dense_1"))
@@ -175,17 +174,8 @@ def test_a_lora_run_trains_adapters_resumes_exactly_and_exports_merged(
     with pytest.raises(FileNotFoundError, match="checkpoint 10 verifies, but has no integrity"):
         outputs.load_run(str(tmp_path / "whole"))
 
-    save = Checkpoints.save
-
-    def save_then_ctrl_c(self, step, state):
-        save(self, step, state)
-        if step == 5:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(Checkpoints, "save", save_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_after_save(monkeypatch, 5):
         train.run(lora_config(str(init)), str(tmp_path / "run"))
-    monkeypatch.setattr(Checkpoints, "save", save)
     resumed = train.run(lora_config(str(init)), str(tmp_path / "run"))
     assert resumed["accuracy"] == whole["accuracy"]
     again = flat(weights.load_npz(tmp_path / "run/final.npz"))

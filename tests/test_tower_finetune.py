@@ -6,19 +6,24 @@ run, and its workdir reloaded as a model (`outputs.load_run`) without the tower'
 
 import json
 import os
-import signal
 
 import ml_collections
 import numpy as np
-import pytest
-from helpers import flat, images, logits, needs_embedded_data, random_params, tiny_config
+from helpers import (
+    ctrl_c_after_save,
+    flat,
+    images,
+    logits,
+    needs_embedded_data,
+    random_params,
+    tiny_config,
+)
 
 from vit_jax import weights
 from vit_jax.models import get_model
 from vit_jax.training import outputs, train
 from vit_jax.training import state as state_lib
 from vit_jax.weights.meta import Meta
-from vit_jax.workdir.checkpoints import Checkpoints
 from vit_jax.workdir.workdir import Plan
 
 TOWER = dict(registers=2, layer_scale=1e-5, embed_prefix=False, gelu="exact", layer_norm_eps=1e-6)
@@ -85,17 +90,8 @@ def test_a_dinov2_style_tower_fine_tunes_with_layer_decay_and_resumes_exactly(
     for name in ("Transformer/encoderblock_1/layer_scale_2", "reg", "embedding/kernel"):
         assert np.abs(final[name] - flat(params)[name]).max() > 0, name  # all of it trains
 
-    save = Checkpoints.save
-
-    def save_then_ctrl_c(self, step, state):
-        save(self, step, state)
-        if step == 5:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(Checkpoints, "save", save_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
+    with ctrl_c_after_save(monkeypatch, 5):
         train.run(tower_config(str(init)), str(tmp_path / "run"))
-    monkeypatch.setattr(Checkpoints, "save", save)
     resumed = train.run(tower_config(str(init)), str(tmp_path / "run"))
     assert "resuming from step 6" in capsys.readouterr().out  # the step in flight, saved
     assert resumed["accuracy"] == whole["accuracy"]
