@@ -122,7 +122,7 @@ OPS = {
         {"t/x": b"1", "t/y": b"2", "z": b"3"},
         lambda s, d: s.remove_tree(f"{d}/t"),
     ),
-    "move": (b"moveTo", {"t/x": b"1", "z": b"3"}, lambda s, d: s.move(f"{d}/t", f"{d}/u")),
+    "move": (b"rewriteTo", {"t/x": b"1", "z": b"3"}, lambda s, d: s.move(f"{d}/t", f"{d}/u")),
 }
 
 
