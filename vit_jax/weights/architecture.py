@@ -78,11 +78,12 @@ _BLOCK0 = "Transformer/encoderblock_0/"
 _ATT0 = _BLOCK0 + "MultiHeadDotProductAttention_1/"
 
 
-def towers(f: dict[str, Any]) -> dict[str, Any]:
+def towers(f: dict[str, Any], grid: tuple[int, int] | None = None) -> dict[str, Any]:
     """The towers' fields a flat tree fixes (VisionTransformer's docstring): registers,
     LayerScale (its initial value is not stored: 1e-5 stands for it), pre_norm, fc_norm,
     SwiGLU, the MLP's and the heads' LayerNorms, the projections' biases, and whether the
-    prefix has rows in the position table."""
+    prefix has rows in the position table: rows beyond the patch `grid` where the file
+    records it, else the table's rows a square only without the prefix's."""
     out = dict(
         registers=int(np.shape(f["reg"])[1]) if "reg" in f else 0,
         layer_scale=1e-5 if _BLOCK0 + "layer_scale_1" in f else None,
@@ -99,17 +100,12 @@ def towers(f: dict[str, Any]) -> dict[str, Any]:
     if prefix and POSEMB in f:  # rows for the prefix, or (timm's no_embed_class) none
         rows = np.shape(f[POSEMB])[1]
         square = lambda n: n > 0 and round(np.sqrt(n)) ** 2 == n
-        out["embed_prefix"] = not (square(rows) and not square(rows - prefix))
+        guess = not (square(rows) and not square(rows - prefix))
+        out["embed_prefix"] = rows != grid[0] * grid[1] if grid else guess
     return out
 
 
-def posemb_prefix(f: dict[str, Any]) -> int:
-    """Rows of the `learned` table before the patches' (flat tree)."""
-    t = towers(f)
-    return (int("cls" in f) + t["registers"]) if t.get("embed_prefix", True) else 0
-
-
-def architecture(params: dict) -> dict[str, Any]:
+def architecture(params: dict, grid: tuple[int, int] | None = None) -> dict[str, Any]:
     """Every `VisionTransformer` field a parameter tree (original layout) fixes.
 
     Returns:
@@ -120,7 +116,7 @@ def architecture(params: dict) -> dict[str, Any]:
       towers' fields (`towers`).
     """
     f = traverse_util.flatten_dict(params, sep="/")
-    out = {**sizes(f), **towers(f)}
+    out = {**sizes(f), **towers(f, grid)}
     out["classifier"] = classifier(f)
     out["representation_size"] = (
         int(np.shape(f["pre_logits/bias"])[0]) if "pre_logits/bias" in f else None
@@ -162,9 +158,10 @@ def native_image_size(params: dict, token_stride: int) -> tuple[int, int]:
     """
     pe = params.get("Transformer", {}).get("posembed_input", {})
     if "pos_embedding" in pe:
-        n = pe["pos_embedding"].shape[1] - posemb_prefix(
-            traverse_util.flatten_dict(params, sep="/")
-        )
+        f = traverse_util.flatten_dict(params, sep="/")
+        t = towers(f)
+        prefix = (int("cls" in f) + t["registers"]) * t.get("embed_prefix", True)
+        n = pe["pos_embedding"].shape[1] - prefix  # the patches' rows
         side = int(round(np.sqrt(n)))
         if side * side != n:
             raise CheckpointError(

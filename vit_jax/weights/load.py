@@ -82,12 +82,12 @@ def fields_of(source: Source) -> dict[str, Any]:
     """Every VisionTransformer field a checkpoint tells: its tensors'
     (`architecture.architecture`; posemb None where it has no table), then what it
     records (the towers' fields the tensors cannot tell, the numerics: meta.py)."""
-    meta, grid = source.meta, source.meta.posemb_grid
-    fields = {**architecture.architecture(source.params), **meta.fields, **meta.numerics}
-    table = source.params.get("Transformer", {}).get("posembed_input", {}).get("pos_embedding")
-    if grid and table is not None and "embed_prefix" not in meta.fields:  # rows beyond grid's
-        fields["embed_prefix"] = table.shape[1] != grid[0] * grid[1]
-    return fields
+    grid = source.meta.posemb_grid
+    return {
+        **architecture.architecture(source.params, grid),
+        **source.meta.fields,
+        **source.meta.numerics,
+    }
 
 
 def read_fields(path: str | os.PathLike) -> dict[str, Any]:
