@@ -49,6 +49,8 @@ fi
 $PIP -e ".[all]"
 python3 -c "import vit_jax.data._crop_decode" 2>/dev/null ||
   missing "vit_jax's native crop decoder was not built (libjpeg-turbo's headers?); its tests will skip"
+python3 -c "import vit_jax.parallel._abort" 2>/dev/null ||
+  missing "vit_jax's native SIGABRT handler was not built (a C compiler?); its tests will skip"
 # timm for the format tests and the printed timm lines; with torch and torchvision in
 # place its other dependencies are light (pyyaml, huggingface_hub, safetensors).
 $PIP timm || missing "timm not installed; the timm format tests will skip"

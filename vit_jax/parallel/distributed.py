@@ -23,9 +23,8 @@ On CPU the processes exchange data with Gloo (JAX's default CPU collectives).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
-import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +36,11 @@ from jax._src import distributed as jax_distributed  # its client, as Orbax reac
 from jax.experimental import multihost_utils
 
 from vit_jax.base import outage
+
+try:
+    from vit_jax.parallel import _abort  # SIGABRT judged without Python (_abort.c)
+except ImportError:  # not compiled (no C compiler at install): JAX's abort as it is
+    _abort = None
 
 
 def wanted(cfg: Any) -> bool:
@@ -98,7 +102,11 @@ def peers_watched(cfg: Any) -> Iterator[None]:
     `error:` line and status 75, before JAX's own heartbeat timeout would abort it with a
     crash dump; so does one that gave up on the store (`outage.give_up`). A collective that
     failed on a lost peer (Gloo's 'Connection closed by peer') waits for that verdict.
-    Process 0 lost makes JAX abort the others at once: they catch it (`_runtime_stopped`)."""
+
+    A SIGABRT meanwhile is judged by `_judge` (in C, _abort.c, no Python in the abort):
+    JAX aborts at once when the coordinator stops answering or reports a peer lost (75),
+    and so do XLA's CHECKs, a corrupt heap or std::terminate (a crash: the abort's own
+    status). Without the compiled module JAX's abort is left as it is."""
     n, me, client = jax.process_count(), jax.process_index(), jax_distributed.global_state.client
     if n == 1 or client is None:
         yield
@@ -106,9 +114,9 @@ def peers_watched(cfg: Any) -> Iterator[None]:
     done, beat = threading.Event(), min(5.0, cfg.peer_timeout_seconds / 4)
     args = (client, n, me, cfg.peer_timeout_seconds, beat, done)
     threading.Thread(target=_watch, args=args, name="vit_jax-peers", daemon=True).start()
-    libc, on_abort = ctypes.CDLL(None), _COORDINATOR_LOST(lambda _: _runtime_stopped(n, me))
-    libc.signal.restype = ctypes.c_void_p
-    before = libc.signal(signal.SIGABRT, on_abort)
+    if _abort is not None:  # a beat to see it, 2.5 to judge, a 2 s probe
+        crash = f"error: process {me} of {n} crashed (SIGABRT), {CRASH}\n"
+        _abort.install(crash.encode(), 4 * beat + 5)
     try:
         yield
     except Exception as e:
@@ -117,32 +125,47 @@ def peers_watched(cfg: Any) -> Iterator[None]:
         raise
     finally:
         done.set()
-        libc.signal(signal.SIGABRT, ctypes.c_void_p(before))
+        if _abort is not None:
+            _abort.uninstall()
         with contextlib.suppress(Exception):  # ended: not lost when it leaves before the others
             client.key_value_set(f"vit_jax/beat/{me}", "ended", allow_overwrite=True)
 
 
-_COORDINATOR_LOST = ctypes.CFUNCTYPE(None, ctypes.c_int)
 RERUN = "run the same command on every host: it resumes from the newest complete checkpoint"
+CRASH = (
+    "not a lost process or a preemption: a rerun would crash again; the details are above "
+    "(run with python -u to be sure to see them all)"
+)
 
 
-def _runtime_stopped(n: int, me: int) -> None:
-    """SIGABRT while peers are watched: JAX's client aborts at once when the coordination
-    service (process 0) stops answering, before any Python code could learn of it, and
-    offers no Python hook (its missed_heartbeat_callback cannot take one: std::bad_cast).
-    Measured: process 0 too is aborted now and then (2 runs in 8) when a worker dies in the
-    middle of a save, at about the default peer timeout, before or after `_watch` says it."""
-    lost = "lost process 0 of {n} (the coordinator)" if me else "lost a process of {n}"
-    outage.give_up(
-        f"{lost.format(n=n)}: JAX's distributed runtime stopped this process (its words "
-        f"above); {RERUN} (exit status 75)",
-        together=False,
-    )
+def _judge(client: Any, n: int, me: int, beat: float) -> None:
+    """An abort waits (`_abort.pending`): a lost peer if the coordinator does not take a
+    connection or answer, or a peer's key stands still for 2.5 beats; else a crash. JAX's
+    client offers no Python hook for its own verdict (missed_heartbeat_callback cannot
+    take one: std::bad_cast), and its abort gives no reason a handler can read."""
+    line = "error: lost {}: JAX's distributed runtime stopped this process (its words above); "
+    line += f"{RERUN} (exit status 75)\n"
+    host, port = jax_distributed.global_state.coordinator_address.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+        before = dict(client.key_value_dir_get("vit_jax/beat/"))
+        time.sleep(2.5 * beat)
+        after = dict(client.key_value_dir_get("vit_jax/beat/"))
+    except Exception:  # noqa: BLE001 (the service, process 0's, is gone)
+        _abort.lost(line.format(f"process 0 of {n} (the coordinator)").encode())
+        return
+    keys = [f"vit_jax/beat/{i}" for i in range(n) if i != me]
+    if still := [k for k in keys if after.get(k) == before.get(k) and after.get(k) != "ended"]:
+        _abort.lost(line.format(f"process {still[0].rsplit('/', 1)[1]} of {n}").encode())
+    else:
+        _abort.crashed()
 
 
 def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any) -> None:
     seen, since, count = {}, dict.fromkeys(range(n), time.monotonic()), 0
     while not done.wait(beat):
+        if _abort is not None and _abort.pending():  # the process ends in the abort
+            return _judge(client, n, me, beat)
         count += 1
         try:
             client.key_value_set(f"vit_jax/beat/{me}", str(count), allow_overwrite=True)

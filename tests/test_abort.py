@@ -1,0 +1,118 @@
+"""A SIGABRT in a multi-process run (vit_jax/parallel/_abort.c, distributed.py's `_judge`):
+only a lost peer exits 75; a crash ends with the abort's own status after one `error:` line
+that says so. The handler alone in a subprocess (no JAX), then a real pair on loopback where
+one process crashes."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from helpers import MISSING
+from test_multihost import free_port
+
+try:
+    from vit_jax.parallel import _abort  # noqa: F401
+except ImportError:  # setup.sh builds it; CI fails this skip (conftest.py)
+    pytest.skip(f"{MISSING}: vit_jax.parallel._abort (not compiled)", allow_module_level=True)
+
+HANDLER = """
+import ctypes, sys, threading, time
+from vit_jax.parallel import _abort
+_abort.install(b"error: the crash line\\n", {wait})
+def judge():
+    while not _abort.pending():
+        time.sleep(0.01)
+    {verdict}
+threading.Thread(target=judge, daemon=True).start()
+print("aborting", flush=True)
+ctypes.CDLL(None).abort()  # as a native crash does: the GIL released
+"""
+
+
+def aborted(verdict: str, wait: float = 20) -> tuple[int, str, float]:
+    """A process whose abort gets `verdict` from a thread: (status, stderr, seconds)."""
+    code = HANDLER.format(wait=wait, verdict=verdict)
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.stdout == "aborting\n", p
+    return p.returncode, p.stderr, time.monotonic() - start
+
+
+def test_a_lost_verdict_prints_its_line_and_exits_75():
+    status, err, _ = aborted('_abort.lost(b"error: lost process 1 of 2\\n")')
+    assert (status, err) == (75, "error: lost process 1 of 2\n")
+
+
+def test_a_crash_ends_with_sigabrt_after_its_one_line():
+    status, err, seconds = aborted("_abort.crashed()")
+    assert (status, err) == (-signal.SIGABRT, "error: the crash line\n")
+    assert seconds < 15, seconds  # at once, not after the 20 s wait
+
+
+def test_no_verdict_in_time_is_a_crash():
+    status, err, _ = aborted("time.sleep(60)", wait=0.5)
+    assert (status, err) == (-signal.SIGABRT, "error: the crash line\n")
+
+
+def test_a_line_too_long_is_refused_and_uninstall_restores_the_default():
+    code = """
+import ctypes, sys
+from vit_jax.parallel import _abort
+try:
+    _abort.install(b"x" * 5000, 1)
+except ValueError as e:
+    print(e, flush=True)
+_abort.install(b"error: never printed\\n", 1)
+_abort.uninstall()
+ctypes.CDLL(None).abort()
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout == "a line of 5000 bytes; at most 2047\n", p
+    assert p.returncode == -signal.SIGABRT and "never printed" not in p.stderr, p
+
+
+PAIR = """
+import ctypes, sys, time
+import jax
+from ml_collections import ConfigDict
+from vit_jax.parallel import distributed
+me = int(sys.argv[1])
+jax.distributed.initialize("{address}", 2, me, heartbeat_timeout_seconds=60)
+with distributed.peers_watched(ConfigDict(dict(peer_timeout_seconds=8.0))):
+    print("watching", flush=True)
+    time.sleep(3)
+    if me == 1:
+        ctypes.CDLL(None).abort()  # a native crash in process 1
+    time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_crash_in_one_process_is_a_crash_there_and_a_lost_peer_for_the_other():
+    code = textwrap.dedent(PAIR.format(address=f"127.0.0.1:{free_port()}"))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(i)], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for i in range(2)
+    ]
+    try:
+        (out1, err1), (out0, err0) = runs[1].communicate(timeout=120), runs[0].communicate(120)
+    finally:
+        for r in runs:
+            r.kill()
+    errors1 = [line for line in err1.splitlines() if line.startswith("error:")]
+    assert runs[1].returncode == -signal.SIGABRT, err1
+    assert errors1 == [
+        "error: process 1 of 2 crashed (SIGABRT), not a lost process or a preemption: a rerun "
+        "would crash again; the details are above (run with python -u to be sure to see them all)"
+    ], err1
+    errors0 = [line for line in err0.splitlines() if line.startswith("error:")]
+    assert runs[0].returncode == 75, err0
+    assert len(errors0) == 1 and errors0[0].startswith("error: lost process 1 of 2"), err0
