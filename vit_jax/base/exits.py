@@ -9,6 +9,7 @@ vit_jax/cli.py's `run` ends every command through these.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -37,10 +38,8 @@ class _Mute:
             return len(text)
 
     def flush(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)

@@ -138,8 +138,7 @@ def get_config(arg: str = "b16,imagenet2012,medium2"):
     # The pretraining preset's dataset, model (pre_logits), cadence and optimizer (Adam,
     # 10k warmup steps), with AugReg's learning rate, decay, weight decay and clipping.
     c = pretrain.get_config(f"{model},{dataset}")
-    ds = DATASETS[dataset]
-    train = splits.resolve(c.dataset.train_split, ds.train_examples)  # train[:99%]
+    train = splits.resolve(c.dataset.train_split, DATASETS[dataset].train_examples)  # train[:99%]
     c.total_steps = EPOCHS * train.size // c.batch_size
     c.optimizer.update(lr=1e-3, decay="cosine", weight_decay=WEIGHT_DECAY, grad_clip=1.0)
     return _augreg(c, setting, reg, HEAD_BIAS[dataset])

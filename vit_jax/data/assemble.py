@@ -148,8 +148,7 @@ class EvalBatch:
         try:
             images = (self._naflex if self.patch else self._square)(table, start, stop, labels)
         except folder_source.CorruptImageError as e:
-            index = range(start, stop)
-            raise tables.every_bad(table, index, self.cfg.preprocessing, e) from None
+            raise tables.every_bad(table, range(start, stop), self.cfg.preprocessing, e) from None
         mask = (np.arange(self.batch_size) < stop - start).astype(np.float32)
         return {"image": images, "label": labels, "mask": mask}
 

@@ -48,8 +48,7 @@ def _lut(image: np.ndarray, lut: np.ndarray) -> np.ndarray:
 
 def _blend_lut(degenerate: np.uint8, factor: float) -> np.ndarray:
     """blend(constant degenerate, x, factor) for every x.  -> uint8 [256]"""
-    levels = np.arange(256, dtype=np.uint8)
-    return blend(np.full(256, degenerate, np.uint8), levels, factor)
+    return blend(np.full(256, degenerate, np.uint8), np.arange(256, dtype=np.uint8), factor)
 
 
 def blend(image1: np.ndarray, image2: np.ndarray, factor: float) -> np.ndarray:
@@ -102,8 +101,7 @@ def posterize(image: np.ndarray, bits: int) -> np.ndarray:
     """Keeps the top `bits` bits, as big_vision's TF op does: the shift 8 - bits is a uint8
     there, clamped to 7 by TF's shift (bits 0 -> 1 bit), and a negative one (bits > 8,
     magnitude above 22.5) wraps to 255 first, so it keeps 1 bit too."""
-    shift = min((8 - bits) % 256, 7)
-    return image & np.uint8((0xFF << shift) & 0xFF)
+    return image & np.uint8((0xFF << min((8 - bits) % 256, 7)) & 0xFF)
 
 
 def solarize(image: np.ndarray, threshold: int) -> np.ndarray:

@@ -46,9 +46,8 @@ def parse_image_size(value: int | str | Sequence[int] | None) -> tuple[int, int]
     if value is None or value == "":
         return None
     if isinstance(value, str):
-        parts = value.replace("x", ",").split(",")
         try:
-            sizes = [int(p) for p in parts]
+            sizes = [int(p) for p in value.replace("x", ",").split(",")]
         except ValueError:
             raise ValueError(f"image size {value!r} is not N or H,W") from None
     elif isinstance(value, (int, np.integer)):

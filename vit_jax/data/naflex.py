@@ -95,8 +95,7 @@ def put(out: dict, j: int, image: np.ndarray, patch: int, flip=False, method=PUB
     """Row j of `out` (`empty`) := uint8 [h, w, c] resized to its sequence, mirrored with
     `flip`, normalised as `method` says (preprocessing.py: [-1, 1], or a tower's mean and
     std), as patches; the image's (gh, gw)."""
-    seq_len = out["valid"].shape[1]
-    size = size_for_sequence(image.shape[0], image.shape[1], patch, seq_len)
+    size = size_for_sequence(image.shape[0], image.shape[1], patch, out["valid"].shape[1])
     x = resize(image, size)  # [H, W, c] in [0, 255]
     x = pixels.normalize(x[:, ::-1] if flip else x, x.shape[-1] == 3, method)  # [H, W, 3]
     gh, gw = size[0] // patch, size[1] // patch

@@ -167,18 +167,16 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     num_classes = len(classes) if classes else len(class_names)
     failures = []
     if cfg.skip_corrupt or cfg.cache:  # every file decoded once, up front
-        encoded = cfg.decode == "crop"
         ok, images, failures = folder_source.decode_all(
-            paths, cfg.cache, cfg.preprocessing, encoded
+            paths, cfg.cache, cfg.preprocessing, cfg.decode == "crop"
         )
         if failures and not cfg.skip_corrupt:  # every file was decoded: each one is named
             (path, detail), more = failures[0], tuple(p for p, _ in failures[1:])
             raise folder_source.corrupt_error(path, detail, more)
         if failures:
-            first = [path for path, _ in failures[:5]]
             logging.warning(
                 f"image folder {root} split {spec!r}: skipped {len(failures)} corrupt image(s) "
-                f"of {len(paths)} (skip_corrupt=True): {first}"
+                f"of {len(paths)} (skip_corrupt=True): {[path for path, _ in failures[:5]]}"
             )
         paths, new_labels = paths[ok], new_labels[ok]
     read = images.__getitem__ if cfg.cache else (lambda i: folder_source.read(paths[i]))

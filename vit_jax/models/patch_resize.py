@@ -25,8 +25,7 @@ def resize_matrix_1d(old: int, new: int) -> np.ndarray:
     """
     resize = lambda e: jax.image.resize(e, (new,), "linear", antialias=False)
     with jax.enable_x64(True):
-        rows = jax.vmap(resize)(jnp.eye(old, dtype=jnp.float64))  # [old, new]
-        return np.asarray(rows).T
+        return np.asarray(jax.vmap(resize)(jnp.eye(old, dtype=jnp.float64))).T  # [new, old]
 
 
 def resize_matrix(old: int, new: int) -> np.ndarray:

@@ -179,8 +179,7 @@ def resize_grid(grid: np.ndarray, new_hw: tuple[int, int]) -> np.ndarray:
     """Bilinearly resize [gh, gw, D] -> [gh', gw', D] as the original code does
     (scipy.ndimage.zoom, order=1)."""
     gh, gw, _ = grid.shape
-    zoom = (new_hw[0] / gh, new_hw[1] / gw, 1)
-    out = scipy.ndimage.zoom(grid, zoom, order=1)
+    out = scipy.ndimage.zoom(grid, (new_hw[0] / gh, new_hw[1] / gw, 1), order=1)
     assert out.shape[:2] == tuple(new_hw), (out.shape, new_hw)
     return out
 
@@ -242,5 +241,4 @@ def resize_torch(grid: np.ndarray, new_hw: tuple[int, int], antialias: bool) -> 
     resample_abs_pos_embed: antialias; transformers' Dinov2: none)."""
     rows = torch_weights(grid.shape[0], new_hw[0], antialias)
     cols = torch_weights(grid.shape[1], new_hw[1], antialias)
-    out = np.einsum("ah,hwd,bw->abd", rows, grid.astype(np.float64), cols)
-    return out.astype(grid.dtype)
+    return np.einsum("ah,hwd,bw->abd", rows, grid.astype(np.float64), cols).astype(grid.dtype)

@@ -45,10 +45,9 @@ class Tokens:
     def of_image(cls, x: jax.Array) -> Tokens:
         """An image's patch embeddings [B, gh, gw, D]: every token real, the grid full."""
         b, gh, gw, d = x.shape
-        coords = naflex.grid_coords(gh, gw)  # [N, 2]
         return cls(
             x.reshape(b, gh * gw, d),  # [B, N, D]
-            jnp.broadcast_to(coords, (b, gh * gw, 2)),
+            jnp.broadcast_to(naflex.grid_coords(gh, gw), (b, gh * gw, 2)),
             jnp.broadcast_to(np.array([gh, gw], np.int32), (b, 2)),
             full=(gh, gw),
         )

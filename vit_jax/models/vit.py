@@ -266,8 +266,7 @@ class VisionTransformer(nn.Module):
         elif self.classifier == "map":
             x = MAPHead(self.block_options, name="MAPHead_0")(x, mask)  # [B, D]
         if self.fc_norm:
-            ln = nn.LayerNorm(epsilon=self.layer_norm_eps, name="fc_norm", **dtypes)
-            x = ln(x)
+            x = nn.LayerNorm(epsilon=self.layer_norm_eps, name="fc_norm", **dtypes)(x)
         if self.representation_size:
             x = nn.tanh(nn.Dense(self.representation_size, name="pre_logits", **dtypes)(x))
         self.sow("intermediates", "representation", x)  # the "pre_logits" features

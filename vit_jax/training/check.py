@@ -210,8 +210,7 @@ def device_problems(config: ml_collections.ConfigDict, devices: int, processes: 
         out.append(Problem("mesh.data", data, why))
     per_step, flex = devices * c.accum_steps, c.dataset.naflex
     if flex.seq_lens is not None:  # each step's batch: tokens // length, rounded to a multiple
-        unit = math.lcm(per_step, processes)
-        lengths = naflex.Lengths.of(flex, c.batch_size, unit, c.seed)
+        lengths = naflex.Lengths.of(flex, c.batch_size, math.lcm(per_step, processes), c.seed)
         if why := lengths.too_few():
             fix = f"N >= {lengths.fewest_tokens}"
             out.append(

@@ -13,6 +13,7 @@ preempted jobs expect.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -58,10 +59,8 @@ def where_stopped(step: int | None, checkpoints: Checkpoints | None) -> str:
     resumes there' (after the save in flight, if any, ends: it is the newest)."""
     sentence = "There is no intact checkpoint yet; a rerun starts from step 0"
     if checkpoints is not None:
-        try:
+        with contextlib.suppress(BaseException):  # a second Ctrl-C, a failed save
             checkpoints.wait()
-        except BaseException:  # noqa: BLE001 (a second Ctrl-C, a failed save)
-            pass
         sentence = checkpoints.newest_intact_sentence()
     at = "before the first step" if step is None else f"at step {step}"
     return f"interrupted {at}. {sentence}"
@@ -208,10 +207,8 @@ class FiniteGuard:
         self.last_step, self.last_skipped = step, skipped
 
     def _stop(self, what: str) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a failed save is not the checkpoint named
             self.checkpoints.wait()  # a save in flight holds a checked state
-        except Exception:  # noqa: BLE001 (a failed save is not the checkpoint named)
-            pass
         where = self.checkpoints.newest_intact_sentence()  # whole, with its record
         raise FloatingPointError(
             f"{what}. {where}: lower the learning rate, clip gradients "

@@ -263,9 +263,8 @@ def _starting(loop: Loop, state: TrainState, lengths: Any) -> report.Throughput:
     config, start = loop.config, int(jax.device_get(state.step))
     size = config.batch_size if lengths is None else lengths.batch_at  # NaFlex: by step
     if start < config.total_steps:
-        steps = config.total_steps - start
         name = config.model.name or report.architecture_of(config.init_from, loop.model)
-        report.say(report.starting(name, state.params, state.frozen, steps))
+        report.say(report.starting(name, state.params, state.frozen, config.total_steps - start))
         if lengths is not None:
             each = abstract.sequences(loop.model, loop.mesh, lengths.seq_lens).values()
             padded = [p for _, p, _ in each]

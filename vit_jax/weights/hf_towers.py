@@ -147,8 +147,7 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict, dict]:
     family, heads, act, eps = MODELS[kind]
     v = cfg.get("vision_config") or cfg  # a two-tower folder: its image tower's
     heads, act = int(v.get("num_attention_heads", heads)), v.get("hidden_act", act)
-    tensors = _tensors(path)
-    flat = _canonical(tensors, family, heads, str(path))
+    flat = _canonical(_tensors(path), family, heads, str(path))
     p = int(v.get("patch_size", 14 if family == "dinov2" else 16))
     k = flat["embedding/kernel"]
     if k.ndim == 2:  # SigLIP 2: a Linear on patches flattened (row, column, channel)

@@ -29,7 +29,6 @@ from pathlib import Path
 from vit_jax.base import files, store
 from vit_jax.weights.errors import CheckpointError
 
-SCHEMES = ("gs://", "http://", "https://", "s3://")
 PUBLISHED = "gs://vit_models/"
 PUBLIC_URL = "https://storage.googleapis.com/"
 HUB = "hf-hub:"
@@ -41,11 +40,6 @@ HUB_FILES = [
     "preprocessor_config.json",
     "open_clip_config.json",
 ]
-
-
-def is_remote(path: str | os.PathLike) -> bool:
-    """Whether `path` names a remote file."""
-    return os.fspath(path).startswith(SCHEMES)
 
 
 def cache_dir() -> Path:

@@ -203,5 +203,4 @@ def check(
     fused = any(k.endswith("attn.qkv.weight") for k in tensors)
     packed = model.swiglu and any(k.endswith("mlp.fc1.weight") for k in tensors)
     fix = "Is the file a timm DINOv3 or EVA-02 of this size? Pass num_heads=H if not width/64."
-    want = timm_shapes(model, size, fused, packed)
-    check_table(tensors, want, source, "timm Eva", fix)
+    check_table(tensors, timm_shapes(model, size, fused, packed), source, "timm Eva", fix)

@@ -15,6 +15,7 @@ Every process takes part in each save, each writing the slices its devices hold.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import os
 import threading
@@ -187,10 +188,8 @@ class Checkpoints:
         if self._pool is None:
             return
         self._step = None
-        try:
+        with contextlib.suppress(Exception):  # reported by wait(), or the run's error wins
             self.manager.close()
-        except Exception:  # noqa: BLE001 (reported by wait(), or the run's error wins)
-            pass
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._pool = None
 

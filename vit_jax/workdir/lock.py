@@ -98,8 +98,7 @@ def stale_reason(holder: dict[str, Any], stale_after: float) -> str | None:
     pid = holder.get("pid")
     if holder.get("host") == socket.gethostname() and isinstance(pid, int):
         start = _process_start(pid)
-        gone = not _exists(pid) or holder.get("process_start") not in (None, start)
-        if gone:
+        if not _exists(pid) or holder.get("process_start") not in (None, start):
             return "its process no longer exists"
     age = time.time() - float(holder.get("beat_at", 0) or 0)
     if age > stale_after:
@@ -276,10 +275,9 @@ def _wait_if_silent(path: store.Path, found: tuple, stale_after: float, via: sto
     age = time.time() - float(holder.get("beat_at", 0) or 0)
     if not 2 * HEARTBEAT_SECONDS < age < stale_after or stale_reason(holder, stale_after):
         return found
-    wait = duration(stale_after - age)
     print(
         f"the lock {path} ({describe(holder)}) missed its heartbeats for {duration(age)}: "
-        f"waiting up to {wait} for it to beat again",
+        f"waiting up to {duration(stale_after - age)} for it to beat again",
         flush=True,
     )
     while (now := _look(path, via)) == found and stale_reason(holder, stale_after) is None:

@@ -64,8 +64,7 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
         if target is not None and (why := base_changed(found, checkpoints.description)):
             raise ValueError(f"checkpoint {step_dir} {why}")
         if target is not None and (misfit := misfits(found, target)):
-            saved = summary(found.get("state"))
-            detail = f"it holds {saved}; {first_few(misfit, '; ')}"
+            detail = f"it holds {summary(found.get('state'))}; {first_few(misfit, '; ')}"
             raise does_not_fit(step_dir, detail, misfit)
         if problems := file_problems(step_dir, found, checkpoints.store):
             return Verdict(step, [first_few(problems, "; ", unit="files")], True)

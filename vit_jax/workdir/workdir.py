@@ -72,16 +72,14 @@ class Plan:
             state["preprocessing"] = c.dataset.preprocessing
         if c.lora.rank:  # the checkpoints hold the adapters; the base is init_from
             digest = content_hash(resolve(c.init_from))  # a published file: its copy
-            base = {"init_from": c.init_from, "sha256": digest}
-            state["lora"] = {**c.lora.to_dict(), **base}
+            state["lora"] = {**c.lora.to_dict(), "init_from": c.init_from, "sha256": digest}
         return cls(c.total_steps, c.checkpoint_every, c.keep_checkpoints, bool(c.export_npz), state)
 
 
 def content_hash(path: str | os.PathLike) -> str:
     """The SHA-256 of a file's bytes (of a directory's files, in order of their names)."""
     root, digest = store.path(path), hashlib.sha256()
-    names = sorted(store.PLAIN.walk_files(root)) if root.is_dir() else [""]
-    for name in names:
+    for name in sorted(store.PLAIN.walk_files(root)) if root.is_dir() else [""]:
         with (root / name if name else root).open("rb") as f:
             while chunk := f.read(1 << 22):
                 digest.update(chunk)
@@ -191,10 +189,8 @@ class Workdir:
             return
         for d in dirs:
             for name in ("checkpoints", ""):
-                try:
+                with contextlib.suppress(OSError):
                     os.rmdir(os.path.join(d, name))
-                except OSError:
-                    pass
 
     def check_free_space(self, plan: Plan, state_bytes: int, params_bytes: int) -> None:
         """Fails before training when the workdir's disk cannot hold the run's checkpoints
@@ -226,8 +222,7 @@ def disk_needed(plan: Plan, state_bytes: int, params_bytes: int, existing: int) 
     every, total = plan.checkpoint_every, plan.total_steps
     saves = (total // every + (total % every > 0)) if every > 0 else 1
     kept = min(plan.keep_checkpoints + 1, saves) if plan.keep_checkpoints else saves
-    need = kept * state_bytes - existing
-    return max(need, 0) + (params_bytes if plan.export_npz else 0)
+    return max(kept * state_bytes - existing, 0) + (params_bytes if plan.export_npz else 0)
 
 
 def tree_bytes(tree: Any) -> int:
