@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from subprocess import PIPE
 
 import pytest
 from helpers import MISSING
@@ -96,14 +97,11 @@ def test_a_crash_in_one_process_is_a_crash_there_and_a_lost_peer_for_the_other()
     code = textwrap.dedent(PAIR.format(address=f"127.0.0.1:{free_port()}"))
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     runs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(i)], env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+        subprocess.Popen([sys.executable, "-c", code, str(i)], env=env, text=True, stderr=PIPE)
         for i in range(2)
     ]
     try:
-        (out1, err1), (out0, err0) = runs[1].communicate(timeout=120), runs[0].communicate(120)
+        (_, err1), (_, err0) = runs[1].communicate(timeout=120), runs[0].communicate(120)
     finally:
         for r in runs:
             r.kill()

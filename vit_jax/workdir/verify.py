@@ -25,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from vit_jax.base import failures
 from vit_jax.base.console import first_few
 from vit_jax.workdir.checkpoints import DAMAGED, Checkpoints
 from vit_jax.workdir.record import file_problems, read_record
@@ -73,6 +74,8 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
         restore = lambda: checkpoints.manager.restore(step, args=ocp.args.StandardRestore(layout))
         state = checkpoints.store.retried(restore, f"restoring {step_dir}")  # an outage: not damage
     except Exception as e:  # noqa: BLE001 (whatever Orbax or TensorStore raise)
+        if failures.transient(e):  # the store did not answer (outside a run's window)
+            raise
         misfit = _metadata_misfits(checkpoints, step, target) if found is None and target else []
         if misfit:
             raise does_not_fit(step_dir, first_few(misfit, "; "), misfit) from e
