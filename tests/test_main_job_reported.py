@@ -51,6 +51,7 @@ def test_benchmarks_states_the_recorded_figures():
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 8 minutes on 2 cores; the README's main job is run by hand at each stop
 @needs_embedded_data
 def test_the_main_job_reruns_to_its_recorded_figures(tmp_path):
     rec = record()

@@ -103,7 +103,8 @@ print(json.dumps({"fits": good.to_json(), "does_not_fit": bad.to_json(), "compil
 """
 
 
-@pytest.mark.slow  # 6 compiles: 2-3 minutes on 2 cores (the command's --fit runs 4 such)
+@pytest.mark.slow  # 6 compiles: 6 minutes on 2 cores (the command's --fit runs 4 such)
+@pytest.mark.long
 @needs_libtpu
 def test_fit_finds_a_batch_that_fits_and_one_twice_that_does_not():
     """The search with the real compiler for a v3-8 (224 px in 4 px patches: 3137 tokens,
@@ -375,6 +376,7 @@ def test_a_plan_with_the_splash_kernel_adds_the_kernels_flops():
 
 
 @pytest.mark.slow  # two compiles at 16 images a device: ~7 minutes here
+@pytest.mark.long
 @needs_libtpu
 def test_a_plan_with_the_splash_kernel_keeps_less():
     """No [N, N] probabilities kept for the backward pass: at 16 images a device the splash

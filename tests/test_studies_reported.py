@@ -27,15 +27,18 @@ from helpers import ROOT, needs_embedded_data
 from studies import common
 
 # (study, setting, seed): cheap cells, one per table; augreg's takes RandAugment and mixup.
-# The last two take 4-5 minutes each (pretraining and fine-tuning; 300 augmented steps):
-# marked `long`, which CI leaves out to stay within its hour (`-m "slow and long"` runs them).
+# All but the classifier's take 2-5 minutes each on 2 cores (pretraining and fine-tuning;
+# 300 augmented steps; 400 NaFlex steps): marked `long`, which CI leaves out to stay within
+# its hour (`-m "slow and long"` runs them).
 LONG = pytest.mark.long
 CELLS = [
-    ("posemb", "sincos_2d", 2),  # the cell seen to move: 68.89% on tf.data, 71.87% on Grain
-    ("classifier", "gap_lr3e-3", 1),
+    # the cell seen to move: 68.89% on tf.data, 71.87% on Grain
+    pytest.param("posemb", "sincos_2d", 2, marks=LONG, id="posemb"),
+    pytest.param("classifier", "gap_lr3e-3", 1, id="classifier"),
     pytest.param("datasize", "hybrid_1k", 0, marks=LONG, id="datasize"),
     pytest.param("augreg", "medium2_1k", 0, marks=LONG, id="augreg"),
-    ("naflex", "naflex_64", 1),  # writes its canvases first (DIR/data), then 400 NaFlex steps
+    # writes its canvases first (DIR/data), then 400 NaFlex steps
+    pytest.param("naflex", "naflex_64", 1, marks=LONG, id="naflex"),
 ]
 SAME_PROCESSOR = 1e-6  # measured: 0 (reruns equal to every digit); a float's repr error
 
@@ -53,9 +56,7 @@ def user_env() -> dict[str, str]:
 
 @pytest.mark.slow
 @needs_embedded_data
-@pytest.mark.parametrize(
-    "name, setting, seed", CELLS, ids=["posemb", "classifier", "datasize", "augreg", "naflex"]
-)
+@pytest.mark.parametrize("name, setting, seed", CELLS)
 def test_a_reported_cell_reruns_to_its_figure(name, setting, seed, tmp_path):
     script = os.path.join(ROOT, "studies", f"{name}.py")
     argv = [f"--only={setting}", f"--seeds={seed}", f"--workdir={tmp_path}"]

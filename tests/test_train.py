@@ -568,9 +568,10 @@ def test_recipe_runs_its_three_parts_and_reports(tmp_path, capsys, monkeypatch):
     assert run_command(fewshot_command, f"--checkpoint={tmp_path}/pretrain/final.npz") == 0
     out = capsys.readouterr().out
     assert "at 28x28" in out
-    row = out.strip().splitlines()[-1].split()
+    rows = {r.split()[0]: r.split()[1:] for r in out.splitlines() if r.startswith("fashion")}
     want = [f"{100 * summary[f'fewshot/fashion_mnist_{k}shot']:.2f}%" for k in (1, 5, 10, 25)]
-    assert row == ["fashion_mnist", *want], out
+    assert rows["fashion_mnist"] == want, out  # and the k-NN row, on the same shots:
+    assert list(rows) == ["fashion_mnist", "fashion_mnist_knn"] and len(rows[list(rows)[1]]) == 4
     path = f"--checkpoint={tmp_path}/finetune/final.npz"
     assert run_command(figures, path, f"--image={image}", f"--out={tmp_path}/fig") == 0
     assert json.load(open(tmp_path / "fig" / "inspect.json"))["grid"] == [10, 10]
