@@ -42,7 +42,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long end-to-end tests (CI runs them: -m slow)")
-    config.addinivalue_line("markers", "long: slow tests over 4 minutes that CI leaves out "
+    config.addinivalue_line("markers", "long: slow tests of 2-8 minutes that CI leaves out "
                             "(-m 'slow and long' runs them)")  # fmt: skip
 
 

@@ -144,7 +144,7 @@ def test_readme_test_command_is_what_ci_runs():
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         ci = [line.strip() for line in f]
     assert readme_test_command() in ci
-    slow = 'python -m pytest -q -m "slow and not long"'  # the slow tests, but two (README)
+    slow = 'python -m pytest -q -m "slow and not long"'  # the slow tests but the long (README)
     assert slow in ci
     with open(os.path.join(ROOT, "README.md")) as f:
         assert f"`{slow}`" in " ".join(f.read().split())

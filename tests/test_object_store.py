@@ -19,7 +19,9 @@ import socket
 import subprocess
 import sys
 import time
+from unittest import mock
 
+import jax
 import numpy as np
 import pytest
 from helpers import (
@@ -173,6 +175,28 @@ def test_a_damaged_checkpoint_on_gs_is_set_aside_and_the_one_before_restored(
     with open(local, "wb") as f:
         f.write(fs().cat(f"{BUCKET}/damaged/final.npz"))
     assert_npz_equal(local, f"{reference}/final.npz")
+
+
+def test_verify_calls_a_bucket_that_does_not_answer_an_outage_and_a_disk_damage(
+    gcs, tmp_path, monkeypatch
+):
+    """`checkpoints verify` outside a run (no window to ride an outage out): a restore from
+    the bucket that fails as TensorStore fails once its retries have (test_outage's texts)
+    raises that error, never DAMAGED; the same words from a local disk, which has no
+    outage (a path may hold 'reset' or 'timeout'), are damage. The failure is put into
+    Orbax's restore: the emulator cannot be stopped between the record's read and it."""
+    said = ValueError("ABORTED: All 32 retry attempts failed: CURL error Could not connect")
+    for where in (f"gs://{BUCKET}/verify_outage", f"{tmp_path}/connect_reset"):
+        kept = Checkpoints(f"{where}/checkpoints")
+        kept.save(4, jax.device_put({"w": np.ones((2, 3), np.float32)}))
+        kept.wait()
+        assert verify.verify(kept) == [("4", "verifies")]
+        monkeypatch.setattr(kept.manager, "restore", mock.Mock(side_effect=said))
+        if where.startswith("gs://"):
+            with pytest.raises(ValueError, match="CURL error Could not connect"):
+                verify.verify(kept)
+        else:
+            assert verify.verify(kept) == [("4", "DAMAGED: it is unreadable (ABORTED)")]
 
 
 def test_the_lock_on_gs_is_a_create_if_absent_by_the_store(gcs, capsys):

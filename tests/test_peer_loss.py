@@ -47,7 +47,11 @@ def lose_one(workdir, cache, victim: int, how: signal.Signals) -> tuple[int, str
             run.kill()
 
 
-LOST_WORKER = r"lost process 1 of 2: no heartbeat for 10 s \(distributed\.peer_timeout_seconds\)"
+# JAX's service now and then aborts process 0 first (distributed._judge then says it)
+LOST_WORKER = (
+    r"lost process 1 of 2: (no heartbeat for 10 s \(distributed\.peer_timeout_seconds\)"
+    r"|JAX's distributed runtime stopped this process)"
+)
 LOST_COORDINATOR = r"lost process 0 of 2 \(the coordinator\): JAX's distributed runtime .*"
 PYTHON_CRASH = re.compile(r"Extension modules|Fatal Python error")
 

@@ -9,7 +9,8 @@ what fails (into WORKDIR/damaged/, listed too). WORKDIR (local or gs://) is a ru
 workdir (it holds checkpoints/) or a directory of them, such as the
 recipe's (pretrain/, finetune/, scratch/): then every run workdir found up to two
 levels below it is checked, its checkpoints named `pretrain/400`. Exits 1 when a
-checkpoint under its final name fails.
+checkpoint under its final name fails, or with one line when a bucket does not answer
+(that is not damage: run it again).
 """
 
 from __future__ import annotations

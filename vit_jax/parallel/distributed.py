@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import socket
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -35,7 +35,8 @@ import numpy as np
 from jax._src import distributed as jax_distributed  # its client, as Orbax reaches it
 from jax.experimental import multihost_utils
 
-from vit_jax.base import outage
+from vit_jax.base import exits, outage
+from vit_jax.base.outage import EX_TEMPFAIL
 
 try:
     from vit_jax.parallel import _abort  # SIGABRT judged without Python (_abort.c)
@@ -112,11 +113,15 @@ def peers_watched(cfg: Any) -> Iterator[None]:
         yield
         return
     done, beat = threading.Event(), min(5.0, cfg.peer_timeout_seconds / 4)
+    client.key_value_set(f"vit_jax/beat/{me}", "0", allow_overwrite=True)  # `_judge` reads it
+    if _abort is not None:  # a 2 s probe and 2.5 beats to judge, in a thread of its own
+        crash = f"error: process {me} of {n} crashed (SIGABRT), {CRASH}\n"
+        unjudged = f"error: process {me} of {n} aborted (SIGABRT), {UNJUDGED}\n"
+        _abort.install(crash.encode(), unjudged.encode(), 3 * beat + 5)
+        args = (client, n, me, beat, done)
+        threading.Thread(target=_judging, args=args, name="vit_jax-abort", daemon=True).start()
     args = (client, n, me, cfg.peer_timeout_seconds, beat, done)
     threading.Thread(target=_watch, args=args, name="vit_jax-peers", daemon=True).start()
-    if _abort is not None:  # a beat to see it, 2.5 to judge, a 2 s probe
-        crash = f"error: process {me} of {n} crashed (SIGABRT), {CRASH}\n"
-        _abort.install(crash.encode(), 4 * beat + 5)
     try:
         yield
     except Exception as e:
@@ -124,6 +129,8 @@ def peers_watched(cfg: Any) -> Iterator[None]:
             done.wait(cfg.peer_timeout_seconds + 30)  # `_watch` ends the process meanwhile
         raise
     finally:
+        if _abort is not None and _abort.pending():  # the abort ends the process
+            time.sleep(3 * beat + 6)
         done.set()
         if _abort is not None:
             _abort.uninstall()
@@ -136,36 +143,52 @@ CRASH = (
     "not a lost process or a preemption: a rerun would crash again; the details are above "
     "(run with python -u to be sure to see them all)"
 )
+UNJUDGED = (
+    "and the coordination service did not answer in time to tell a crash (above) from a "
+    f"lost process 0; if it was lost, {RERUN}"
+)
+
+
+def _judging(client: Any, n: int, me: int, beat: float, done: Any) -> None:
+    while not done.wait(0.1):
+        if _abort.pending():  # the process ends in the abort
+            return _judge(client, n, me, beat)
 
 
 def _judge(client: Any, n: int, me: int, beat: float) -> None:
-    """An abort waits (`_abort.pending`): a lost peer if the coordinator does not take a
-    connection or answer, or a peer's key stands still for 2.5 beats; else a crash. JAX's
-    client offers no Python hook for its own verdict (missed_heartbeat_callback cannot
-    take one: std::bad_cast), and its abort gives no reason a handler can read."""
-    line = "error: lost {}: JAX's distributed runtime stopped this process (its words above); "
+    """An abort waits (`_abort.pending`): a lost peer if the coordination service does not
+    answer a bounded read (process 0 gone or frozen) or another process's key stands still
+    for 2.5 beats, while this one goes on beating (a crash on every process at once is
+    each one's own); else a crash. JAX's client offers no Python hook for its own verdict
+    (missed_heartbeat_callback cannot take one: std::bad_cast), nor a reason for its abort."""
+    line = "error: lost {}: JAX's distributed runtime stopped this process; "
     line += f"{RERUN} (exit status 75)\n"
-    host, port = jax_distributed.global_state.coordinator_address.rsplit(":", 1)
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+        client.blocking_key_value_get(f"vit_jax/beat/{me}", 2000)  # set in peers_watched
         before = dict(client.key_value_dir_get("vit_jax/beat/"))
-        time.sleep(2.5 * beat)
+        for t in range(5):
+            client.key_value_set(f"vit_jax/beat/{me}", f"judging {t}", allow_overwrite=True)
+            time.sleep(beat / 2)
         after = dict(client.key_value_dir_get("vit_jax/beat/"))
     except Exception:  # noqa: BLE001 (the service, process 0's, is gone)
-        _abort.lost(line.format(f"process 0 of {n} (the coordinator)").encode())
-        return
-    keys = [f"vit_jax/beat/{i}" for i in range(n) if i != me]
-    if still := [k for k in keys if after.get(k) == before.get(k) and after.get(k) != "ended"]:
-        _abort.lost(line.format(f"process {still[0].rsplit('/', 1)[1]} of {n}").encode())
+        lost = f"process 0 of {n} (the coordinator)" if me else "the coordination service"
     else:
+        keys = [f"vit_jax/beat/{i}" for i in range(n) if i != me]
+        still = [k for k in keys if k in before and after.get(k) == before[k] != "ended"]
+        lost = f"process {still[0].rsplit('/', 1)[1]} of {n}" if still else None
+    # the main thread says nothing more, and waits for the abort to end the process
+    if lost is None:
+        exits.leaving.set(128 + signal.SIGABRT)
         _abort.crashed()
+    else:
+        exits.leaving.set(EX_TEMPFAIL)
+        _abort.lost(line.format(lost).encode())
+    threading.Event().wait()
 
 
 def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any) -> None:
     seen, since, count = {}, dict.fromkeys(range(n), time.monotonic()), 0
     while not done.wait(beat):
-        if _abort is not None and _abort.pending():  # the process ends in the abort
-            return _judge(client, n, me, beat)
         count += 1
         try:
             client.key_value_set(f"vit_jax/beat/{me}", str(count), allow_overwrite=True)

@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from vit_jax.base import failures
+from vit_jax.base import failures, store
 from vit_jax.base.console import first_few
 from vit_jax.workdir.checkpoints import DAMAGED, Checkpoints
 from vit_jax.workdir.record import file_problems, read_record
@@ -55,6 +55,8 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
 
     Raises:
         ValueError: with a target, the checkpoint was written by a state of another shape.
+        the store's own error where a bucket did not answer the restore (a run rides such
+            an outage out first: store.retry_seconds).
     """
     step_dir = checkpoints.directory / str(step)
     try:
@@ -74,8 +76,8 @@ def check(checkpoints: Checkpoints, step: int, target: Any = None) -> Verdict:
         restore = lambda: checkpoints.manager.restore(step, args=ocp.args.StandardRestore(layout))
         state = checkpoints.store.retried(restore, f"restoring {step_dir}")  # an outage: not damage
     except Exception as e:  # noqa: BLE001 (whatever Orbax or TensorStore raise)
-        if failures.transient(e):  # the store did not answer (outside a run's window)
-            raise
+        if store.is_remote(step_dir) and failures.transient(e):  # outside a run's window
+            raise  # the store did not answer: not damage
         misfit = _metadata_misfits(checkpoints, step, target) if found is None and target else []
         if misfit:
             raise does_not_fit(step_dir, first_few(misfit, "; "), misfit) from e
