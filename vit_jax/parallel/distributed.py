@@ -113,11 +113,12 @@ def peers_watched(cfg: Any) -> Iterator[None]:
         yield
         return
     done, beat = threading.Event(), min(5.0, cfg.peer_timeout_seconds / 4)
-    client.key_value_set(f"vit_jax/beat/{me}", "0", allow_overwrite=True)  # `_judge` reads it
-    if _abort is not None:  # a 2 s probe and 2.5 beats to judge, in a thread of its own
+    judging = 3 * beat + 5  # at most: a 2 s probe and 2.5 beats, in a thread of its own
+    if _abort is not None:
+        client.key_value_set(f"vit_jax/beat/{me}", "0", allow_overwrite=True)  # `_judge` reads
         crash = f"error: process {me} of {n} crashed (SIGABRT), {CRASH}\n"
         unjudged = f"error: process {me} of {n} aborted (SIGABRT), {UNJUDGED}\n"
-        _abort.install(crash.encode(), unjudged.encode(), 3 * beat + 5)
+        _abort.install(crash.encode(), unjudged.encode(), judging)
         args = (client, n, me, beat, done)
         threading.Thread(target=_judging, args=args, name="vit_jax-abort", daemon=True).start()
     args = (client, n, me, cfg.peer_timeout_seconds, beat, done)
@@ -130,7 +131,7 @@ def peers_watched(cfg: Any) -> Iterator[None]:
         raise
     finally:
         if _abort is not None and _abort.pending():  # the abort ends the process
-            time.sleep(3 * beat + 6)
+            time.sleep(judging + 1)
         done.set()
         if _abort is not None:
             _abort.uninstall()
