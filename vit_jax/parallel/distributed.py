@@ -114,12 +114,13 @@ def peers_watched(cfg: Any) -> Iterator[None]:
         return
     done, beat = threading.Event(), min(5.0, cfg.peer_timeout_seconds / 4)
     judging = 3 * beat + 5  # at most: a 2 s probe and 2.5 beats, in a thread of its own
+    waits = judging * (2 if me == 0 else 1)  # process 0 then serves the others' judging
     if _abort is not None:
         client.key_value_set(f"vit_jax/beat/{me}", "0", allow_overwrite=True)  # `_judge` reads
         crash = f"error: process {me} of {n} crashed (SIGABRT), {CRASH}\n"
         unjudged = f"error: process {me} of {n} aborted (SIGABRT), {UNJUDGED}\n"
-        _abort.install(crash.encode(), unjudged.encode(), judging)
-        args = (client, n, me, beat, done)
+        _abort.install(crash.encode(), unjudged.encode(), waits)
+        args = (client, n, me, beat, judging, done)
         threading.Thread(target=_judging, args=args, name="vit_jax-abort", daemon=True).start()
     args = (client, n, me, cfg.peer_timeout_seconds, beat, done)
     threading.Thread(target=_watch, args=args, name="vit_jax-peers", daemon=True).start()
@@ -131,7 +132,7 @@ def peers_watched(cfg: Any) -> Iterator[None]:
         raise
     finally:
         if _abort is not None and _abort.pending():  # the abort ends the process
-            time.sleep(judging + 1)
+            time.sleep(waits + 1)
         done.set()
         if _abort is not None:
             _abort.uninstall()
@@ -150,13 +151,16 @@ UNJUDGED = (
 )
 
 
-def _judging(client: Any, n: int, me: int, beat: float, done: Any) -> None:
+DONE = ("ended", "judged")  # a key left still on purpose: not a lost process
+
+
+def _judging(client: Any, n: int, me: int, beat: float, judging: float, done: Any) -> None:
     while not done.wait(0.1):
         if _abort.pending():  # the process ends in the abort
-            return _judge(client, n, me, beat)
+            return _judge(client, n, me, beat, judging)
 
 
-def _judge(client: Any, n: int, me: int, beat: float) -> None:
+def _judge(client: Any, n: int, me: int, beat: float, judging: float) -> None:
     """An abort waits (`_abort.pending`): a lost peer if the coordination service does not
     answer a bounded read (process 0 gone or frozen) or another process's key stands still
     for 2.5 beats, while this one goes on beating (a crash on every process at once is
@@ -175,8 +179,9 @@ def _judge(client: Any, n: int, me: int, beat: float) -> None:
         lost = f"process 0 of {n} (the coordinator)" if me else "the coordination service"
     else:
         keys = [f"vit_jax/beat/{i}" for i in range(n) if i != me]
-        still = [k for k in keys if k in before and after.get(k) == before[k] != "ended"]
+        still = [k for k in keys if k in before and after.get(k) == before[k] not in DONE]
         lost = f"process {still[0].rsplit('/', 1)[1]} of {n}" if still else None
+        _judged(client, me, judging)
     # the main thread says nothing more, and waits for the abort to end the process
     if lost is None:
         exits.leaving.set(128 + signal.SIGABRT)
@@ -187,9 +192,24 @@ def _judge(client: Any, n: int, me: int, beat: float) -> None:
     threading.Event().wait()
 
 
+def _judged(client: Any, me: int, judging: float) -> None:
+    """Says this process has judged. Process 0 holds the coordination service that the
+    others' judges read: it waits (`judging` s at most) for each to judge or end, so that
+    one crashing with it, or in that time, is a crash there too, not a lost process 0."""
+    with contextlib.suppress(Exception):
+        client.key_value_set(f"vit_jax/beat/{me}", "judged", allow_overwrite=True)
+        end = time.monotonic() + judging
+        while me == 0 and time.monotonic() < end:
+            if all(v in DONE for _, v in client.key_value_dir_get("vit_jax/beat/")):
+                return
+            time.sleep(0.1)
+
+
 def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any) -> None:
     seen, since, count = {}, dict.fromkeys(range(n), time.monotonic()), 0
     while not done.wait(beat):
+        if _abort is not None and _abort.pending():
+            continue  # `_judge` has this process's key, and the verdict
         count += 1
         try:
             client.key_value_set(f"vit_jax/beat/{me}", str(count), allow_overwrite=True)
