@@ -145,3 +145,61 @@ def test_an_empty_lock_ages_by_the_files_modification_time(tmp_path, capsys):
     assert json.loads(path.read_text()) == mine
     out = capsys.readouterr().out
     assert "taking over the lock" in out and "its heartbeat stopped 2m0" in out
+
+
+PAIR = """
+import sys, time
+import jax
+from ml_collections import ConfigDict
+from vit_jax.parallel import distributed
+from vit_jax.workdir import lock
+lock.HEARTBEAT_SECONDS = 0.2
+me = int(sys.argv[1])
+jax.distributed.initialize("{address}", 2, me, heartbeat_timeout_seconds=60)
+with lock.held({workdir!r}, lead=me == 0):
+    with distributed.peers_watched(ConfigDict(dict(peer_timeout_seconds=8.0))):
+        print("holding", flush=True)
+        time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_a_lock_taken_over_stops_every_process_of_a_run_with_its_status(tmp_path):
+    """Process 0 holds the lock for a two-process run; another run takes it over. Both
+    processes stop with LOCK_LOST, not 75 (a rerun would be refused), each with one line:
+    process 0 the lock's, process 1 that process 0 found it taken over."""
+    from test_multihost import free_port
+
+    code = PAIR.format(address=f"127.0.0.1:{free_port()}", workdir=str(tmp_path))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code), str(i)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        for r in runs:  # after Gloo's own lines
+            assert "holding\n" in iter(r.stdout.readline, ""), r.communicate(timeout=60)
+        path = tmp_path / lock.NAME
+        other = json.dumps(dict(GONE, host="other", beat_at=time.time())).encode()
+        path.unlink()
+        path.write_bytes(other)
+        start = time.monotonic()
+        errs = [r.communicate(timeout=90)[1] for r in runs]
+    finally:
+        for r in runs:
+            r.kill()
+    lines = [[line for line in err.splitlines() if line.startswith("error:")] for err in errs]
+    assert [r.returncode for r in runs] == [exits.LOCK_LOST] * 2, errs
+    assert len(lines[0]) == 1 and lines[0][0].startswith(f"error: the lock {path} was taken over")
+    assert lines[1] == [
+        "error: process 0 of 2 found the workdir's lock taken over by another run: this run "
+        "stopped and saved nothing more; its last complete checkpoint stands"
+    ], errs
+    assert time.monotonic() - start < 30, errs  # one beat of process 1's watcher (2 s)
+    assert path.read_bytes() == other

@@ -62,6 +62,13 @@ class _Leaving(threading.Event):
 leaving = _Leaving()
 
 
+def unless_leaving() -> None:
+    """Another thread ends the process (`leaving`: a lock taken over, a store given up):
+    the caller, about to write, writes nothing more and waits for that end."""
+    if leaving.is_set():
+        threading.Event().wait()
+
+
 def debug() -> bool:
     """Whether VIT_JAX_DEBUG asks for tracebacks of user errors."""
     return os.environ.get(DEBUG_ENV, "").lower() not in ("", "0", "false", "no")

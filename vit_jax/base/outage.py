@@ -34,24 +34,25 @@ EX_TEMPFAIL = 75
 PROBE_SECONDS = 5.0
 
 
-def give_up(message: str, together: bool = True) -> None:
-    """Ends the process at once with `error: message` and status 75: Orbax's and
-    TensorStore's threads may be waiting on the store, and nothing may wait for them.
+def give_up(message: str, together: bool = True, status: int = EX_TEMPFAIL) -> None:
+    """Ends the process at once with `error: message` and `status` (75; a workdir's lock
+    taken over: exits.LOCK_LOST): Orbax's and TensorStore's threads may be waiting on the
+    store, and nothing may wait for them. The other processes follow with that status.
     `together=False`: a process is lost (parallel/distributed.py), nobody to wait for."""
-    exits.leaving.set()
+    exits.leaving.set(status)
     try:  # whatever a write or the others do, the process ends
         sys.stdout.flush()
         print(f"error: {message}", file=sys.stderr, flush=True)
         if together:
-            _with_the_others()
+            _with_the_others(status)
     finally:
-        os._exit(EX_TEMPFAIL)
+        os._exit(status)
 
 
-def _with_the_others(seconds: float = 60.0) -> None:
+def _with_the_others(status: int, seconds: float = 60.0) -> None:
     """With several processes, waits (at most `seconds`) until every one has given up,
     then leaves JAX's coordination service together (its shutdown barrier), so that all
-    end with 75: the first to end would otherwise make the service abort the others
+    end with `status`: the first to end would otherwise make the service abort the others
     (SIGABRT) before their own windows pass. The service is not the store: it answers."""
     try:
         from jax._src import distributed  # Orbax reaches the client the same way
@@ -59,7 +60,7 @@ def _with_the_others(seconds: float = 60.0) -> None:
         state = distributed.global_state
         if state.client is None or state.num_processes <= 1:
             return
-        state.client.key_value_set(f"vit_jax/gave_up/{state.process_id}", "1")
+        state.client.key_value_set(f"vit_jax/gave_up/{state.process_id}", str(status))
         deadline = time.monotonic() + seconds
         for i in range(state.num_processes):
             left = max(1, int(1000 * (deadline - time.monotonic())))

@@ -145,6 +145,10 @@ CRASH = (
     "not a lost process or a preemption: a rerun would crash again; the details are above "
     "(run with python -u to be sure to see them all)"
 )
+LOCK_LOST = (
+    "found the workdir's lock taken over by another run: this run stopped and saved nothing "
+    "more; its last complete checkpoint stands"
+)
 UNJUDGED = (
     "and the coordination service did not answer in time to tell a crash (above) from a "
     f"lost process 0; if it was lost, {RERUN}"
@@ -219,6 +223,8 @@ def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any)
         if done.is_set():
             return
         if gave_up := [i for i in range(n) if i != me and f"vit_jax/gave_up/{i}" in keys]:
+            if keys[f"vit_jax/gave_up/{gave_up[0]}"] == str(exits.LOCK_LOST):
+                outage.give_up(f"process {gave_up[0]} of {n} {LOCK_LOST}", status=exits.LOCK_LOST)
             outage.give_up(
                 f"process {gave_up[0]} of {n} gave up on the store; once it answers, {RERUN}"
             )

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from vit_jax.base import store
+from vit_jax.base import exits, store
 from vit_jax.models import lora
 from vit_jax.parallel import distributed
 from vit_jax.training.state import TrainState, build_model
@@ -86,6 +86,7 @@ def export_npz(
         OSError: the file could not be written, with the newest intact checkpoint and the
             way out (nothing half-written is left).
     """
+    exits.unless_leaving()
     host = distributed.to_host(params)
     if not distributed.is_lead():
         return

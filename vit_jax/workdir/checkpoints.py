@@ -25,7 +25,7 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from vit_jax.base import failures, store
+from vit_jax.base import exits, failures, store
 from vit_jax.workdir.record import NAME, file_problems, read_record, write_record
 from vit_jax.workdir.shards import checksums, merge_gathered
 
@@ -85,6 +85,7 @@ class Checkpoints:
         Raises:
             OSError: this save or the one before failed (`failed`).
         """
+        exits.unless_leaving()
         self.wait()  # a failure of the previous save is named with its own step
         mine = checksums(state, self._pool)  # before the buffers are reused
         if jax.process_count() > 1:

@@ -32,7 +32,6 @@ import datetime
 import json
 import os
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from vit_jax.base import exits, store
+from vit_jax.base import exits, outage, store
 from vit_jax.base.console import duration, every
 
 NAME = "run.lock"
@@ -332,13 +331,7 @@ def held(
             beat(path, mine, via)
         except Exception as e:  # noqa: BLE001 (the store's: the window stops the run if it must)
             if isinstance(e, LockLost):  # another run holds the workdir: save nothing more
-                exits.leaving.set(exits.LOCK_LOST)  # its status ends it if this thread fails
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.write(f"error: {e}\n")
-                    sys.stderr.flush()
-                finally:
-                    os._exit(exits.LOCK_LOST)
+                outage.give_up(str(e), status=exits.LOCK_LOST)  # the other processes too
 
     try:
         with every(HEARTBEAT_SECONDS, heartbeat, "vit_jax-lock-heartbeat"):
