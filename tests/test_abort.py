@@ -126,3 +126,60 @@ def test_a_crash_is_a_crash_where_it_happens_and_a_lost_peer_elsewhere(crashing)
         else:
             assert run.returncode == 75, err
             assert len(errors) == 1 and errors[0].startswith("error: lost process 1 of 2"), err
+
+
+TRIO = """
+import ctypes, sys, time
+import jax
+from ml_collections import ConfigDict
+from vit_jax.parallel import distributed
+me = int(sys.argv[1])
+jax.distributed.initialize("{address}", 3, me, heartbeat_timeout_seconds=60)
+with distributed.peers_watched(ConfigDict(dict(peer_timeout_seconds=8.0))):
+    print("watching", flush=True)
+    time.sleep(3)
+    if me == 2 and {crash}:
+        ctypes.CDLL(None).abort()  # a native crash
+    time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crash", [False, True], ids=["killed", "crashed"])
+def test_in_a_pod_of_three_the_others_see_process_2_lost(crash):
+    """More than two processes: process 2 killed (SIGKILL) or crashed (SIGABRT, its crash
+    line); processes 0 and 1 each exit 75 with one line naming process 2 of 3, within the
+    peer timeout (8 s) and a beat or two."""
+    code = textwrap.dedent(TRIO.format(address=f"127.0.0.1:{free_port()}", crash=crash))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(i)], env=env, text=True, stdout=PIPE, stderr=PIPE
+        )
+        for i in range(3)
+    ]
+    try:
+        for r in runs:  # after Gloo's own lines
+            assert "watching\n" in iter(r.stdout.readline, ""), r.communicate(timeout=60)
+        start = time.monotonic()
+        if not crash:
+            runs[2].kill()
+        errs = [r.communicate(timeout=120)[1] for r in runs]
+        seconds = time.monotonic() - start
+    finally:
+        for r in runs:
+            r.kill()
+    for i, (run, err) in enumerate(zip(runs, errs, strict=True)):
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        if i == 2:
+            want = (
+                (-signal.SIGABRT, [CRASHED.format(2).replace("of 2", "of 3")])
+                if crash
+                else (-signal.SIGKILL, [])
+            )
+            assert (run.returncode, errors) == want, err
+        else:
+            assert run.returncode == 75, err
+            assert len(errors) == 1 and errors[0].startswith("error: lost process 2 of 3"), err
+    print(f"process 2 {'crashed' if crash else 'killed'}: the others ended after {seconds:.1f} s")
+    assert seconds < 8 + 3 + 20 + 15, seconds  # timeout, judging (crashed) and two beats

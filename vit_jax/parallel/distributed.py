@@ -232,15 +232,30 @@ def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any)
         for i in range(n):
             if keys.get(f"vit_jax/beat/{i}") != seen.get(i):
                 seen[i], since[i] = keys.get(f"vit_jax/beat/{i}"), now
-        if lost := [
+        told = [int(v) for k, v in keys.items() if k.startswith("vit_jax/lost/") and v != f"{me}"]
+        if lost := told or [
             i for i in range(n) if i != me and now - since[i] >= seconds and seen[i] != "ended"
         ]:
+            _lost(client, n, me, lost[0], beat)
             name = f"process {lost[0]} of {n}" + (" (the coordinator)" if lost[0] == 0 else "")
             outage.give_up(
                 f"lost {name}: no heartbeat for {seconds:g} s (distributed.peer_timeout_seconds); "
                 f"{RERUN} (exit status 75)",
                 together=False,
             )
+
+
+def _lost(client: Any, n: int, me: int, lost: int, beat: float) -> None:
+    """Tells the others which process this one lost. Process 0 holds the coordination
+    service: it waits (two beats at most) until every other survivor has said so too,
+    so that each names the lost process, not process 0, which leaves first."""
+    with contextlib.suppress(Exception):
+        client.key_value_set(f"vit_jax/lost/{me}", str(lost), allow_overwrite=True)
+        end = time.monotonic() + 2 * beat
+        while me == 0 and time.monotonic() < end:
+            if len(client.key_value_dir_get("vit_jax/lost/")) >= n - 1:
+                return
+            time.sleep(0.1)
 
 
 def is_lead() -> bool:
