@@ -42,8 +42,9 @@ def free_port() -> int:
 BIND_FAILED = re.compile(r"Failed to add port|[Aa]ddress already in use|Failed to start RPC server")
 
 
-def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), overrides=RUN):
-    """Processes 0 and 1 of one run, each with 4 devices, once they have joined.
+def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), overrides=RUN, processes=2):
+    """Processes 0 and 1 of one run, each with 4 devices, once they have joined
+    (`processes`: that many, the 8 devices shared among them).
 
     The port comes from free_port, which must close it before the coordinator binds it:
     another program may take it in between (a machine running other tests). Process 0
@@ -54,22 +55,23 @@ def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), override
     for attempt in range(attempts):
         address = f"127.0.0.1:{free_port()}"
         runs = []
-        for i in range(2):
+        places, devices = places + (None,) * (processes - len(places)), 8 // processes
+        for i in range(processes):
             flags = tiny_flags(workdir, **overrides)
             flags += [
                 f"--config.distributed.coordinator_address={address}",
-                "--config.distributed.num_processes=2",
+                f"--config.distributed.num_processes={processes}",
                 f"--config.distributed.process_id={i}",
                 "--config.distributed.timeout_seconds=60",
             ]
             if places[i] is None:
-                runs.append(Run(flags, devices=4, env=cache))
+                runs.append(Run(flags, devices=devices, env=cache))
             else:
                 tmp = os.path.join(places[i], "tmp")
                 os.makedirs(tmp, exist_ok=True)
-                runs.append(Run(flags, 4, {**cache, "TMPDIR": tmp}, cwd=str(places[i])))
+                runs.append(Run(flags, devices, {**cache, "TMPDIR": tmp}, cwd=str(places[i])))
         try:
-            runs[0].wait_for(lambda line: line.startswith("process 0 of 2: "))
+            runs[0].wait_for(lambda line: line.startswith(f"process 0 of {processes}: "))
             return runs
         except RuntimeError:  # process 0 ended before it joined
             for run in runs:

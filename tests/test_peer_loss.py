@@ -165,3 +165,38 @@ def test_an_outage_only_one_process_sees_stops_both_with_75(tmp_path, reference)
     for run in runs:
         assert sum(line.startswith("error:") for line in run.log) == 1, run.tail()
         assert not CRASH.search("\n".join(run.log)), run.tail()
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@needs_embedded_data
+def test_in_a_pod_of_four_every_survivor_exits_75_and_the_rerun_is_bit_identical(
+    tmp_path, reference
+):
+    """Four processes of two devices each (the pair's 8 devices), process 2 killed at
+    step 6: processes 0, 1 and 3 each exit 75 with one line naming process 2 of 4, within
+    the bound; the same command on all four resumes to the pair's final.npz, bit for bit."""
+    want, cache = reference
+    workdir = str(tmp_path / "pod")
+    runs = launch_pair(workdir, cache, overrides=PAIR, processes=4)
+    try:
+        runs[0].wait_for(lambda line: line.startswith("step 6/8"), timeout=300)
+        os.kill(runs[2].proc.pid, signal.SIGKILL)
+        sent = time.monotonic()
+        survivors = [runs[i] for i in (0, 1, 3)]
+        statuses = [run.finish(timeout=PEER_TIMEOUT + 120) for run in survivors]
+        seconds = time.monotonic() - sent
+    finally:
+        for run in runs:
+            run.kill()
+    print(f"process 2 of 4 killed: the last survivor exited after {seconds:.1f} s")
+    assert statuses == [75, 75, 75], [run.tail() for run in survivors]
+    assert seconds < PEER_TIMEOUT + 30, seconds
+    lost = r"error: lost process 2 of 4: (no heartbeat for 10 s|JAX's distributed runtime)"
+    for run in survivors:
+        assert re.match(lost, run.log[-1]), run.tail()
+        assert sum(line.startswith("error:") for line in run.log) == 1, run.tail()
+        assert not CRASH.search("\n".join(run.log)), run.tail()
+    logs = finish_pair(launch_pair(workdir, cache, overrides=PAIR, processes=4))
+    assert "resuming from step 4 " in logs[0] and "step 8/8" in logs[0], logs[0]
+    assert_trees_equal(flat(weights.load_npz(f"{workdir}/final.npz")), want)
