@@ -16,6 +16,7 @@ A user's own config file starts from `vit_jax.configs.common.base(model)`.
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -60,15 +61,8 @@ def preset_argv(argv: list[str]) -> list[str]:
 
 def get(spec: str) -> ml_collections.ConfigDict:
     """The config of a preset 'NAME[:ARG]' (e.g. 'fashion_mnist:tiny'), in-process."""
-    from vit_jax.configs import augreg, fashion_mnist, finetune, pretrain
-
-    modules = {
-        "finetune": finetune,
-        "pretrain": pretrain,
-        "augreg": augreg,
-        "fashion_mnist": fashion_mnist,
-    }
     name, _, arg = spec.partition(":")
-    if name not in modules:
+    if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}: the presets are {', '.join(PRESETS)}")
-    return modules[name].get_config(arg) if arg else modules[name].get_config()
+    module = importlib.import_module(f"vit_jax.configs.{name}")
+    return module.get_config(arg) if arg else module.get_config()

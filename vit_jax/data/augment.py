@@ -72,13 +72,8 @@ def mixup(batch: dict[str, np.ndarray], seed: int, step: int, alpha: float) -> N
     by one (a test checks it), and a shuffled batch is as likely in either order.
     """
     lam = np.float32(generator(seed, MIXUP_SALT, step).beta(alpha, alpha))
-    for key in ("image", "label"):
-        mix(batch[key], lam)
-
-
-def mix(x: np.ndarray, lam: np.float32) -> None:
-    """x <- lam * x + (1 - lam) * roll(x, 1) along the batch, in place.  x: float32 [b, ...]"""
-    rolled = np.roll(x, 1, axis=0)
-    rolled *= np.float32(1.0) - lam
-    x *= lam
-    x += rolled
+    for x in (batch["image"], batch["label"]):  # float32 [b, ...], each mixed in place
+        rolled = np.roll(x, 1, axis=0)
+        rolled *= np.float32(1.0) - lam
+        x *= lam
+        x += rolled

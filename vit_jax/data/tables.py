@@ -30,7 +30,6 @@ class Table:
             bytes or a decoded uint8 [h, w, 1 or 3] (`load` makes pixels of either).
         corrupt: (position, why) -> the error to raise for an image that does not decode.
         paths: The file of each example (folder source), else None.
-        num_skipped: Corrupt files left out (skip_corrupt=True).
         labels: Every example's label, where known without decoding (idx and folder
             sources; TFDS when a class subset or budget made it read them).  # int64 [N]
         class_names: The name of each class, in label order (after subsetting), where
@@ -45,7 +44,6 @@ class Table:
     example: Callable[[int], tuple[bytes | np.ndarray, int]]
     corrupt: Callable[[int, str], Exception] = lambda i, why: ValueError(f"example {i}: {why}")
     paths: np.ndarray | None = None
-    num_skipped: int = 0
     labels: np.ndarray | None = None
     class_names: tuple[str, ...] | None = None
     images: np.ndarray | None = None
@@ -165,7 +163,6 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     )
     paths = paths[split.start + kept]
     num_classes = len(classes) if classes else len(class_names)
-    failures = []
     if cfg.skip_corrupt or cfg.cache:  # every file decoded once, up front
         ok, images, failures = folder_source.decode_all(
             paths, cfg.cache, cfg.preprocessing, cfg.decode == "crop"
@@ -182,8 +179,8 @@ def _open_folder(cfg, spec: str, classes, epc) -> Table:
     read = images.__getitem__ if cfg.cache else (lambda i: folder_source.read(paths[i]))
     example = lambda i: (read(i), int(new_labels[i]))
     corrupt = lambda i, why: folder_source.corrupt_error(paths[i], why)
-    names = _kept(class_names, classes)  # then num_skipped, labels, class_names:
-    return Table(len(paths), num_classes, example, corrupt, paths, len(failures), new_labels, names)
+    names = _kept(class_names, classes)  # then labels, class_names:
+    return Table(len(paths), num_classes, example, corrupt, paths, new_labels, names)
 
 
 def _open_tfds(cfg, spec: str, classes, epc) -> Table:

@@ -72,21 +72,22 @@ def dataset_configs(
     return [{"name": n, **common, "source": source or default(n), **extra} for n in names]
 
 
+def section_configs(f: Any, preprocessing: str = "tf_bilinear") -> list[dict]:
+    """`dataset_configs` of a run config's `fewshot` section, whose `datasets` names them
+    (comma-separated)."""
+    names = [n.strip() for n in f.datasets.split(",") if n.strip()]
+    return dataset_configs(
+        names, f.source or None, f.data_dir or None, f.train_split, f.test_split, preprocessing
+    )
+
+
 def evaluator_of(config: Any) -> FewShotEvaluator | None:
     """The FewShotEvaluator of a run config's `fewshot` section (its probe sees what
     training sees: the run's preprocessing), or None where it names no dataset."""
     f = config.fewshot
-    names = [n.strip() for n in f.datasets.split(",") if n.strip()]
-    if not names:
+    datasets = section_configs(f, config.dataset.preprocessing)
+    if not datasets:
         return None
-    datasets = dataset_configs(
-        names,
-        f.source or None,
-        f.data_dir or None,
-        f.train_split,
-        f.test_split,
-        config.dataset.preprocessing,
-    )
     flex = config.dataset.get("naflex")  # the run's NaFlex lengths: probe at the longest
     seq_len = max(flex.seq_lens) if flex and flex.seq_lens else None
     return FewShotEvaluator(

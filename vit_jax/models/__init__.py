@@ -98,14 +98,10 @@ def apply_with_intermediates(
 def per_block(tree: Any, model: VisionTransformer, *path: str) -> jax.Array:
     """Every block's entry at `path` of a variable collection ('intermediates', whose
     sown values are tuples of one, or 'perturbations'), stacked: [L, ...]."""
-    enc = tree["Transformer"]
-    blocks = (
-        [enc["encoderblock"]]
-        if model.scan
-        else [enc[f"encoderblock_{i}"] for i in range(model.depth)]
-    )
+    names = ["encoderblock"] if model.scan else [f"encoderblock_{i}" for i in range(model.depth)]
     found = []
-    for block in blocks:
+    for name in names:
+        block = tree["Transformer"][name]
         for key in path:
             block = block[key]
         found.append(block[0] if isinstance(block, tuple) else block)

@@ -5,6 +5,7 @@ Images come as an array [B, H, W, C], or as NaFlex patches, each image at its ow
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -178,25 +179,10 @@ class VisionTransformer(nn.Module):
 
     @property
     def block_options(self) -> BlockOptions:
-        """The fields every encoder block computes with, handed down whole."""
-        return BlockOptions(
-            mlp_dim=self.mlp_dim,
-            num_heads=self.num_heads,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            gelu=self.gelu,
-            layer_norm_eps=float(self.layer_norm_eps),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            lora=self.lora,
-            attention=self.attention,
-            swiglu=self.swiglu,
-            mlp_norm=self.mlp_norm,
-            attention_norm=self.attention_norm,
-            qkv_bias=self.qkv_bias,
-            layer_scale=self.layer_scale,
-            rope=self.rope,
-        )
+        """The fields every encoder block computes with (BlockOptions' own, of the same
+        names), handed down whole."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(BlockOptions)}
+        return BlockOptions(**{**fields, "layer_norm_eps": float(self.layer_norm_eps)})
 
     @property
     def patch_dim(self) -> int:
@@ -297,14 +283,10 @@ class VisionTransformer(nn.Module):
 
     def _check(self, images: jax.Array | dict) -> None:
         """Errors that name the bad input, before it fails deep inside a reshape."""
-        if self.classifier not in CLASSIFIERS:
-            raise ValueError(f"unknown classifier {self.classifier!r}: use one of {CLASSIFIERS}")
-        if self.posemb not in KINDS:
-            raise ValueError(f"unknown posemb {self.posemb!r}: use one of {KINDS}")
-        if self.gelu not in GELUS:
-            raise ValueError(f"unknown gelu {self.gelu!r}: use one of {GELUS}")
-        if self.qkv_bias not in QKV_BIASES:
-            raise ValueError(f"unknown qkv_bias {self.qkv_bias!r}: use one of {QKV_BIASES}")
+        known = dict(classifier=CLASSIFIERS, posemb=KINDS, gelu=GELUS, qkv_bias=QKV_BIASES)
+        for field, allowed in known.items():
+            if (value := getattr(self, field)) not in allowed:
+                raise ValueError(f"unknown {field} {value!r}: use one of {allowed}")
         if self.rope is not None and self.rope not in rope.KINDS:
             raise ValueError(f"unknown rope {self.rope!r}: use one of {rope.KINDS} or None")
         if self.classifier == "token" and not self.has_class_token:

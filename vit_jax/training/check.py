@@ -36,7 +36,7 @@ from vit_jax.models import DTYPES, GELUS, attention, get_model, variant_config
 from vit_jax.models.lora import TARGETS
 from vit_jax.models.posemb import KINDS
 from vit_jax.training.check_data import data_problems
-from vit_jax.training.state import DECAYS, MU_DTYPES, OPTIMIZERS
+from vit_jax.training.state import DECAYS, MODEL_SIZES, MU_DTYPES, OPTIMIZERS
 from vit_jax.training.step import LOSSES
 
 __all__ = ["ConfigError", "Problem", "check", "data_problems", "device_problems", "problems"]
@@ -51,10 +51,7 @@ RUN = {
     "loss": one_of(tuple(LOSSES)),
 }
 MODEL = {
-    **dict.fromkeys(
-        ("width", "depth", "num_heads", "mlp_dim", "patch_size"),
-        optional(integer(1, " (or None: the variant's)")),
-    ),
+    **dict.fromkeys(MODEL_SIZES, optional(integer(1, " (or None: the variant's)"))),
     "representation_size": optional(integer(0, " (0: no layer)")),
     "classifier": one_of(TRAINABLE_CLASSIFIERS),
     "posemb": one_of(KINDS),
@@ -138,9 +135,6 @@ def problems(config: ml_collections.ConfigDict) -> list[Problem]:
         why = "LoRA adapts a trained model: set init_from (or lora.rank=0 to train in full)"
         out.append(Problem("lora.rank", c.lora.rank, why))
     return out
-
-
-MODEL_SIZES = ("width", "depth", "num_heads", "mlp_dim", "patch_size")
 
 
 def _model_problems(m: Any, image_size: Any, seq_lens: Any = None) -> list[Problem]:

@@ -80,14 +80,11 @@ def _fewshot_data_problems(c: ml_collections.ConfigDict) -> list[Problem]:
     import numpy as np
 
     from vit_jax.data import default_config
-    from vit_jax.evaluation.fewshot import dataset_configs
+    from vit_jax.evaluation.fewshot import section_configs
 
     f, out = c.fewshot, []
-    names = [n.strip() for n in f.datasets.split(",") if n.strip()]
     most = max(f.shots)
-    for fields in dataset_configs(
-        names, f.source or None, f.data_dir or None, f.train_split, f.test_split
-    ):
+    for fields in section_configs(f):
         cfg = default_config()
         cfg.update(fields)
         cfg.examples_per_class, cfg.subset_seed = most, f.seed  # as FewShotEvaluator reads

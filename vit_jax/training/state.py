@@ -34,6 +34,7 @@ from vit_jax.workdir.checkpoints import Checkpoints
 OPTIMIZERS = ("adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
 MU_DTYPES = ("", "float32", "bfloat16")  # the first moment's dtype ('': the parameters')
+MODEL_SIZES = ("width", "depth", "num_heads", "mlp_dim", "patch_size")  # all set: no variant
 # apply_if_finite gives in and applies a non-finite update after this many skipped in a
 # row; never here (the counter saturates at this value): the loop's guard stops first.
 NEVER = int(jnp.iinfo(jnp.int32).max)
@@ -171,7 +172,7 @@ def build_model(
     """
     name = model["name"] or None
     fields = {k: v for k, v in model.items() if k != "name" and v is not None}
-    sized = all(k in fields for k in ("width", "depth", "num_heads", "mlp_dim", "patch_size"))
+    sized = all(k in fields for k in MODEL_SIZES)
     if name is None and not init_from and not sized:
         raise ValueError(
             "config.model.name is empty, which means init_from's architecture, and "
@@ -203,9 +204,7 @@ def build_model(
 def planned_model(config: Any, num_classes: int | None, image_size: int | None = None):
     """`build_model` of a run config for the planner, which reads init_from only where the
     model is its architecture (an empty name): a plan needs no file otherwise."""
-    sized = all(
-        config.model.get(k) for k in ("width", "depth", "num_heads", "mlp_dim", "patch_size")
-    )
+    sized = all(config.model.get(k) for k in MODEL_SIZES)
     from_file = None if config.model.name or sized else config.get("init_from") or None
     return build_model(config.model, num_classes, from_file, config.get("lora"), image_size)
 

@@ -121,12 +121,8 @@ def architecture(params: dict, grid: tuple[int, int] | None = None) -> dict[str,
     out["representation_size"] = (
         int(np.shape(f["pre_logits/bias"])[0]) if "pre_logits/bias" in f else None
     )
-    if POSEMB in f:
-        out["posemb"] = "learned"
-    elif POSEMB + "_row" in f:
-        out["posemb"] = "learned_2d"
-    else:
-        out["posemb"] = None
+    tables = {POSEMB: "learned", POSEMB + "_row": "learned_2d"}  # None: no learned table
+    out["posemb"] = next((kind for key, kind in tables.items() if key in f), None)
     return out
 
 

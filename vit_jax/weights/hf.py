@@ -204,16 +204,9 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
             f"({', '.join(cfg.get('architectures') or ['?'])}); only model_type 'vit' "
             "(ViTModel / ViTForImageClassification) is read"
         )
-    weights = path / WEIGHTS
-    if not weights.is_file():
-        raise CheckpointError(
-            f"{path} has no {WEIGHTS}; only safetensors weights are read (re-save with "
-            "model.save_pretrained(DIR, safe_serialization=True))"
-        )
-    tensors, _ = safetensors_io.read(weights)
     tensors = {
         ("vit." + k if k.startswith(("embeddings.", "encoder.", "layernorm.")) else k): v
-        for k, v in tensors.items()
+        for k, v in read_tensors(path).items()
     }  # a bare ViTModel
     tensors.pop("vit.embeddings.mask_token", None)  # masked image modelling only
     tensors = {k: v for k, v in tensors.items() if not k.startswith(("pooler.", "vit.pooler."))}
@@ -233,6 +226,20 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict]:
     fix = "Is config.json the one saved with these weights?"
     check_table(tensors, hf_shapes(model, size), str(path), "Hugging Face ViT", fix)
     return from_hf(tensors, h), cfg
+
+
+def read_tensors(path: store.Path) -> dict[str, np.ndarray]:
+    """A folder's model.safetensors, or the shards its index names."""
+    index = path / (WEIGHTS + ".index.json")
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: a for s in shards for k, a in safetensors_io.read(path / s)[0].items()}
+    if not (path / WEIGHTS).is_file():
+        raise CheckpointError(
+            f"{path} has no {WEIGHTS}; only safetensors weights are read (re-save with "
+            "model.save_pretrained(DIR, safe_serialization=True))"
+        )
+    return safetensors_io.read(path / WEIGHTS)[0]
 
 
 def from_hf(tensors: dict[str, np.ndarray], num_heads: int) -> dict:

@@ -21,7 +21,6 @@ registers: the class row is folded into the class token here (embed_prefix False
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -31,8 +30,8 @@ from flax import traverse_util
 
 from vit_jax.base import store
 from vit_jax.models.layers import QKV_BIASES
-from vit_jax.weights import hf, safetensors_io
-from vit_jax.weights._tensors import leaf_from_torch, unfuse
+from vit_jax.weights import hf
+from vit_jax.weights._tensors import leaf_from_torch, torch_names, unfuse
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
 
@@ -66,12 +65,10 @@ _MAP = "MAPHead_0/MultiHeadDotProductAttention_0"
 
 
 def _leaves(modules: dict[str, str]) -> dict[str, str]:
-    """{torch module: original module} -> {torch leaf: original leaf}."""
-    out = {}
-    for t, o in modules.items():
-        out[f"{t}.weight"] = f"{o}/{'scale' if 'norm' in o.lower() else 'kernel'}"
-        out[f"{t}.bias"] = f"{o}/bias"
-    return out
+    """{torch module: original module} -> {torch leaf: original leaf} (`torch_names`,
+    inverted)."""
+    each = (torch_names({o: t}).items() for t, o in modules.items())
+    return {t: o for leaves in each for o, t in leaves}
 
 
 _TOP = {  # without the `vision_model.` prefix
@@ -147,7 +144,7 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict, dict]:
     family, heads, act, eps = MODELS[kind]
     v = cfg.get("vision_config") or cfg  # a two-tower folder: its image tower's
     heads, act = int(v.get("num_attention_heads", heads)), v.get("hidden_act", act)
-    flat = _canonical(_tensors(path), family, heads, str(path))
+    flat = _canonical(hf.read_tensors(path), family, heads, str(path))
     p = int(v.get("patch_size", 14 if family == "dinov2" else 16))
     k = flat["embedding/kernel"]
     if k.ndim == 2:  # SigLIP 2: a Linear on patches flattened (row, column, channel)
@@ -175,20 +172,6 @@ def read_dir(path: str | os.PathLike) -> tuple[dict, dict, dict]:
         size = (size, size) if isinstance(size, (int, float)) else size
         fields["posemb_grid"] = (int(size[0]) // p, int(size[1]) // p)
     return traverse_util.unflatten_dict(flat, sep="/"), fields, cfg
-
-
-def _tensors(path: store.Path) -> dict[str, np.ndarray]:
-    """model.safetensors, or the shards its index names."""
-    index = path / (hf.WEIGHTS + ".index.json")
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: a for s in shards for k, a in safetensors_io.read(path / s)[0].items()}
-    if not (path / hf.WEIGHTS).is_file():
-        raise CheckpointError(
-            f"{path} has no {hf.WEIGHTS}; only safetensors weights are read (re-save with "
-            "model.save_pretrained(DIR, safe_serialization=True))"
-        )
-    return safetensors_io.read(path / hf.WEIGHTS)[0]
 
 
 def _canonical(tensors: dict, family: str, heads: int, source: str) -> dict[str, np.ndarray]:

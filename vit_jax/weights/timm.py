@@ -192,7 +192,7 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
         a = np.asarray(a)
         m = re.fullmatch(r"blocks\.(\d+)\.(.*)", key)
         enc = f"Transformer/encoderblock_{m[1]}/" if m else ""
-        if m and m[2] in ("mlp.fc1.weight", "mlp.fc1.bias") and _packed(tensors, m[1]):
+        if m and m[2] in ("mlp.fc1.weight", "mlp.fc1.bias") and packed_mlp(tensors, m[1]):
             flat |= unfuse(enc + "MlpBlock_3", ("gate", "Dense_0"), a, num_heads)
         elif m and m[2] in block:
             flat[enc + block[m[2]]] = leaf_from_torch(block[m[2]], a, num_heads)
@@ -212,7 +212,7 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
     return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def _packed(tensors: dict[str, np.ndarray], i: str) -> bool:
+def packed_mlp(tensors: dict[str, np.ndarray], i: str) -> bool:
     """Whether block i's fc1 packs SwiGLU's two halves: [2F, D] rows for fc2's F inputs."""
     fc1, fc2 = (np.shape(tensors.get(f"blocks.{i}.mlp.fc{n}.weight", ())) for n in (1, 2))
     return len(fc1) == len(fc2) == 2 and fc1[0] == 2 * fc2[1]

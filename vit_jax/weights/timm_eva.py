@@ -46,6 +46,7 @@ from vit_jax.weights._tensors import (
 )
 from vit_jax.weights.architecture import POSEMB
 from vit_jax.weights.errors import CheckpointError
+from vit_jax.weights.timm import packed_mlp
 
 _ATT, _MLP = "MultiHeadDotProductAttention_1", "MlpBlock_3"
 _BLOCK = {  # original name under encoderblock_{i}/ -> timm name under blocks.{i}.
@@ -164,7 +165,7 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
         enc = f"Transformer/encoderblock_{m[1]}/" if m else ""
         if m and m[2] == "attn.qkv.weight":
             flat |= unfuse(enc + _ATT, ("query", "key", "value"), a, num_heads)
-        elif m and m[2] in ("mlp.fc1.weight", "mlp.fc1.bias") and _packed(tensors, m[1], a):
+        elif m and m[2] in ("mlp.fc1.weight", "mlp.fc1.bias") and packed_mlp(tensors, m[1]):
             flat |= unfuse(enc + _MLP, ("gate", "Dense_0"), a, num_heads)
         elif m and m[2] in ("attn.norm.weight", "attn.norm.bias"):
             flat[enc + block[m[2]]] = a.reshape(num_heads, -1)
@@ -178,13 +179,6 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int | None = None) -> d
                 "the DINOv3 and EVA-02 towers)"
             )
     return traverse_util.unflatten_dict(flat, sep="/")
-
-
-def _packed(tensors: dict[str, np.ndarray], i: str, fc1: np.ndarray) -> bool:
-    """Whether block i's mlp.fc1 is a packed SwiGLU (twice the rows fc2 reads)."""
-    return (
-        fc1.shape[0] == 2 * np.shape(tensors.get(f"blocks.{i}.mlp.fc2.weight", np.zeros((0, 0))))[1]
-    )
 
 
 def timm_shapes(
