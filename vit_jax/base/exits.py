@@ -65,8 +65,10 @@ leaving = _Leaving()
 def unless_leaving() -> None:
     """Another thread ends the process (`leaving`: a lock taken over, a store given up):
     the caller, about to write, writes nothing more and waits for that end."""
-    if leaving.is_set():
-        threading.Event().wait()
+    if leaving.is_set() and leaving.by is not threading.current_thread():
+        leaving.by.join(LEAVE_SECONDS)  # it ends the process; if it failed, this one does
+        sys.stdout.flush()
+        os._exit(leaving.status)
 
 
 def debug() -> bool:

@@ -155,7 +155,10 @@ UNJUDGED = (
 )
 
 
-DONE = ("ended", "judged")  # a key left still on purpose: not a lost process
+def _left(key: str, value: str) -> bool:
+    """A key left still on purpose, not a lost process: one that ended, or process 0's
+    while it waits for the others to judge (any other process that judged is gone)."""
+    return value == "ended" or (value == "judged" and key == "vit_jax/beat/0")
 
 
 def _judging(client: Any, n: int, me: int, beat: float, judging: float, done: Any) -> None:
@@ -183,7 +186,7 @@ def _judge(client: Any, n: int, me: int, beat: float, judging: float) -> None:
         lost = f"process 0 of {n} (the coordinator)" if me else "the coordination service"
     else:
         keys = [f"vit_jax/beat/{i}" for i in range(n) if i != me]
-        still = [k for k in keys if k in before and after.get(k) == before[k] not in DONE]
+        still = [k for k in keys if before.get(k, 0) == after.get(k) and not _left(k, after[k])]
         lost = f"process {still[0].rsplit('/', 1)[1]} of {n}" if still else None
         _judged(client, me, judging)
     # the main thread says nothing more, and waits for the abort to end the process
@@ -204,7 +207,7 @@ def _judged(client: Any, me: int, judging: float) -> None:
         client.key_value_set(f"vit_jax/beat/{me}", "judged", allow_overwrite=True)
         end = time.monotonic() + judging
         while me == 0 and time.monotonic() < end:
-            if all(v in DONE for _, v in client.key_value_dir_get("vit_jax/beat/")):
+            if all(v in ("ended", "judged") for _, v in client.key_value_dir_get("vit_jax/beat/")):
                 return
             time.sleep(0.1)
 
@@ -212,6 +215,8 @@ def _judged(client: Any, me: int, judging: float) -> None:
 def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any) -> None:
     seen, since, count = {}, dict.fromkeys(range(n), time.monotonic()), 0
     while not done.wait(beat):
+        if exits.leaving.is_set():  # another thread ends the process, with its own line
+            return
         if _abort is not None and _abort.pending():
             continue  # `_judge` has this process's key, and the verdict
         count += 1
@@ -225,9 +230,10 @@ def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any)
         if gave_up := [i for i in range(n) if i != me and f"vit_jax/gave_up/{i}" in keys]:
             if keys[f"vit_jax/gave_up/{gave_up[0]}"] == str(exits.LOCK_LOST):
                 outage.give_up(f"process {gave_up[0]} of {n} {LOCK_LOST}", status=exits.LOCK_LOST)
-            outage.give_up(
-                f"process {gave_up[0]} of {n} gave up on the store; once it answers, {RERUN}"
-            )
+            else:
+                outage.give_up(
+                    f"process {gave_up[0]} of {n} gave up on the store; once it answers, {RERUN}"
+                )
         now = time.monotonic()
         for i in range(n):
             if keys.get(f"vit_jax/beat/{i}") != seen.get(i):
@@ -246,14 +252,17 @@ def _watch(client: Any, n: int, me: int, seconds: float, beat: float, done: Any)
 
 
 def _lost(client: Any, n: int, me: int, lost: int, beat: float) -> None:
-    """Tells the others which process this one lost. Process 0 holds the coordination
+    """Tells the others which process this one lost, and that this one leaves (a judge
+    reading the keys then names the lost one, not it). Process 0 holds the coordination
     service: it waits (two beats at most) until every other survivor has said so too,
     so that each names the lost process, not process 0, which leaves first."""
     with contextlib.suppress(Exception):
         client.key_value_set(f"vit_jax/lost/{me}", str(lost), allow_overwrite=True)
+        client.key_value_set(f"vit_jax/beat/{me}", "ended", allow_overwrite=True)
         end = time.monotonic() + 2 * beat
         while me == 0 and time.monotonic() < end:
-            if len(client.key_value_dir_get("vit_jax/lost/")) >= n - 1:
+            said = dict(client.key_value_dir_get("vit_jax/lost/"))
+            if len(said) >= n - len(set(said.values())):
                 return
             time.sleep(0.1)
 
