@@ -108,13 +108,15 @@ class PositionEmbedding(nn.Module):
             table = self._table("pos_embedding", (1, k + grid[0] * grid[1], d), t)
             pe = jnp.pad(learned(table, t, grid, k), ((0, 0), (t.prefix - k, 0), (0, 0)))
             return t.x + pe.astype(t.x.dtype)
-        else:  # learned_2d (VisionTransformer checks the kind)
+        elif self.kind == "learned_2d":
             if d % 2:
                 raise ValueError(f"learned_2d position embeddings need an even width, got {d}")
             gh, gw = self._grid(t, "pos_embedding_row", None)
             row = self._table("pos_embedding_row", (1, gh, d // 2), t)[0]
             col = self._table("pos_embedding_col", (1, gw, d // 2), t)[0]
             pe = learned_2d(row, col, t)
+        else:
+            raise ValueError(f"unknown position embedding {self.kind!r}: use one of {KINDS}")
         pe = jnp.pad(pe, ((0, 0), (t.prefix, 0), (0, 0)))  # prefix tokens get none
         return t.x + pe.astype(t.x.dtype)
 

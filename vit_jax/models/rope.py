@@ -32,6 +32,8 @@ BASES = {"dinov3": 100.0, "eva": 10_000.0}
 
 def angles(t: Tokens, kind: str, head_dim: int, base: float | None, ref=None) -> jax.Array:
     """Each patch's rotation angles, rows then columns: [B, N, hd/2] (N: the patches)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown rope {kind!r}: use one of {KINDS}")
     if head_dim % 4:
         raise ValueError(f"2D rotary embeddings need a head width divisible by 4, got {head_dim}")
     n, base = head_dim // 4, base or BASES[kind]
