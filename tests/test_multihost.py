@@ -43,8 +43,8 @@ BIND_FAILED = re.compile(r"Failed to add port|[Aa]ddress already in use|Failed t
 
 
 def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), overrides=RUN, processes=2):
-    """Processes 0 and 1 of one run, each with 4 devices, once they have joined
-    (`processes`: that many, the 8 devices shared among them).
+    """The processes of one run (`processes`, 2: 0 and 1), once they have joined, the 8
+    devices shared among them (4 each for a pair).
 
     The port comes from free_port, which must close it before the coordinator binds it:
     another program may take it in between (a machine running other tests). Process 0
@@ -55,7 +55,8 @@ def launch_pair(workdir, cache, attempts: int = 3, places=(None, None), override
     for attempt in range(attempts):
         address = f"127.0.0.1:{free_port()}"
         runs = []
-        places, devices = places + (None,) * (processes - len(places)), 8 // processes
+        assert 8 % processes == 0, f"8 devices cannot be shared among {processes}"
+        places, devices = tuple(places) + (None,) * (processes - len(places)), 8 // processes
         for i in range(processes):
             flags = tiny_flags(workdir, **overrides)
             flags += [
