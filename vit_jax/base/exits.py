@@ -151,8 +151,7 @@ def _last_word(text: str) -> None:
     import logging
 
     if leaving.is_set():  # the thread that set it exits the process, unless it failed
-        if leaving.by is not threading.current_thread() and leaving.by is not None:
-            leaving.by.join(LEAVE_SECONDS)
+        unless_leaving()
         sys.stdout.flush()
         os._exit(leaving.status)
     sys.stdout.flush()
